@@ -1,0 +1,27 @@
+"""infinity-cloud: embeddings, reranking and classification behind one OpenAI-compatible API.
+
+Importing the package is cheap: backends and cloud SDKs load only when used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["DeploymentSpec", "Engine", "ModelSpec", "__version__"]
+
+if TYPE_CHECKING:
+    from infinity_cloud.config import DeploymentSpec, ModelSpec
+    from infinity_cloud.engine import Engine
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from infinity_cloud.engine import Engine
+
+        return Engine
+    if name in {"DeploymentSpec", "ModelSpec"}:
+        from infinity_cloud import config
+
+        return getattr(config, name)
+    raise AttributeError(name)

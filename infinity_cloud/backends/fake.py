@@ -1,0 +1,43 @@
+"""A deterministic backend with no ML dependency, for tests, examples and batcher benchmarks.
+
+Token states are rows of a fixed pseudo-random table, so equal inputs give equal outputs in
+any batch. `backend_options` can slow it down (`delay_s`) or make a batch fail when it holds
+a given token id (`fail_token_id`), which is how tests inject faults over HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.model_files import Capability, ModelInfo
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
+        super().__init__(info, spec)
+        rng = np.random.default_rng(0)
+        width = info.hidden_size or 32
+        self._table = rng.standard_normal((int(info.vocab_size or 30522), width)).astype(np.float32)
+        self._labels = rng.standard_normal((width, max(len(info.labels), 1))).astype(np.float32)
+        options = spec.backend_options
+        self.delay_s = float(options.get("delay_s", 0.0))
+        fail = options.get("fail_token_id")
+        self.fail_token_id = None if fail is None else int(fail)
+
+    def forward(self, inputs: ModelInputs) -> np.ndarray:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.fail_token_id is not None and (inputs.input_ids == self.fail_token_id).any():
+            raise RuntimeError(f"injected fault: token {self.fail_token_id} in batch")
+        states = self._table[inputs.input_ids]
+        if self.info.capability is Capability.EMBED:
+            return states
+        mask = inputs.attention_mask[:, :, None]
+        pooled = (states * mask).sum(1) / mask.sum(1)
+        return pooled @ self._labels

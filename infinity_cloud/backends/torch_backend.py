@@ -1,0 +1,81 @@
+"""PyTorch + transformers backend, on CPU or CUDA."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+
+from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.model_files import Capability, ModelInfo
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for but torch sees no CUDA device")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"unknown device {device!r}: {exc}") from exc
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
+        super().__init__(info, spec)
+        device = resolve_device(spec.device)
+        dtype = resolve_dtype(spec.dtype, device)
+        auto_class = AutoModel if info.capability is Capability.EMBED else AutoModelForSequenceClassification
+        kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
+        try:
+            try:
+                model = auto_class.from_pretrained(str(info.path), attn_implementation="sdpa", **kwargs)
+            except (ValueError, ImportError):  # architectures without SDPA support
+                model = auto_class.from_pretrained(str(info.path), **kwargs)
+        except OSError as exc:
+            raise ModelLoadError(f"cannot load weights from {info.path}: {exc}") from exc
+        self.model = model.eval().to(device)
+        self._device = device
+        self.device = str(device)
+        self.dtype = str(dtype).removeprefix("torch.")
+        params = inspect.signature(self.model.forward).parameters
+        self._token_types = "token_type_ids" in params and bool(
+            getattr(self.model.config, "type_vocab_size", 0)
+        )
+
+    def forward(self, inputs: ModelInputs) -> np.ndarray:
+        feed = {
+            "input_ids": torch.from_numpy(inputs.input_ids).to(self._device),
+            "attention_mask": torch.from_numpy(inputs.attention_mask).to(self._device),
+        }
+        if self._token_types:
+            feed["token_type_ids"] = torch.from_numpy(inputs.token_type_ids).to(self._device)
+        with torch.inference_mode():
+            out = self.model(**feed)
+            result = out.last_hidden_state if self.info.capability is Capability.EMBED else out.logits
+            return result.float().cpu().numpy()
+
+    def close(self) -> None:
+        del self.model
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,207 @@
+"""Two threads per model: one cuts and runs batches, one finishes them, so the next forward
+pass starts while the last one's results are pooled and handed back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infinity_cloud.batching.queue import BatchQueue, WorkItem
+from infinity_cloud.errors import BatchFailedError, ModelNotReadyError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """What one finished batch cost; handed to observers (metrics, stats)."""
+
+    model: str
+    size: int
+    real_tokens: int
+    padded_tokens: int
+    queue_wait_s: tuple[float, ...]
+    forward_s: float
+    failed: bool
+
+
+Observer = Callable[[BatchReport], None]
+# run(payloads) -> raw output; finish(raw output, payloads) -> one result per payload
+RunBatch = Callable[[list[Any]], Any]
+FinishBatch = Callable[[Any, list[Any]], Sequence[Any]]
+
+_STOP = object()
+
+
+class BatchWorker:
+    def __init__(
+        self,
+        name: str,
+        batch_queue: BatchQueue,
+        run: RunBatch,
+        finish: FinishBatch,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.name = name
+        self.queue = batch_queue
+        self._run = run
+        self._finish = finish
+        self._observers = list(observers)
+        # One finished forward pass may wait for its postprocessing while the next runs.
+        self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._threads = [
+            threading.Thread(target=self._guard, args=(self._forward_loop,), name=f"{name}-forward", daemon=True),
+            threading.Thread(target=self._guard, args=(self._finish_loop,), name=f"{name}-finish", daemon=True),
+        ]
+        self.batches_done = 0
+        self.batches_failed = 0
+        self.inputs_done = 0
+        self.death: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.death is None and all(t.is_alive() for t in self._threads)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish what is running, fail what is still queued, and join the threads."""
+        self.queue.close()
+        for item in self.queue.drain():
+            self._fail([item], ModelNotReadyError("the model is shutting down"))
+        for thread in self._threads:
+            thread.join(timeout)
+
+    # -- event-loop side -------------------------------------------------------------
+
+    async def submit(self, payloads: Sequence[Any], lengths: Sequence[int]) -> list[Any]:
+        """Queue the inputs and wait for their results, in order."""
+        if not self.alive:
+            raise ModelNotReadyError(f"model {self.name!r} is not serving: {self.death or 'worker stopped'}")
+        loop = asyncio.get_running_loop()
+        items = [WorkItem(p, n, loop.create_future()) for p, n in zip(payloads, lengths, strict=True)]
+        self.queue.put(items)
+        try:
+            return await asyncio.gather(*(item.future for item in items))
+        except BaseException:
+            # The caller left or another input failed: drop what has not run yet.
+            for item in items:
+                item.cancelled = True
+                if item.future.done() and not item.future.cancelled():
+                    item.future.exception()  # mark it seen: one error answers the request
+                item.future.cancel()
+            raise
+
+    # -- worker threads --------------------------------------------------------------
+
+    def _guard(self, body: Callable[[], None]) -> None:
+        try:
+            body()
+        except BaseException as exc:  # a bug in the loop itself: make it visible, fail waiters
+            self.death = f"{threading.current_thread().name} died: {type(exc).__name__}: {exc}"
+            log.exception("model %s: %s", self.name, self.death)
+            self.queue.close()
+            for item in self.queue.drain():
+                self._fail([item], ModelNotReadyError(f"model {self.name!r} worker died"))
+            self._handoff.put(_STOP)
+
+    def _forward_loop(self) -> None:
+        while True:
+            items = self.queue.take()
+            if items is None:
+                self._handoff.put(_STOP)
+                return
+            started = time.perf_counter()
+            try:
+                output = self._run([item.payload for item in items])
+            except Exception as exc:
+                log.exception("model %s: a batch of %d inputs failed", self.name, len(items))
+                self._report(items, started, failed=True)
+                self._fail(items, BatchFailedError(
+                    f"inference failed for the batch holding this request's inputs "
+                    f"({type(exc).__name__}: {exc})"
+                ))
+                continue
+            self._handoff.put((items, output, started))
+
+    def _finish_loop(self) -> None:
+        while True:
+            job = self._handoff.get()
+            if job is _STOP:
+                return
+            items, output, started = job
+            try:
+                results = self._finish(output, [item.payload for item in items])
+            except Exception as exc:
+                log.exception("model %s: postprocessing a batch failed", self.name)
+                self._report(items, started, failed=True)
+                self._fail(items, BatchFailedError(
+                    f"postprocessing failed for the batch holding this request's inputs "
+                    f"({type(exc).__name__}: {exc})"
+                ))
+                continue
+            self._report(items, started, failed=False)
+            _on_loops(items, _resolve, results)
+
+    def _report(self, items: list[WorkItem], started: float, failed: bool) -> None:
+        if failed:
+            self.batches_failed += 1
+        else:
+            self.batches_done += 1
+            self.inputs_done += len(items)
+        if not self._observers:
+            return
+        lengths = [item.length for item in items]
+        report = BatchReport(
+            model=self.name,
+            size=len(items),
+            real_tokens=sum(lengths),
+            padded_tokens=max(lengths) * len(items),
+            queue_wait_s=tuple(started - item.enqueued_at for item in items),
+            forward_s=time.perf_counter() - started,
+            failed=failed,
+        )
+        for observer in self._observers:
+            try:
+                observer(report)
+            except Exception:
+                log.exception("batch observer failed")
+
+    def _fail(self, items: list[WorkItem], error: BaseException) -> None:
+        _on_loops(items, _reject, [error] * len(items))
+
+
+def _on_loops(items: list[WorkItem], callback: Callable[..., None], values: Sequence[Any]) -> None:
+    """Hand results to the event loop(s) that wait for them: one wake-up per loop per batch."""
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[WorkItem], list[Any]]] = {}
+    for item, value in zip(items, values, strict=True):
+        group = by_loop.setdefault(item.future.get_loop(), ([], []))
+        group[0].append(item)
+        group[1].append(value)
+    for loop, (group_items, group_values) in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(callback, group_items, group_values)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            pass
+
+
+def _resolve(items: list[WorkItem], results: Sequence[Any]) -> None:
+    for item, result in zip(items, results, strict=True):
+        if not item.future.done():
+            item.future.set_result(result)
+
+
+def _reject(items: list[WorkItem], errors: Sequence[BaseException]) -> None:
+    for item, error in zip(items, errors, strict=True):
+        if not item.future.done():
+            item.future.set_exception(error)

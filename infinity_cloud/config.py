@@ -1,0 +1,185 @@
+"""The deployment spec: one frozen, typed description of what to serve and how.
+
+Built once at the edge (a YAML file, then `INFINITY_CLOUD_*` variables and CLI flags, which
+the CLI merges in that order) and passed down unchanged to the engine, the HTTP app and
+every target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infinity_cloud.errors import ConfigError
+
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Frozen):
+    """One model to serve."""
+
+    model_id: str = DEFAULT_MODEL_ID
+    revision: str | None = None
+    served_model_name: str | None = None
+    backend: str = "torch"
+    device: str = "auto"
+    dtype: Dtype = "auto"
+    batch_tokens: int = Field(16384, ge=64, description="padded tokens (longest x count) per batch")
+    max_batch_size: int = Field(64, ge=1)
+    queue_size: int = Field(16384, ge=1, description="queued inputs before answering 429")
+    pooling: Pooling | None = Field(None, description="override the pooling the model's files name")
+    normalize: bool | None = Field(None, description="override the model's own normalisation")
+    max_length: int | None = Field(None, ge=1, description="cap the model's maximum input tokens")
+    trust_remote_code: bool = False
+    backend_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="settings only one backend reads"
+    )
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model_id
+
+
+class LimitsSpec(_Frozen):
+    """Limits enforced before any work is queued."""
+
+    max_inputs_per_request: int = Field(2048, ge=128)  # langchain sends batches of 128
+    max_chars_per_text: int = Field(200_000, ge=1)
+    max_payload_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_media_per_request: int = Field(64, ge=1)
+    media_max_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    media_timeout_s: float = Field(10.0, gt=0)
+
+
+class ServerSpec(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    url_prefix: str = ""
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    limits: LimitsSpec = LimitsSpec()
+
+    @field_validator("url_prefix")
+    @classmethod
+    def _normalise_prefix(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and not value.startswith("/"):
+            value = "/" + value
+        return value
+
+
+class DeploymentSpec(_Frozen):
+    """Everything a target needs to know: the models and the server around them."""
+
+    models: tuple[ModelSpec, ...] = (ModelSpec(),)
+    server: ServerSpec = ServerSpec()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> DeploymentSpec:
+        if not self.models:
+            raise ValueError("at least one model is required")
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"served model names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+# Per-model options that a flat source (CLI flags, env) may give once for all models or
+# once per model, in the order of the model ids.
+MODEL_OPTIONS = (
+    "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
+    "max_batch_size", "queue_size", "pooling", "normalize", "max_length", "trust_remote_code",
+)
+SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
+LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read an `infinity-cloud.yaml` (or .json) file into a plain dict."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def _per_model(values: list[Any], n_models: int, option: str) -> list[Any]:
+    if len(values) == 1:
+        return values * n_models
+    if len(values) != n_models:
+        raise ConfigError(
+            f"--{option.replace('_', '-')} was given {len(values)} times for {n_models} models: "
+            "give it once (for all models) or once per --model-id, in the same order"
+        )
+    return values
+
+
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Lay flat options (CLI flags or env, `None` meaning "not given") over a spec dict.
+
+    `model_id` replaces the file's model list; other per-model options apply to every model
+    when given once, or pairwise with the model ids when given once per model.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None and v != [] and v != ()}
+    data = {k: v for k, v in base.items()}
+    models = [dict(m) for m in data.get("models") or [{}]]
+    if "model_id" in given:
+        models = [{"model_id": mid} for mid in given.pop("model_id")]
+    for option in MODEL_OPTIONS:
+        if option in given:
+            value = given.pop(option)
+            values = value if isinstance(value, list | tuple) else [value]
+            for model, v in zip(models, _per_model(list(values), len(models), option), strict=True):
+                model[option] = v
+    data["models"] = models
+    server = dict(data.get("server") or {})
+    for option in SERVER_OPTIONS:
+        if option in given:
+            server[option] = given.pop(option)
+    limits = dict(server.get("limits") or {})
+    for option in LIMIT_OPTIONS:
+        if option in given:
+            limits[option] = given.pop(option)
+    if limits:
+        server["limits"] = limits
+    data["server"] = server
+    if given:
+        raise ConfigError(f"unknown options: {', '.join(sorted(given))}")
+    return data
+
+
+def build_spec(data: dict[str, Any]) -> DeploymentSpec:
+    """Validate a spec dict, turning pydantic's errors into one readable ConfigError."""
+    try:
+        return DeploymentSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "spec"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("invalid deployment spec:\n" + "\n".join(lines)) from None
+
+
+def load_spec(config_file: str | Path | None = None, **overrides: Any) -> DeploymentSpec:
+    """The merged spec: the config file (if any), then the given overrides."""
+    base = read_config_file(config_file) if config_file else {}
+    return build_spec(merge_overrides(base, overrides))

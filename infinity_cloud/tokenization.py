@@ -1,0 +1,124 @@
+"""Text to token ids with the model's own fast tokenizer (the `tokenizers` library).
+
+Every input is tokenized once, without padding; the batcher pads per batch. Counting
+tokens here is what makes `usage` real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Encoding, Tokenizer
+
+from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
+
+
+@dataclass(eq=False, slots=True)
+class Encoded:
+    """One input as the model will see it."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _load_fast_tokenizer(path: Path) -> Tokenizer:
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    try:  # slow-tokenizer folders (vocab.txt only) need transformers to convert them
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{path} has no tokenizer.json; converting its tokenizer needs transformers "
+            "(pip install 'infinity-cloud[torch]')"
+        ) from exc
+    converted = AutoTokenizer.from_pretrained(str(path), use_fast=True)
+    if not getattr(converted, "is_fast", False):
+        raise ModelLoadError(f"{path}: no fast tokenizer can be built for this model")
+    return converted.backend_tokenizer
+
+
+def _special_tokens_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the post-processor puts before and after a single text (e.g. CLS ... SEP)."""
+    plain = tokenizer.encode("hello world", add_special_tokens=False).ids
+    full = tokenizer.encode("hello world", add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    return [], []
+
+
+class TextTokenizer:
+    """A model's tokenizer with its length limit, vocabulary bound and padding id."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, vocab_size: int | None) -> None:
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.max_length = max_length
+        self._full = tokenizer
+        self._truncating = Tokenizer.from_str(tokenizer.to_str())
+        self._truncating.enable_truncation(max_length=max_length, strategy="longest_first")
+        self.vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
+        self.pad_id = self._pad_id(tokenizer)
+        self._prefix, self._suffix = _special_tokens_around(tokenizer)
+
+    @classmethod
+    def load(cls, path: Path, max_length: int, vocab_size: int | None = None) -> TextTokenizer:
+        return cls(_load_fast_tokenizer(path), max_length, vocab_size)
+
+    @staticmethod
+    def _pad_id(tokenizer: Tokenizer) -> int:
+        for token in ("[PAD]", "<pad>", "<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>"):
+            token_id = tokenizer.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        return 0  # masked out anyway; any valid id will do
+
+    def _finish(self, encodings: list[Encoding], truncate: bool) -> list[Encoded]:
+        out = []
+        for index, enc in enumerate(encodings):
+            if not truncate and len(enc.ids) > self.max_length:
+                raise InputTooLongError(
+                    f"input {index} has {len(enc.ids)} tokens, more than the model's limit of "
+                    f"{self.max_length}; shorten it or send truncate=true",
+                    param="input",
+                )
+            out.append(Encoded(enc.ids, enc.type_ids))
+        return out
+
+    def encode(self, texts: Sequence[str], truncate: bool = True) -> list[Encoded]:
+        tokenizer = self._truncating if truncate else self._full
+        return self._finish(tokenizer.encode_batch(list(texts)), truncate)
+
+    def encode_pairs(self, query: str, documents: Sequence[str], truncate: bool = True) -> list[Encoded]:
+        tokenizer = self._truncating if truncate else self._full
+        return self._finish(tokenizer.encode_batch([(query, d) for d in documents]), truncate)
+
+    def from_token_ids(self, inputs: Sequence[Sequence[int]], truncate: bool = True) -> list[Encoded]:
+        """Pre-tokenized inputs (ids without special tokens), checked and wrapped."""
+        room = self.max_length - len(self._prefix) - len(self._suffix)
+        out = []
+        for index, ids in enumerate(inputs):
+            bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+            if bad is not None:
+                raise InvalidInputError(
+                    f"input {index} holds token id {bad}, outside the model's vocabulary "
+                    f"[0, {self.vocab_size})",
+                    param="input",
+                )
+            if len(ids) > room:
+                if not truncate:
+                    raise InputTooLongError(
+                        f"input {index} has {len(ids) + len(self._prefix) + len(self._suffix)} "
+                        f"tokens, more than the model's limit of {self.max_length}; shorten it "
+                        "or send truncate=true",
+                        param="input",
+                    )
+                ids = ids[:room]
+            full = [*self._prefix, *ids, *self._suffix]
+            out.append(Encoded(full, [0] * len(full)))
+        return out

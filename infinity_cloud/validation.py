@@ -1,0 +1,62 @@
+"""Checks on what a caller sent, made once for the Python API and every HTTP route."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
+
+
+def check_count(n: int, limits: LimitsSpec, param: str = "input") -> None:
+    if n == 0:
+        raise InvalidInputError(f"'{param}' is empty: send at least one item", param=param)
+    if n > limits.max_inputs_per_request:
+        raise PayloadTooLargeError(
+            f"'{param}' holds {n} items, more than the limit of "
+            f"{limits.max_inputs_per_request} per request; split the request",
+            param=param,
+        )
+
+
+def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") -> None:
+    check_count(len(texts), limits, param)
+    for index, text in enumerate(texts):
+        if not text:
+            raise InvalidInputError(f"'{param}' item {index} is an empty string", param=param)
+        if len(text) > limits.max_chars_per_text:
+            raise PayloadTooLargeError(
+                f"'{param}' item {index} has {len(text)} characters, more than the limit of "
+                f"{limits.max_chars_per_text}",
+                param=param,
+            )
+
+
+def check_token_ids(inputs: Sequence[Sequence[int]], limits: LimitsSpec) -> None:
+    check_count(len(inputs), limits)
+    for index, ids in enumerate(inputs):
+        if not ids:
+            raise InvalidInputError(f"'input' item {index} is an empty list of token ids", param="input")
+
+
+def check_dimensions(dimensions: int | None, width: int | None) -> None:
+    if dimensions is None or dimensions == 0:
+        return
+    if dimensions < 0:
+        raise InvalidInputError(f"'dimensions' must be positive, got {dimensions}", param="dimensions")
+    if width is not None and dimensions > width:
+        raise InvalidInputError(
+            f"'dimensions' is {dimensions} but the model's embeddings have {width}",
+            param="dimensions",
+        )
+
+
+def check_top_n(top_n: int | None) -> None:
+    if top_n is not None and top_n < 0:
+        raise InvalidInputError(f"'top_n' must be 0 (all) or positive, got {top_n}", param="top_n")
+
+
+def is_token_ids(inputs: Sequence[Any]) -> bool:
+    """True for a list of token-id lists (the text/ids split is made by the schema)."""
+    return bool(inputs) and not isinstance(inputs[0], str)

@@ -1,0 +1,460 @@
+"""Tiny random-weight models for the test suite.
+
+The serving engine has to be exercised against real on-disk model folders (Hugging Face
+``save_pretrained`` layouts and sentence-transformers folders), but the hub cannot be
+reached from CI and real checkpoints are far too slow. Every builder here writes a
+complete, loadable folder with a few thousand random weights in well under two seconds,
+so session-scoped pytest fixtures can call them into ``tmp_path_factory`` directories.
+
+Each builder takes the target directory, seeds torch inside a forked RNG (so the result is
+deterministic for a given torch/transformers version and the caller's global RNG is left
+alone) and returns the directory.
+
+Run ``HF_HUB_OFFLINE=1 python tests/model_factory.py`` for a self-check that builds every
+model and loads it back through its reference library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import BertConfig
+
+SEED = 1234
+MAX_LENGTH = 128
+HIDDEN = 32
+
+PoolingMode = Literal["mean", "cls", "lasttoken", "max"]
+
+# Common English words: enough that ordinary test sentences mostly map to whole-word ids,
+# the letter / "##letter" pieces below cover everything else without [UNK].
+_WORDS_TEXT = """
+the of and to a in is it you that he was for on are with as i his they be at one have this
+from or had by not word but what some we can out other were all there when up use your how
+said an each she which do their time if will way about many then them write would like so
+these her long make thing see him two has look more day could go come did number sound no
+most people my over know water than call first who may down side been now find any new work
+part take get place made live where after back little only round man year came show every
+good me give our under name very through just form sentence great think say help low line
+differ turn cause much mean before move right boy old too same tell does set three want air
+well also play small end put home read hand port large spell add even land here must big
+high such follow act why ask men change went light kind off need house picture try us again
+animal point mother world near build self earth father head stand own page should country
+found answer school grow study still learn plant cover food sun four between state keep eye
+never last let thought city tree cross farm hard start might story saw far sea draw left
+late run while press close night real life few north open seem together next white children
+begin got walk example ease paper group always music those both mark often letter until mile
+river car feet care second book carry took science eat room friend began idea fish mountain
+stop once base hear horse cut sure watch color face wood main enough plain girl usual young
+ready above ever red list though feel talk bird soon body dog family direct pose leave song
+measure door product black short numeral class wind question happen complete ship area half
+rock order fire south problem piece told knew pass since top whole king space heard best hour
+better true during hundred five remember step early hold west ground interest reach fast verb
+sing listen six table travel less morning ten simple several vowel toward war lay against
+pattern slow center love person money serve appear road map rain rule govern pull cold notice
+voice unit power town fine certain fly fall lead cry dark machine note wait plan figure star
+box noun field rest able pound done beauty drive stood contain front teach week final gave
+green quick develop ocean warm free minute strong special mind behind clear tail produce fact
+street inch multiply nothing course stay wheel full force blue object decide surface deep
+moon island foot system busy test record boat common gold possible plane stead dry wonder
+laugh thousand ago ran check game shape equate hot miss brought heat snow tire bring yes
+distant fill east paint language among query document search embedding model vector rank
+hello capital france paris london weather today sunny cat cats dogs fox quick brown lazy jumps
+"""
+_WORDS = _WORDS_TEXT.split()
+
+_PUNCTUATION = list(".,!?;:'\"()-[]/&%$#@*+=<>_")
+
+# A little English for training the byte-level BPE vocabularies.
+_BPE_CORPUS = [" ".join(_WORDS[i : i + 12]) + "." for i in range(0, len(_WORDS), 12)] + [
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the capital of France? Paris is the capital of France.",
+    "Embedding models turn sentences into vectors; rerankers score query-document pairs.",
+    "Numbers like 0 1 2 3 4 5 6 7 8 9 10 100 2024 appear in text too!",
+]
+
+
+@contextmanager
+def _seeded(seed: int = SEED) -> Iterator[None]:
+    """Seed torch without disturbing the caller's RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _wordpiece_vocab() -> list[str]:
+    """Special tokens first ([PAD]=0), then words, characters and ``##`` continuations."""
+    chars = list(string.ascii_lowercase) + list(string.digits)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_PUNCTUATION, *chars]
+    vocab += ["##" + c for c in chars]
+    vocab += _WORDS
+    return list(dict.fromkeys(vocab))  # de-duplicate, keep order
+
+
+def build_wordpiece_tokenizer(path: Path) -> Path:
+    """Write ``vocab.txt`` and a BERT fast tokenizer (``tokenizer.json``) into ``path``.
+
+    Loading through ``from_pretrained`` on a bare ``vocab.txt`` is the one construction
+    path that behaves the same on transformers 4 and 5.
+    """
+    from transformers import BertTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(_wordpiece_vocab()) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast.from_pretrained(
+        str(path), do_lower_case=True, model_max_length=MAX_LENGTH
+    )
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def _tiny_bert_config(vocab_size: int, **kwargs: object) -> BertConfig:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_LENGTH,
+        pad_token_id=0,
+        **kwargs,
+    )
+
+
+def _build_bert_base(path: Path) -> Path:
+    """Plain ``BertModel`` + tokenizer, the input for a sentence-transformers folder."""
+    from transformers import AutoTokenizer, BertModel
+
+    build_wordpiece_tokenizer(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with _seeded():
+        # Keep the pooler: sentence-transformers loads via AutoModel (pooler included) and
+        # would otherwise fill it with unseeded random weights before re-saving.
+        model = BertModel(_tiny_bert_config(len(tokenizer)))
+    model.save_pretrained(str(path))
+    return path
+
+
+def _save_sentence_transformer(
+    hf_dir: Path,
+    path: Path,
+    pooling: PoolingMode,
+    normalize: bool,
+    dense_out: int | None = None,
+    dense_activation: str | None = None,
+) -> Path:
+    """Wrap a saved HF model as a sentence-transformers folder using the library's own writer."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+    from sentence_transformers.util import import_from_string
+
+    with _seeded(SEED + 1):  # covers the Dense init and anything the loader initialises
+        transformer = Transformer(str(hf_dir), max_seq_length=MAX_LENGTH)
+        dim = transformer.get_embedding_dimension()
+        modules: list[torch.nn.Module] = [transformer, Pooling(dim, pooling_mode=pooling)]
+        if dense_out is not None:
+            activation = (
+                torch.nn.Identity()
+                if dense_activation is None
+                else import_from_string(dense_activation)()
+            )
+            modules.append(Dense(dim, dense_out, activation_function=activation))
+        if normalize:
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device="cpu")
+    model.max_seq_length = MAX_LENGTH
+    path.mkdir(parents=True, exist_ok=True)
+    model.save(str(path))
+    return path
+
+
+def build_bert_embedder(
+    path: Path,
+    pooling: PoolingMode = "mean",
+    normalize: bool = True,
+    dense_out: int | None = None,
+    dense_activation: str | None = "torch.nn.modules.activation.Tanh",
+) -> Path:
+    """Tiny BERT sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]).
+
+    ``dense_activation`` is a dotted class path (``None`` means identity), the same form
+    sentence-transformers stores in ``2_Dense/config.json``.
+    """
+    with tempfile.TemporaryDirectory(prefix="tiny-bert-") as tmp:
+        hf_dir = _build_bert_base(Path(tmp))
+        return _save_sentence_transformer(
+            hf_dir, path, pooling, normalize, dense_out, dense_activation
+        )
+
+
+def build_bert_reranker(path: Path) -> Path:
+    """Tiny cross-encoder: ``BertForSequenceClassification`` with one logit.
+
+    How sentence-transformers 6 ``CrossEncoder.predict`` scores it: ``predict(...,
+    activation_fn=None)`` (the default) falls back to ``model.activation_fn``, resolved at
+    load time as: the constructor's ``activation_fn`` argument, else ``"activation_fn"`` in
+    ``config_sentence_transformers.json`` (what ``CrossEncoder.save`` writes), else
+    ``config.json["sentence_transformers"]["activation_fn"]`` (or the legacy
+    ``sbert_ce_default_activation_function``), else ``torch.nn.Sigmoid()`` when
+    ``num_labels == 1`` and ``Identity()`` otherwise. Paths not starting with ``torch.``
+    need ``trust_remote_code=True``. This plain ``save_pretrained`` folder has none of those
+    keys, so ``predict`` returns sigmoid(logit). Raw logits:
+    ``predict(pairs, activation_fn=torch.nn.Identity())``; explicit sigmoid:
+    ``activation_fn=torch.nn.Sigmoid()``. Output ``[batch, 1]`` is squeezed to ``[batch]``.
+    """
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    build_wordpiece_tokenizer(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    with _seeded():
+        model = BertForSequenceClassification(_tiny_bert_config(len(tokenizer), num_labels=1))
+    model.save_pretrained(str(path))
+    return path
+
+
+def build_bert_classifier(
+    path: Path, labels: Sequence[str] = ("negative", "neutral", "positive")
+) -> Path:
+    """Tiny ``BertForSequenceClassification`` with named labels (``id2label``/``label2id``)."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    build_wordpiece_tokenizer(path)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    id2label = dict(enumerate(labels))
+    config = _tiny_bert_config(
+        len(tokenizer),
+        num_labels=len(labels),
+        id2label=id2label,
+        label2id={label: i for i, label in id2label.items()},
+    )
+    with _seeded():
+        model = BertForSequenceClassification(config)
+    model.save_pretrained(str(path))
+    return path
+
+
+def _train_byte_level_bpe(special_tokens: list[str], vocab_size: int) -> Tokenizer:
+    """Train a small byte-level BPE on the in-file corpus (deterministic, no network)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_BPE_CORPUS, trainer=trainer)
+    return tokenizer
+
+
+def build_decoder_embedder(path: Path) -> Path:
+    """Tiny decoder-only (Qwen2) embedder with last-token pooling + Normalize.
+
+    Last-token pooling needs the final position to be EOS, so the tokenizer's post-processor
+    appends ``<|endoftext|>`` to every text; padding is on the right (the pooling module
+    uses the attention mask to find the last real token).
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2Model
+
+    eos, pad = "<|endoftext|>", "<|pad|>"
+    backend = _train_byte_level_bpe([eos, pad], vocab_size=400)
+    eos_id, pad_id = backend.token_to_id(eos), backend.token_to_id(pad)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"$A:0 {eos}:0",
+        pair=f"$A:0 {eos}:0 $B:1 {eos}:1",
+        special_tokens=[(eos, eos_id)],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=eos,
+        pad_token=pad,
+        padding_side="right",
+        model_max_length=MAX_LENGTH,
+    )
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=MAX_LENGTH,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=False,
+    )
+    with tempfile.TemporaryDirectory(prefix="tiny-qwen2-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            Qwen2Model(config).save_pretrained(tmp)
+        return _save_sentence_transformer(Path(tmp), path, "lasttoken", normalize=True)
+
+
+def build_roberta_embedder(path: Path) -> Path:
+    """Tiny RoBERTa mean-pooling embedder with a byte-level BPE tokenizer.
+
+    The tokenizer is built the classic way (``vocab.json`` + ``merges.txt``), but the
+    sentence-transformers re-save keeps only ``tokenizer.json`` + ``tokenizer_config.json``.
+
+    RoBERTa position ids start at ``pad_token_id + 1``, hence ``max_position_embeddings``
+    of 128 + 2: a model that gets this wrong crashes on inputs at the truncation limit.
+    """
+    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0..4, pad=1 as in RoBERTa
+    backend = _train_byte_level_bpe(specials, vocab_size=400)
+    with tempfile.TemporaryDirectory(prefix="tiny-roberta-") as tmp:
+        backend.model.save(tmp)  # vocab.json + merges.txt
+        tokenizer = RobertaTokenizerFast.from_pretrained(tmp, model_max_length=MAX_LENGTH)
+        assert tokenizer.pad_token_id == 1, tokenizer.pad_token_id
+        config = RobertaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=HIDDEN,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=MAX_LENGTH + 2,
+            type_vocab_size=1,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+        )
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            RobertaModel(config).save_pretrained(tmp)  # pooler kept, see _build_bert_base
+        return _save_sentence_transformer(Path(tmp), path, "mean", normalize=True)
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """Byte-compare two built folders (the determinism check)."""
+    files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())
+    return files == sorted(f.relative_to(b) for f in b.rglob("*") if f.is_file()) and all(
+        (a / f).read_bytes() == (b / f).read_bytes() for f in files
+    )
+
+
+def _self_check(root: Path) -> None:
+    """Build every model into ``root`` and load each back in its reference library."""
+    import json
+    import time
+
+    import numpy as np
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from transformers import AutoTokenizer, pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    texts = ["What is the capital of France?", "Paris is a big city in the north.", "xyzzy"]
+    long_text = " ".join(_WORDS[i % len(_WORDS)] for i in range(200))
+
+    def timed(name: str, fn: Callable[..., Path], *args: object, **kwargs: object) -> Path:
+        start = time.perf_counter()
+        out = fn(root / name, *args, **kwargs)
+        elapsed = time.perf_counter() - start
+        print(f"built {name:<16} in {elapsed:.2f}s")
+        assert elapsed < 2.0, f"{name} took {elapsed:.2f}s"
+        again = fn(root / f"{name}.again", *args, **kwargs)
+        assert _same_files(out, again), f"{name}: two builds differ"
+        return out
+
+    def show(path: Path, rel: str) -> None:
+        print(f"--- {rel}\n{(path / rel).read_text().strip()}")
+
+    def unit_norm(emb: np.ndarray) -> bool:
+        return bool(np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5))
+
+    p = timed("wordpiece", build_wordpiece_tokenizer)
+    tok = AutoTokenizer.from_pretrained(str(p))
+    assert (p / "tokenizer.json").exists() and tok.pad_token_id == 0
+    assert tok.model_max_length == MAX_LENGTH
+    ids = tok(texts[0])["input_ids"]
+    print("wordpiece:", tok.convert_ids_to_tokens(ids))
+    assert tok.unk_token_id not in ids
+
+    for pooling in ("mean", "cls", "lasttoken", "max"):
+        p = timed(f"bert-{pooling}", build_bert_embedder, pooling=pooling)
+        emb = SentenceTransformer(str(p), device="cpu").encode([*texts, long_text])
+        assert emb.shape == (4, HIDDEN) and unit_norm(emb), emb.shape
+
+    p = timed("bert-dense", build_bert_embedder, pooling="cls", normalize=False, dense_out=16)
+    for rel in ("modules.json", "1_Pooling/config.json", "2_Dense/config.json"):
+        show(p, rel)
+    show(p, "sentence_bert_config.json")
+    show(p, "config_sentence_transformers.json")
+    print("2_Dense files:", sorted(f.name for f in (p / "2_Dense").iterdir()))
+    emb = SentenceTransformer(str(p), device="cpu").encode(texts)
+    assert emb.shape == (3, 16) and np.abs(emb).max() <= 1.0 and not unit_norm(emb)
+
+    p = timed("bert-dense-id", build_bert_embedder, dense_out=8, dense_activation=None)
+    dense_cfg = json.loads((p / "2_Dense/config.json").read_text())
+    assert dense_cfg["activation_function"] == "torch.nn.modules.linear.Identity", dense_cfg
+    emb = SentenceTransformer(str(p), device="cpu").encode(texts)
+    assert emb.shape == (3, 8) and unit_norm(emb)
+
+    p = timed("reranker", build_bert_reranker)
+    ce = CrossEncoder(str(p), device="cpu")
+    pair = (texts[0], texts[1])
+    prob = ce.predict([pair])
+    logit = ce.predict([pair], activation_fn=torch.nn.Identity())
+    print(f"reranker: activation_fn={ce.activation_fn!r} predict={prob} raw={logit}")
+    assert isinstance(ce.activation_fn, torch.nn.Sigmoid)
+    assert prob.shape == (1,) and np.allclose(prob, 1 / (1 + np.exp(-logit)), atol=1e-6)
+    assert ce.predict([(long_text, long_text)]).shape == (1,)
+
+    p = timed("classifier", build_bert_classifier)
+    clf = pipeline("text-classification", model=str(p), top_k=None, device="cpu")
+    out = clf([texts[0], long_text], truncation=True)  # the pipeline does not truncate
+    print("classifier:", out[0])
+    assert {d["label"] for d in out[0]} == {"negative", "neutral", "positive"}
+
+    p = timed("decoder", build_decoder_embedder)
+    show(p, "1_Pooling/config.json")
+    st = SentenceTransformer(str(p), device="cpu")
+    enc = st.preprocess(texts)
+    last = enc["attention_mask"].sum(dim=1) - 1
+    assert (enc["input_ids"][torch.arange(3), last] == st.tokenizer.eos_token_id).all()
+    assert st.tokenizer.padding_side == "right"
+    emb = st.encode([*texts, long_text])
+    assert emb.shape == (4, HIDDEN) and unit_norm(emb)
+
+    p = timed("roberta", build_roberta_embedder)
+    st = SentenceTransformer(str(p), device="cpu")
+    assert st.max_seq_length == MAX_LENGTH
+    assert len(st.preprocess([long_text])["input_ids"][0]) == MAX_LENGTH
+    emb = st.encode([*texts, long_text, long_text + " " + long_text])
+    assert emb.shape == (5, HIDDEN) and unit_norm(emb)
+    print("self-check OK")
+
+
+if __name__ == "__main__":
+    scratch = Path(tempfile.mkdtemp(prefix="model-factory-"))
+    try:
+        _self_check(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
