@@ -55,7 +55,9 @@ class Engine:
             spec = DeploymentSpec(models=tuple(spec))
         self.spec = spec
         self.limits = limits or spec.server.limits
-        self.models: dict[str, ServedModel] = {m.name: ServedModel(m, observers) for m in spec.models}
+        # One list shared down to every batch worker, so observers added later see all batches.
+        self.observers: list[Observer] = list(observers)
+        self.models: dict[str, ServedModel] = {m.name: ServedModel(m, self.observers) for m in spec.models}
         self._tokenize_pool = ThreadPoolExecutor(
             max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="tokenize"
         )

@@ -22,6 +22,10 @@ class Capability(str, enum.Enum):
     RERANK = "rerank"
     CLASSIFY = "classify"
 
+    @property
+    def noun(self) -> str:
+        return {"embed": "embedding", "rerank": "reranking", "classify": "classification"}[self.value]
+
 
 @dataclass(frozen=True)
 class DenseLayer:
@@ -65,8 +69,13 @@ def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
 
 
 def _pooling_mode(config: dict[str, Any]) -> str:
-    if config.get("pooling_mode"):  # newer sentence-transformers write one key
-        return str(config["pooling_mode"])
+    mode = config.get("pooling_mode")  # sentence-transformers 6 writes one key
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if isinstance(mode, str):
+        return mode
+    if mode:
+        raise ModelLoadError(f"combined pooling modes {mode} are not supported")
     for key, mode in (
         ("pooling_mode_cls_token", "cls"),
         ("pooling_mode_lasttoken", "lasttoken"),

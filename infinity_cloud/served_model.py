@@ -117,8 +117,7 @@ class ServedModel:
         loaded = self.loaded
         if loaded.info.capability is not capability:
             raise UnsupportedError(
-                f"model {self.name!r} is a {loaded.info.capability.value} model and cannot "
-                f"{capability.value}",
+                f"model {self.name!r} is for {loaded.info.capability.noun}, not {capability.noun}",
                 param="model",
             )
         return loaded

@@ -6,6 +6,7 @@ tokens here is what makes `usage` real.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,9 @@ def _special_tokens_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
 class TextTokenizer:
     """A model's tokenizer with its length limit, vocabulary bound and padding id."""
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int, vocab_size: int | None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, max_length: int, vocab_size: int | None, pad_token: str | None = None
+    ) -> None:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.max_length = max_length
@@ -63,17 +66,22 @@ class TextTokenizer:
         self._truncating = Tokenizer.from_str(tokenizer.to_str())
         self._truncating.enable_truncation(max_length=max_length, strategy="longest_first")
         self.vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
-        self.pad_id = self._pad_id(tokenizer)
+        self.pad_id = self._pad_id(tokenizer, pad_token)
         self._prefix, self._suffix = _special_tokens_around(tokenizer)
 
     @classmethod
     def load(cls, path: Path, max_length: int, vocab_size: int | None = None) -> TextTokenizer:
-        return cls(_load_fast_tokenizer(path), max_length, vocab_size)
+        pad_token = None
+        config_file = path / "tokenizer_config.json"
+        if config_file.is_file():
+            pad = json.loads(config_file.read_text()).get("pad_token")
+            pad_token = pad.get("content") if isinstance(pad, dict) else pad
+        return cls(_load_fast_tokenizer(path), max_length, vocab_size, pad_token)
 
     @staticmethod
-    def _pad_id(tokenizer: Tokenizer) -> int:
-        for token in ("[PAD]", "<pad>", "<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>"):
-            token_id = tokenizer.token_to_id(token)
+    def _pad_id(tokenizer: Tokenizer, pad_token: str | None) -> int:
+        for token in (pad_token, "[PAD]", "<pad>", "<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>"):
+            token_id = tokenizer.token_to_id(token) if token else None
             if token_id is not None:
                 return token_id
         return 0  # masked out anyway; any valid id will do

@@ -52,7 +52,7 @@ class BatchWorker:
         self.queue = batch_queue
         self._run = run
         self._finish = finish
-        self._observers = list(observers)
+        self._observers = observers  # shared with the engine, which may add more later
         # One finished forward pass may wait for its postprocessing while the next runs.
         self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._threads = [

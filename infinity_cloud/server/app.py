@@ -1,0 +1,105 @@
+"""The one app factory every target calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+
+from infinity_cloud import __version__
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.engine import Engine
+from infinity_cloud.server.auth import require_api_key
+from infinity_cloud.server.calls import ClientDisconnected
+from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
+from infinity_cloud.server.metrics import Metrics
+from infinity_cloud.server.middleware import BodyLimit
+from infinity_cloud.server.routes import classify, embeddings, invocations, rerank, status
+
+log = logging.getLogger(__name__)
+
+
+async def _client_gone(_: Request, __: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it; nginx's code for "client closed"
+
+
+def _load_in_background(engine: Engine) -> asyncio.Task[Engine]:
+    task = asyncio.create_task(engine.start())
+
+    def report(done: asyncio.Task[Engine]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            log.error("model loading failed: %s", done.exception())
+
+    task.add_done_callback(report)
+    return task
+
+
+def create_app(engine: Engine | DeploymentSpec | None = None, *, manage_engine: bool = True) -> FastAPI:
+    """Build the HTTP app around an engine (built from the spec when given a spec).
+
+    Models not loaded yet are loaded in the background at start-up, so /health answers 503
+    until they are ready. With `manage_engine`, the app stops the engine at shutdown.
+    """
+    if not isinstance(engine, Engine):
+        engine = Engine(engine)
+    spec = engine.spec
+    metrics = Metrics()
+    engine.observers.append(metrics.observe_batch)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loader = None
+        if any(m.state == "loading" for m in engine.models.values()):
+            loader = _load_in_background(engine)
+        yield
+        if loader is not None and not loader.done():
+            await asyncio.wait({loader})
+        if manage_engine:
+            await engine.stop()
+
+    prefix = spec.server.url_prefix
+    app = FastAPI(
+        title="infinity-cloud",
+        version=__version__,
+        description="Embeddings, reranking and classification behind an OpenAI-compatible API.",
+        lifespan=lifespan,
+        docs_url=f"{prefix}/docs",
+        redoc_url=f"{prefix}/redoc",
+        openapi_url=f"{prefix}/openapi.json",
+        exception_handlers={**EXCEPTION_HANDLERS, ClientDisconnected: _client_gone},
+    )
+    app.state.engine = engine
+    app.state.spec = spec
+    app.state.metrics = metrics
+    app.state.started_at = int(time.time())
+
+    protected = [Depends(require_api_key)]
+    inference = APIRouter(dependencies=protected)
+    for router in (embeddings.router, classify.router, status.models_router):
+        inference.include_router(router)
+    app.include_router(inference, prefix=prefix)
+    app.include_router(
+        inference, prefix=f"{prefix}/v1", generate_unique_id_function=lambda route: f"v1_{route.name}"
+    )
+    for router in (rerank.router, invocations.router, status.metrics_router):
+        app.include_router(router, prefix=prefix, dependencies=protected)
+    app.include_router(status.health_router, prefix=prefix)
+
+    app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
+    app.add_middleware(CatchBugs)
+    if spec.server.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(spec.server.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After", "X-Request-Id"],
+        )
+    return app

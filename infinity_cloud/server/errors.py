@@ -1,0 +1,120 @@
+"""One table from errors to HTTP answers, in the OpenAI error shape the SDKs parse."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infinity_cloud import errors
+from infinity_cloud.server.encoding import json_response
+
+log = logging.getLogger(__name__)
+
+
+class UnauthorizedError(errors.InfinityCloudError):
+    """Missing or wrong API key (an HTTP concern, so it lives here)."""
+
+
+# class -> (status, type); the first match in MRO order wins.
+_TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
+    errors.InvalidInputError: (400, "invalid_request_error"),
+    UnauthorizedError: (401, "authentication_error"),
+    errors.ModelNotFoundError: (404, "model_not_found"),
+    errors.PayloadTooLargeError: (413, "payload_too_large"),
+    errors.QueueFullError: (429, "rate_limit_exceeded"),
+    errors.ModelNotReadyError: (503, "model_not_ready"),
+    errors.BatchFailedError: (500, "inference_error"),
+}
+
+
+def error_body(message: str, kind: str, code: int, param: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}, **extra}
+
+
+def status_of(exc: errors.InfinityCloudError) -> tuple[int, str]:
+    for cls in type(exc).__mro__:
+        if cls in _TABLE:
+            return _TABLE[cls]
+    return 500, "server_error"
+
+
+def error_response(exc: errors.InfinityCloudError) -> Response:
+    status, kind = status_of(exc)
+    headers = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is not None:
+        headers["Retry-After"] = str(retry)
+    return json_response(error_body(exc.message, kind, status, exc.param), status, headers)
+
+
+async def _domain_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, errors.InfinityCloudError)
+    return error_response(exc)
+
+
+def _describe(err: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+    return f"{where}: {err.get('msg', 'invalid')}"
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    details = exc.errors()
+    param = next((str(e["loc"][1]) for e in details if len(e.get("loc", ())) > 1), None)
+    message = "invalid request: " + "; ".join(_describe(e) for e in details[:5])
+    body = error_body(message, "invalid_request_error", 422, param, detail=jsonable_encoder(details))
+    return json_response(body, 422)
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return json_response(error_body(str(exc.detail), kind, exc.status_code), exc.status_code, exc.headers)
+
+
+EXCEPTION_HANDLERS = {
+    errors.InfinityCloudError: _domain_error,
+    RequestValidationError: _validation_error,
+    HTTPException: _http_error,
+}
+
+
+class CatchBugs:
+    """Turn an unexpected exception into a logged 500 with a request id; the server lives on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            request_id = uuid.uuid4().hex[:16]
+            log.exception("unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id)
+            if started:
+                raise
+            body = error_body(
+                f"internal server error (request id {request_id}); the server logged the details",
+                "server_error", 500,
+            )
+            await json_response(body, 500, {"X-Request-Id": request_id})(scope, receive, send)

@@ -1,0 +1,54 @@
+"""Prometheus metrics, one registry per app so several apps can live in one process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from infinity_cloud.batching import BatchReport
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("infinity_cloud_requests", "requests answered", ["model", "route", "status"], registry=r)
+        self.inputs = Counter("infinity_cloud_inputs", "inputs embedded, ranked or classified", ["model"], registry=r)
+        self.tokens = Counter("infinity_cloud_tokens", "real (unpadded) tokens processed", ["model"], registry=r)
+        self.errors = Counter("infinity_cloud_errors", "failed requests by kind", ["model", "kind"], registry=r)
+        self.queue_depth = Gauge("infinity_cloud_queue_depth", "inputs waiting", ["model"], registry=r)
+        self.batch_size = Histogram(
+            "infinity_cloud_batch_size", "inputs per batch", ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "infinity_cloud_batch_tokens", "padded tokens per batch", ["model"],
+            buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536), registry=r,
+        )
+        self.queue_wait = Histogram(
+            "infinity_cloud_queue_wait_seconds", "time an input waits for its batch", ["model"],
+            buckets=_LATENCY, registry=r,
+        )
+        self.inference = Histogram(
+            "infinity_cloud_inference_seconds", "forward pass plus postprocessing per batch", ["model"],
+            buckets=_LATENCY, registry=r,
+        )
+        self.latency = Histogram(
+            "infinity_cloud_request_seconds", "end-to-end request latency", ["model", "route"],
+            buckets=_LATENCY, registry=r,
+        )
+
+    def observe_batch(self, report: BatchReport) -> None:
+        """A batch observer: called from the worker thread after each batch."""
+        self.batch_size.labels(report.model).observe(report.size)
+        self.batch_tokens.labels(report.model).observe(report.padded_tokens)
+        self.inference.labels(report.model).observe(report.forward_s)
+        wait = self.queue_wait.labels(report.model)
+        for seconds in report.queue_wait_s:
+            wait.observe(seconds)
+
+    def render(self, queue_depths: dict[str, int]) -> bytes:
+        for model, depth in queue_depths.items():
+            self.queue_depth.labels(model).set(depth)
+        return generate_latest(self.registry)

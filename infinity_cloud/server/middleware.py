@@ -1,0 +1,59 @@
+"""ASGI middleware of our own: the request body size limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from infinity_cloud.errors import PayloadTooLargeError
+from infinity_cloud.server.errors import error_response
+
+
+class BodyLimit:
+    """Refuse bodies over `max_bytes`: at once from Content-Length, else while reading."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _error(self, size: str) -> PayloadTooLargeError:
+        return PayloadTooLargeError(
+            f"request body of {size} bytes is over the limit of {self.max_bytes} bytes"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(self._error(declared.decode()))(scope, receive, send)
+            return
+        seen = 0
+        response_started = False
+
+        async def counting_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge()
+            return message
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if response_started:
+                raise
+            await error_response(self._error(f"more than {self.max_bytes}"))(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,1 @@
+"""Route handlers: short, no try/except; errors reach the one table in server/errors.py."""

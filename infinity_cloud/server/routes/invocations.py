@@ -1,0 +1,74 @@
+"""SageMaker's single entry point: any request body, routed to the matching handler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.model_files import Capability
+from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
+from infinity_cloud.server.routes.classify import classify
+from infinity_cloud.server.routes.embeddings import embeddings
+from infinity_cloud.server.routes.rerank import rerank_infinity
+
+router = APIRouter(tags=["sagemaker"])
+
+_ROUTES: dict[str, tuple[type[BaseModel], Any]] = {
+    "embeddings": (EmbeddingRequest, embeddings),
+    "rerank": (RerankRequest, rerank_infinity),
+    "classify": (ClassifyRequest, classify),
+}
+_BY_CAPABILITY = {Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify"}
+
+
+def _route_from_header(request: Request) -> str | None:
+    attributes = request.headers.get("x-amzn-sagemaker-custom-attributes", "")
+    for part in attributes.split(","):
+        key, _, value = part.strip().partition("=")
+        if key.strip() == "route":
+            route = value.strip().strip("/")
+            if route not in _ROUTES:
+                raise InvalidInputError(
+                    f"custom attribute route={route!r} is not one of {', '.join(_ROUTES)}", param="route"
+                )
+            return route
+    return None
+
+
+def _route_from_body(request: Request, data: dict[str, Any]) -> str:
+    engine = request.app.state.engine
+    if "query" in data:
+        return "rerank"
+    model = engine.model(data.get("model") if isinstance(data.get("model"), str) else None)
+    if "input" in data:
+        return "classify" if model.capability is Capability.CLASSIFY else "embeddings"
+    return _BY_CAPABILITY.get(model.loaded.info.capability, "embeddings")
+
+
+@router.post("/invocations", summary="SageMaker entry point: embeddings, rerank or classify")
+async def invocations(request: Request) -> Response:
+    try:
+        data = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}]
+        ) from None
+    if not isinstance(data, dict):
+        raise RequestValidationError(
+            [{"type": "dict_type", "loc": ("body",), "msg": "the body must be a JSON object", "input": None}]
+        )
+    route = _route_from_header(request) or _route_from_body(request, data)
+    schema, handler = _ROUTES[route]
+    try:
+        body = schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+        ) from None
+    return await handler(body, request)

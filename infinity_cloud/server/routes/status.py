@@ -1,0 +1,53 @@
+"""Models, health and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from infinity_cloud.errors import ModelNotReadyError
+from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import error_body
+
+models_router = APIRouter(tags=["models"])
+health_router = APIRouter(tags=["health"])
+metrics_router = APIRouter(tags=["metrics"])
+
+
+@models_router.get("/models", summary="Served models, their capabilities and queue stats")
+async def models(request: Request) -> Response:
+    state = request.app.state
+    data = [
+        {"object": "model", "owned_by": "infinity-cloud", "created": state.started_at, **entry}
+        for entry in state.engine.describe()
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+def _health(request: Request) -> Response:
+    engine = request.app.state.engine
+    models = [{"id": m["id"], "state": m["state"], **({"error": m["error"]} if "error" in m else {})}
+              for m in engine.describe()]
+    if engine.healthy:
+        return json_response({"status": "ok", "models": models})
+    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in models if m["state"] != "ready" or "error" in m)
+    retry = ModelNotReadyError.retry_after_s
+    body = error_body(f"not ready: {problems}", "model_not_ready", 503, models=models, status="unavailable")
+    return json_response(body, 503, {"Retry-After": str(retry)})
+
+
+@health_router.get("/health", summary="200 when every model is loaded and its worker alive, else 503")
+async def health(request: Request) -> Response:
+    return _health(request)
+
+
+@health_router.get("/ping", summary="SageMaker's health check: the same as /health")
+async def ping(request: Request) -> Response:
+    return _health(request)
+
+
+@metrics_router.get("/metrics", summary="Prometheus metrics")
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    depths = {m["id"]: m.get("stats", {}).get("queue_depth", 0) for m in state.engine.describe()}
+    return Response(state.metrics.render(depths), media_type="text/plain; version=0.0.4; charset=utf-8")
