@@ -1,0 +1,3 @@
+from infinity_cloud.cli import main
+
+main()

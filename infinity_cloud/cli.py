@@ -1,0 +1,166 @@
+"""The `infinity-cloud` command: serve, show the merged spec, build deployment files."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from infinity_cloud.config import DEFAULT_MODEL_ID, DeploymentSpec, load_spec
+from infinity_cloud.errors import InfinityCloudError
+
+app = typer.Typer(
+    name="infinity-cloud",
+    help="Serve embedding, reranking and classification models behind one OpenAI-compatible "
+    "API, locally or in the cloud. Every option can also be set as an INFINITY_CLOUD_* "
+    "environment variable or in a YAML file given with --config (flags win, then env, then file).",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the deployment spec.", no_args_is_help=True)
+build_app = typer.Typer(help="Render deployment files for a target.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(build_app, name="build")
+
+_M = "Models (repeat --model-id to serve several; give other model options once for all, or once per model)"
+_S = "Server"
+
+
+def _opt(env: str, help: str, panel: str, *decls: str) -> Any:
+    return typer.Option(*decls, envvar=f"INFINITY_CLOUD_{env}", help=help, rich_help_panel=panel, show_default=False)
+
+
+# The options every spec-reading command takes; `None` means "not given" so the file wins.
+SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "config": (Optional[Path], _opt("CONFIG", "YAML deployment spec (infinity-cloud.yaml).", "Spec")),
+    "model_id": (Optional[list[str]], _opt(
+        "MODEL_ID", f"Hub id or local folder of a model (default: {DEFAULT_MODEL_ID}).", _M)),
+    "served_model_name": (Optional[list[str]], _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
+    "revision": (Optional[list[str]], _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
+    "backend": (Optional[list[str]], _opt("BACKEND", "Inference backend (default: torch).", _M)),
+    "device": (Optional[list[str]], _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
+    "dtype": (Optional[list[str]], _opt("DTYPE", "auto, float32, float16 or bfloat16 (default: auto).", _M)),
+    "batch_tokens": (Optional[list[int]], _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
+    "max_batch_size": (Optional[list[int]], _opt("MAX_BATCH_SIZE", "Inputs per batch (default: 64).", _M)),
+    "queue_size": (Optional[list[int]], _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
+    "pooling": (Optional[list[str]], _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
+    "max_length": (Optional[list[int]], _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
+    "host": (Optional[str], _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
+    "port": (Optional[int], _opt("PORT", "Port (default: 7997).", _S)),
+    "api_keys": (Optional[list[str]], _opt(
+        "API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys.", _S, "--api-key")),
+    "url_prefix": (Optional[str], _opt("URL_PREFIX", "Serve every route under this path.", _S)),
+    "cors_origins": (Optional[list[str]], _opt(
+        "CORS_ORIGIN", "Allow browser calls from this origin ('*' for any); repeatable.", _S,
+        "--cors-origin")),
+    "log_level": (Optional[str], _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
+    "max_inputs_per_request": (Optional[int], _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S)),
+    "max_payload_bytes": (Optional[int], _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
+}
+
+
+def fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(2)
+
+
+def with_spec(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command the spec options; it receives the merged `spec` instead."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        options = {name: kwargs.pop(name) for name in SPEC_OPTIONS}
+        config = options.pop("config")
+        try:
+            spec = load_spec(config, **options)
+        except InfinityCloudError as exc:
+            raise fail(exc.message) from None
+        return fn(spec=spec, **kwargs)
+
+    params = own + [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option])
+        for name, (hint, option) in SPEC_OPTIONS.items()
+    ]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return command
+
+
+@app.command()
+@with_spec
+def serve(spec: DeploymentSpec) -> None:
+    """Serve the models over HTTP (the OpenAI-compatible API) on this machine."""
+    from targets.local.target import LocalTarget
+
+    try:
+        LocalTarget().serve(spec)
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+
+
+class Format(str, Enum):
+    yaml = "yaml"
+    json = "json"
+
+
+@config_app.command("show")
+@with_spec
+def config_show(
+    spec: DeploymentSpec,
+    format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
+) -> None:
+    """Print the merged deployment spec (file, then environment, then flags)."""
+    data = spec.model_dump(mode="json")
+    if format is Format.json:
+        import json
+
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@build_app.command("local")
+@with_spec
+def build_local(
+    spec: DeploymentSpec,
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the files into.")] = Path("build/local"),
+) -> None:
+    """Write a Dockerfile, a compose file and the spec for running the server in a container."""
+    from targets.local.target import LocalTarget
+
+    for path in LocalTarget().build(spec, out):
+        typer.echo(str(path))
+
+
+@app.command()
+@with_spec
+def download(spec: DeploymentSpec) -> None:
+    """Fetch every model's files into the Hugging Face cache (for image builds)."""
+    from infinity_cloud.model_source import resolve_model_dir
+
+    for model in spec.models:
+        try:
+            typer.echo(f"{model.name}: {resolve_model_dir(model.model_id, model.revision)}")
+        except InfinityCloudError as exc:
+            raise fail(exc.message) from None
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    from infinity_cloud import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    sys.exit(app())

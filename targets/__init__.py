@@ -1,0 +1,1 @@
+"""Deployment targets: each renders files from templates/ and talks to one platform."""
