@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -39,30 +39,30 @@ def _opt(env: str, help: str, panel: str, *decls: str) -> Any:
 
 # The options every spec-reading command takes; `None` means "not given" so the file wins.
 SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "config": (Optional[Path], _opt("CONFIG", "YAML deployment spec (infinity-cloud.yaml).", "Spec")),
-    "model_id": (Optional[list[str]], _opt(
+    "config": (Path | None, _opt("CONFIG", "YAML deployment spec (infinity-cloud.yaml).", "Spec")),
+    "model_id": (list[str] | None, _opt(
         "MODEL_ID", f"Hub id or local folder of a model (default: {DEFAULT_MODEL_ID}).", _M)),
-    "served_model_name": (Optional[list[str]], _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
-    "revision": (Optional[list[str]], _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
-    "backend": (Optional[list[str]], _opt("BACKEND", "Inference backend (default: torch).", _M)),
-    "device": (Optional[list[str]], _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
-    "dtype": (Optional[list[str]], _opt("DTYPE", "auto, float32, float16 or bfloat16 (default: auto).", _M)),
-    "batch_tokens": (Optional[list[int]], _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
-    "max_batch_size": (Optional[list[int]], _opt("MAX_BATCH_SIZE", "Inputs per batch (default: 64).", _M)),
-    "queue_size": (Optional[list[int]], _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
-    "pooling": (Optional[list[str]], _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
-    "max_length": (Optional[list[int]], _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
-    "host": (Optional[str], _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
-    "port": (Optional[int], _opt("PORT", "Port (default: 7997).", _S)),
-    "api_keys": (Optional[list[str]], _opt(
+    "served_model_name": (list[str] | None, _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
+    "revision": (list[str] | None, _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
+    "backend": (list[str] | None, _opt("BACKEND", "Inference backend (default: torch).", _M)),
+    "device": (list[str] | None, _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
+    "dtype": (list[str] | None, _opt("DTYPE", "auto, float32, float16 or bfloat16 (default: auto).", _M)),
+    "batch_tokens": (list[int] | None, _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
+    "max_batch_size": (list[int] | None, _opt("MAX_BATCH_SIZE", "Inputs per batch (default: 64).", _M)),
+    "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
+    "pooling": (list[str] | None, _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
+    "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
+    "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
+    "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
+    "api_keys": (list[str] | None, _opt(
         "API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys.", _S, "--api-key")),
-    "url_prefix": (Optional[str], _opt("URL_PREFIX", "Serve every route under this path.", _S)),
-    "cors_origins": (Optional[list[str]], _opt(
+    "url_prefix": (str | None, _opt("URL_PREFIX", "Serve every route under this path.", _S)),
+    "cors_origins": (list[str] | None, _opt(
         "CORS_ORIGIN", "Allow browser calls from this origin ('*' for any); repeatable.", _S,
         "--cors-origin")),
-    "log_level": (Optional[str], _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
-    "max_inputs_per_request": (Optional[int], _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S)),
-    "max_payload_bytes": (Optional[int], _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
+    "log_level": (str | None, _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
+    "max_inputs_per_request": (int | None, _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S)),
+    "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
 }
 
 

@@ -1,0 +1,65 @@
+"""Importing the package and building the app must not import a backend or a cloud SDK."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub"]
+
+
+def _imported_after(code: str) -> set[str]:
+    probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_import_package_is_light():
+    modules = _imported_after("import infinity_cloud; infinity_cloud.Engine; infinity_cloud.ModelSpec")
+    assert not modules & set(HEAVY)
+
+
+def test_app_and_cli_import_no_backend():
+    code = (
+        "from infinity_cloud.server import create_app\n"
+        "from infinity_cloud.cli import app\n"
+        "from infinity_cloud.engine import Engine\n"
+        "create_app(Engine())"
+    )
+    assert not _imported_after(code) & set(HEAVY)
+
+
+def test_fake_backend_serves_without_torch(tiny_embedder):
+    # Block torch entirely: a backend that does not need it must still load and answer.
+    code = f"""
+import sys, asyncio
+sys.modules['torch'] = None
+sys.modules['transformers'] = None
+from infinity_cloud import Engine, ModelSpec
+async def main():
+    async with Engine(ModelSpec(model_id={str(tiny_embedder)!r}, backend='fake')) as e:
+        r = await e.embed(['hello'])
+        print(r.embeddings.shape)
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "(1, 32)" in out.stdout
+
+
+def test_missing_backend_names_the_extra(tiny_embedder):
+    code = f"""
+import sys, asyncio
+sys.modules['torch'] = None
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.errors import BackendUnavailableError
+try:
+    Engine(ModelSpec(model_id={str(tiny_embedder)!r})).load()
+except BackendUnavailableError as exc:
+    print(exc.message)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "pip install 'infinity-cloud[torch]'" in out.stdout, out.stdout + out.stderr
