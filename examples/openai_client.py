@@ -1,0 +1,17 @@
+"""Embed with the OpenAI SDK against a running `infinity-cloud serve`.
+
+    infinity-cloud serve &            # serves all-MiniLM-L6-v2 on port 7997
+    python examples/openai_client.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from openai import OpenAI
+
+client = OpenAI(base_url="http://127.0.0.1:7997/v1", api_key="unused-without---api-key")
+texts = ["A panda is a bear native to China.", "Pandas eat bamboo.", "The stock market fell today."]
+response = client.embeddings.create(model="sentence-transformers/all-MiniLM-L6-v2", input=texts)
+vectors = np.array([item.embedding for item in response.data])
+print(f"{len(vectors)} vectors of {vectors.shape[1]} dims, {response.usage.prompt_tokens} tokens")
+print("similarity of text 0 to the others:", np.round(vectors[1:] @ vectors[0], 3))
