@@ -1,0 +1,70 @@
+"""In-process engine throughput: real (unpadded) tokens per second, no HTTP.
+
+    python benchmarks/engine_throughput.py --corpus ../shared/data/corpus.jsonl --model-id sentence-transformers/all-MiniLM-L6-v2
+
+Sends the passages in requests of --per-request texts from --concurrency tasks and reports
+texts/s and tokens/s; the HTTP comparison against Infinity is benchmarks/vs_infinity.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from infinity_cloud import Engine, ModelSpec
+
+
+def load_passages(path: Path, limit: int) -> list[str]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["text"] for r in rows if r.get("kind") == "passage"][:limit]
+
+
+async def run(engine: Engine, texts: list[str], per_request: int, concurrency: int) -> tuple[float, int]:
+    chunks = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
+    queue: asyncio.Queue[list[str]] = asyncio.Queue()
+    for chunk in chunks:
+        queue.put_nowait(chunk)
+    tokens = 0
+
+    async def client() -> None:
+        nonlocal tokens
+        while not queue.empty():
+            result = await engine.embed(queue.get_nowait())
+            tokens += result.prompt_tokens
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return time.perf_counter() - started, tokens
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--model-id", default="sentence-transformers/all-MiniLM-L6-v2")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--backend", default="torch")
+    parser.add_argument("--texts", type=int, default=512)
+    parser.add_argument("--per-request", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    texts = load_passages(args.corpus, args.texts)
+    spec = ModelSpec(model_id=args.model_id, dtype=args.dtype, backend=args.backend)
+    async with Engine(spec) as engine:
+        await run(engine, texts[:64], 8, 2)  # warm-up
+        rates = []
+        for _ in range(args.rounds):
+            seconds, tokens = await run(engine, texts, args.per_request, args.concurrency)
+            rates.append((len(texts) / seconds, tokens / seconds))
+    texts_s = statistics.median(r[0] for r in rates)
+    tokens_s = statistics.median(r[1] for r in rates)
+    print(json.dumps({"model": args.model_id, "dtype": args.dtype, "backend": args.backend,
+                      "texts_per_s": round(texts_s, 1), "tokens_per_s": round(tokens_s)}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
