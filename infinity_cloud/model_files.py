@@ -68,24 +68,38 @@ def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
         raise ModelLoadError(f"cannot read {path}: {exc}") from exc
 
 
+# sentence-transformers' names for the pooling modes the engine has, to the engine's names.
+_POOLING_MODES = {
+    "cls": "cls",
+    "lasttoken": "lasttoken",
+    "max": "max",
+    "mean": "mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+}
+# Older sentence-transformers versions write one boolean per mode instead.
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+}
+
+
 def _pooling_mode(config: dict[str, Any]) -> str:
-    mode = config.get("pooling_mode")  # sentence-transformers 6 writes one key
-    if isinstance(mode, list) and len(mode) == 1:
-        mode = mode[0]
-    if isinstance(mode, str):
-        return mode
-    if mode:
-        raise ModelLoadError(f"combined pooling modes {mode} are not supported")
-    for key, mode in (
-        ("pooling_mode_cls_token", "cls"),
-        ("pooling_mode_lasttoken", "lasttoken"),
-        ("pooling_mode_max_tokens", "max"),
-        ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
-        ("pooling_mode_mean_tokens", "mean"),
-    ):
-        if config.get(key):
-            return mode
-    raise ModelLoadError(f"unsupported pooling configuration: {config}")
+    modes = config.get("pooling_mode")  # sentence-transformers 6 writes one key
+    if modes is None:
+        modes = [mode for key, mode in _LEGACY_POOLING_KEYS.items() if config.get(key)]
+    if isinstance(modes, str):
+        modes = [modes]
+    if not modes:
+        raise ModelLoadError(f"unsupported pooling configuration: {config}")
+    if len(modes) > 1:
+        raise ModelLoadError(f"combined pooling modes {list(modes)} are not supported")
+    if modes[0] not in _POOLING_MODES:
+        raise ModelLoadError(f"pooling mode {modes[0]!r} is not supported")
+    return _POOLING_MODES[modes[0]]
 
 
 def _load_dense(folder: Path) -> DenseLayer:
