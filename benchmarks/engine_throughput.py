@@ -1,6 +1,6 @@
 """In-process engine throughput: real (unpadded) tokens per second, no HTTP.
 
-    python benchmarks/engine_throughput.py --corpus ../shared/data/corpus.jsonl --model-id sentence-transformers/all-MiniLM-L6-v2
+    python benchmarks/engine_throughput.py --corpus ../shared/data/corpus.jsonl --dtype bfloat16
 
 Sends the passages in requests of --per-request texts from --concurrency tasks and reports
 texts/s and tokens/s; the HTTP comparison against Infinity is benchmarks/vs_infinity.py.
@@ -42,7 +42,9 @@ async def run(engine: Engine, texts: list[str], per_request: int, concurrency: i
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--model-id", default="sentence-transformers/all-MiniLM-L6-v2")
     parser.add_argument("--dtype", default="auto")
@@ -62,8 +64,17 @@ async def main() -> None:
             rates.append((len(texts) / seconds, tokens / seconds))
     texts_s = statistics.median(r[0] for r in rates)
     tokens_s = statistics.median(r[1] for r in rates)
-    print(json.dumps({"model": args.model_id, "dtype": args.dtype, "backend": args.backend,
-                      "texts_per_s": round(texts_s, 1), "tokens_per_s": round(tokens_s)}))
+    print(
+        json.dumps(
+            {
+                "model": args.model_id,
+                "dtype": args.dtype,
+                "backend": args.backend,
+                "texts_per_s": round(texts_s, 1),
+                "tokens_per_s": round(tokens_s),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

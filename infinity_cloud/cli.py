@@ -34,14 +34,18 @@ _S = "Server"
 
 
 def _opt(env: str, help: str, panel: str, *decls: str) -> Any:
-    return typer.Option(*decls, envvar=f"INFINITY_CLOUD_{env}", help=help, rich_help_panel=panel, show_default=False)
+    return typer.Option(
+        *decls, envvar=f"INFINITY_CLOUD_{env}", help=help, rich_help_panel=panel, show_default=False
+    )
 
 
 # The options every spec-reading command takes; `None` means "not given" so the file wins.
 SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "config": (Path | None, _opt("CONFIG", "YAML deployment spec (infinity-cloud.yaml).", "Spec")),
-    "model_id": (list[str] | None, _opt(
-        "MODEL_ID", f"Hub id or local folder of a model (default: {DEFAULT_MODEL_ID}).", _M)),
+    "model_id": (
+        list[str] | None,
+        _opt("MODEL_ID", f"Hub id or local folder of a model (default: {DEFAULT_MODEL_ID}).", _M),
+    ),
     "served_model_name": (list[str] | None, _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
     "revision": (list[str] | None, _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
     "backend": (list[str] | None, _opt("BACKEND", "Inference backend (default: torch).", _M)),
@@ -54,14 +58,25 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
     "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
-    "api_keys": (list[str] | None, _opt(
-        "API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys.", _S, "--api-key")),
+    "api_keys": (
+        list[str] | None,
+        _opt("API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys.", _S, "--api-key"),
+    ),
     "url_prefix": (str | None, _opt("URL_PREFIX", "Serve every route under this path.", _S)),
-    "cors_origins": (list[str] | None, _opt(
-        "CORS_ORIGIN", "Allow browser calls from this origin ('*' for any); repeatable.", _S,
-        "--cors-origin")),
+    "cors_origins": (
+        list[str] | None,
+        _opt(
+            "CORS_ORIGIN",
+            "Allow browser calls from this origin ('*' for any); repeatable.",
+            _S,
+            "--cors-origin",
+        ),
+    ),
     "log_level": (str | None, _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
-    "max_inputs_per_request": (int | None, _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S)),
+    "max_inputs_per_request": (
+        int | None,
+        _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),
+    ),
     "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
 }
 
@@ -86,7 +101,9 @@ def with_spec(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(spec=spec, **kwargs)
 
     params = own + [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option])
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option]
+        )
         for name, (hint, option) in SPEC_OPTIONS.items()
     ]
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

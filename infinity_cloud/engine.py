@@ -109,7 +109,9 @@ class Engine:
             return self.models[name]
         known = ", ".join(sorted(self.models))
         if not name:
-            raise ModelNotFoundError(f"several models are served; name one in 'model': {known}", param="model")
+            raise ModelNotFoundError(
+                f"several models are served; name one in 'model': {known}", param="model"
+            )
         raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}", param="model")
 
     def default_model_for(self, capability: Capability) -> ServedModel | None:

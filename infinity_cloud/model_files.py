@@ -151,9 +151,8 @@ def _max_length(path: Path, config: dict[str, Any]) -> int:
     candidates = [positions] if positions > 0 else []
     if st_config.get("max_seq_length"):
         candidates.append(int(st_config["max_seq_length"]))
-    elif isinstance(tok_config.get("model_max_length"), int | float):
-        if tok_config["model_max_length"] < 1e6:  # transformers writes a huge sentinel
-            candidates.append(int(tok_config["model_max_length"]))
+    elif isinstance(limit := tok_config.get("model_max_length"), int | float) and limit < 1e6:
+        candidates.append(int(limit))  # transformers writes a huge sentinel for "no limit"
     if not candidates:
         return 512
     return min(candidates)

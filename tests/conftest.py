@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import model_factory
 import pytest
 
-import model_factory
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.model_source import packaged_default_model
@@ -118,7 +118,9 @@ def server_process(*args: str, env: dict[str, str] | None = None, timeout: float
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "infinity_cloud", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
@@ -150,9 +152,19 @@ def server_process(*args: str, env: dict[str, str] | None = None, timeout: float
 def live_server(minilm_dir: Path, tiny_reranker: Path, tiny_classifier: Path) -> Iterator[str]:
     """One real server process for the whole session: MiniLM, a reranker and a classifier."""
     with server_process(
-        "--model-id", str(minilm_dir), "--served-model-name", "minilm",
-        "--model-id", str(tiny_reranker), "--served-model-name", "reranker",
-        "--model-id", str(tiny_classifier), "--served-model-name", "classifier",
-        "--log-level", "warning",
+        "--model-id",
+        str(minilm_dir),
+        "--served-model-name",
+        "minilm",
+        "--model-id",
+        str(tiny_reranker),
+        "--served-model-name",
+        "reranker",
+        "--model-id",
+        str(tiny_classifier),
+        "--served-model-name",
+        "classifier",
+        "--log-level",
+        "warning",
     ) as url:
         yield url

@@ -8,9 +8,9 @@ import sys
 
 import httpx
 import yaml
+from conftest import ROOT, server_process
 from typer.testing import CliRunner
 
-from conftest import ROOT, server_process
 from infinity_cloud.cli import app
 from infinity_cloud.config import DEFAULT_MODEL_ID
 
@@ -42,8 +42,9 @@ def test_config_show_merges_file_env_and_flags(tmp_path):
 
 
 def test_config_show_yaml_and_repeated_models():
-    result = runner.invoke(app, ["config", "show", "--model-id", "a", "--model-id", "b", "--api-key", "k1",
-                                 "--api-key", "k2"])
+    result = runner.invoke(
+        app, ["config", "show", "--model-id", "a", "--model-id", "b", "--api-key", "k1", "--api-key", "k2"]
+    )
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load(result.output)
     assert [m["model_id"] for m in spec["models"]] == ["a", "b"]
@@ -59,7 +60,11 @@ def test_invalid_options_are_refused_with_a_message():
 def test_serve_with_a_missing_model_exits_with_a_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "infinity_cloud", "serve", "--model-id", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"HF_HUB_OFFLINE": "1", "PATH": ""},
     )
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr
@@ -77,8 +82,9 @@ def test_serve_without_a_model_serves_the_default_offline(tmp_path):
 
 def test_build_local_renders_dockerfile_compose_and_spec(tmp_path):
     out = tmp_path / "out"
-    result = runner.invoke(app, ["build", "local", "--out", str(out), "--model-id", "BAAI/bge-small-en-v1.5",
-                                 "--port", "8080"])
+    result = runner.invoke(
+        app, ["build", "local", "--out", str(out), "--model-id", "BAAI/bge-small-en-v1.5", "--port", "8080"]
+    )
     assert result.exit_code == 0, result.output
     dockerfile = (out / "Dockerfile").read_text()
     assert "COPY src /src" in dockerfile and "infinity-cloud download" in dockerfile
@@ -92,8 +98,20 @@ def test_build_local_renders_dockerfile_compose_and_spec(tmp_path):
 
 def test_the_wheel_ships_the_templates(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        check=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=300,
     )
     import zipfile
 

@@ -20,7 +20,10 @@ def test_flags_replace_the_file_models_and_apply_per_model_options(tmp_path):
     config.write_text("models:\n  - model_id: from-file\n    dtype: float16\nserver:\n  port: 9000\n")
     assert load_spec(config).models[0].dtype == "float16"
     spec = load_spec(config, model_id=["a", "b"], served_model_name=["x", "y"], dtype=["bfloat16"])
-    assert [(m.model_id, m.name, m.dtype) for m in spec.models] == [("a", "x", "bfloat16"), ("b", "y", "bfloat16")]
+    assert [(m.model_id, m.name, m.dtype) for m in spec.models] == [
+        ("a", "x", "bfloat16"),
+        ("b", "y", "bfloat16"),
+    ]
     assert spec.server.port == 9000  # the file still holds what the flags do not override
 
 

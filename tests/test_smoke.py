@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import httpx
-
 from conftest import serve_in_process, spec_of
+
 from infinity_cloud.config import ModelSpec
 
 
@@ -16,5 +16,7 @@ async def test_in_process_embeddings(tiny_embedder):
 def test_live_server_serves_three_models(live_server):
     models = httpx.get(f"{live_server}/v1/models").json()["data"]
     assert {m["id"]: m["capabilities"] for m in models} == {
-        "minilm": ["embed"], "reranker": ["rerank"], "classifier": ["classify"],
+        "minilm": ["embed"],
+        "reranker": ["rerank"],
+        "classifier": ["classify"],
     }

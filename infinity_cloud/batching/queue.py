@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud.errors import QueueFullError
+from infinity_cloud.errors import ModelNotReadyError, PayloadTooLargeError, QueueFullError
 
 
 @dataclass(eq=False, slots=True)
@@ -53,7 +53,12 @@ class BatchQueue:
     def put(self, items: list[WorkItem]) -> None:
         with self._cond:
             if self._closed:
-                raise QueueFullError("the model is shutting down and takes no new inputs")
+                raise ModelNotReadyError("the model is shutting down and takes no new inputs")
+            if len(items) > self.capacity:  # could never fit: retrying would not help
+                raise PayloadTooLargeError(
+                    f"{len(items)} inputs are more than the model's whole queue ({self.capacity}); "
+                    "split the request"
+                )
             if len(self._items) + len(items) > self.capacity:
                 raise QueueFullError(
                     f"the model's queue is full ({len(self._items)} inputs waiting, limit "

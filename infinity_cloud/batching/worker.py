@@ -4,6 +4,7 @@ pass starts while the last one's results are pooled and handed back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -56,8 +57,10 @@ class BatchWorker:
         # One finished forward pass may wait for its postprocessing while the next runs.
         self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._threads = [
-            threading.Thread(target=self._guard, args=(self._forward_loop,), name=f"{name}-forward", daemon=True),
-            threading.Thread(target=self._guard, args=(self._finish_loop,), name=f"{name}-finish", daemon=True),
+            threading.Thread(target=self._guard, args=(self._forward_loop, self._stop_finisher),
+                             name=f"{name}-forward", daemon=True),
+            threading.Thread(target=self._guard, args=(self._finish_loop, self._drain_handoff),
+                             name=f"{name}-finish", daemon=True),
         ]
         self.batches_done = 0
         self.batches_failed = 0
@@ -104,16 +107,33 @@ class BatchWorker:
 
     # -- worker threads --------------------------------------------------------------
 
-    def _guard(self, body: Callable[[], None]) -> None:
+    def _guard(self, body: Callable[[], None], after_death: Callable[[], None]) -> None:
         try:
             body()
         except BaseException as exc:  # a bug in the loop itself: make it visible, fail waiters
+            self._die(exc)
+            after_death()
+
+    def _die(self, exc: BaseException, held: Sequence[WorkItem] = ()) -> None:
+        """Mark the worker dead first (so nobody sees it alive after their answer), then fail
+        the batch the dying thread held and everything still queued."""
+        if self.death is None:
             self.death = f"{threading.current_thread().name} died: {type(exc).__name__}: {exc}"
             log.exception("model %s: %s", self.name, self.death)
-            self.queue.close()
-            for item in self.queue.drain():
-                self._fail([item], ModelNotReadyError(f"model {self.name!r} worker died"))
-            self._handoff.put(_STOP)
+        self.queue.close()
+        for item in [*held, *self.queue.drain()]:
+            self._fail([item], self._died())
+
+    def _died(self) -> ModelNotReadyError:
+        return ModelNotReadyError(f"model {self.name!r} worker died")
+
+    def _stop_finisher(self) -> None:
+        self._handoff.put(_STOP)
+
+    def _drain_handoff(self) -> None:
+        """The finisher died: fail what the forward thread still hands over, until it stops."""
+        while (job := self._handoff.get()) is not _STOP:
+            self._fail(job[0], self._died())
 
     def _forward_loop(self) -> None:
         while True:
@@ -132,6 +152,9 @@ class BatchWorker:
                     f"({type(exc).__name__}: {exc})"
                 ))
                 continue
+            except BaseException as exc:  # kills this thread (see _guard)
+                self._die(exc, items)
+                raise
             self._handoff.put((items, output, started))
 
     def _finish_loop(self) -> None:
@@ -150,6 +173,9 @@ class BatchWorker:
                     f"({type(exc).__name__}: {exc})"
                 ))
                 continue
+            except BaseException as exc:
+                self._die(exc, items)
+                raise
             self._report(items, started, failed=False)
             _on_loops(items, _resolve, results)
 
@@ -189,10 +215,8 @@ def _on_loops(items: list[WorkItem], callback: Callable[..., None], values: Sequ
         group[0].append(item)
         group[1].append(value)
     for loop, (group_items, group_values) in by_loop.items():
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(callback, group_items, group_values)
-        except RuntimeError:  # that loop is closed: nobody is waiting any more
-            pass
 
 
 def _resolve(items: list[WorkItem], results: Sequence[Any]) -> None:

@@ -70,6 +70,8 @@ def create_app(engine: Engine | DeploymentSpec | None = None, *, manage_engine: 
         version=__version__,
         description="Embeddings, reranking and classification behind an OpenAI-compatible API.",
         lifespan=lifespan,
+        # Bare HTTP clients often send no Content-Type at all; read the body as JSON then.
+        strict_content_type=False,
         docs_url=f"{prefix}/docs",
         redoc_url=f"{prefix}/redoc",
         openapi_url=f"{prefix}/openapi.json",

@@ -32,6 +32,9 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request was cancelled (server shutdown, a cancelling server)
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
     if task in done:
@@ -40,11 +43,14 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     raise ClientDisconnected()
 
 
-async def answer(request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T]) -> T:
+async def answer(
+    request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T]
+) -> T:
     """Run an engine call for a route and record its metrics."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
-    label = model if model in engine.models else (next(iter(engine.models)) if len(engine.models) == 1 else "unknown")
+    only = next(iter(engine.models)) if len(engine.models) == 1 else "unknown"
+    label = model if model in engine.models else only
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)

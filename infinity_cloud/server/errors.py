@@ -63,6 +63,10 @@ async def _domain_error(_: Request, exc: Exception) -> Response:
 
 
 def _describe(err: dict[str, Any]) -> str:
+    if err.get("type") == "json_invalid":  # FastAPI's loc holds a character offset, not a field
+        reason = (err.get("ctx") or {}).get("error")
+        at = f" at character {err['loc'][1]}" if len(err.get("loc", ())) > 1 else ""
+        return f"body: malformed JSON{at}" + (f": {reason}" if reason else f" ({err.get('msg')})")
     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
     return f"{where}: {err.get('msg', 'invalid')}"
 
@@ -70,7 +74,8 @@ def _describe(err: dict[str, Any]) -> str:
 async def _validation_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     details = exc.errors()
-    param = next((str(e["loc"][1]) for e in details if len(e.get("loc", ())) > 1), None)
+    fields = (e["loc"][1] for e in details if len(e.get("loc", ())) > 1)
+    param = next((f for f in fields if isinstance(f, str)), None)
     message = "invalid request: " + "; ".join(_describe(e) for e in details[:5])
     body = error_body(message, "invalid_request_error", 422, param, detail=jsonable_encoder(details))
     return json_response(body, 422)
@@ -78,7 +83,8 @@ async def _validation_error(_: Request, exc: Exception) -> Response:
 
 async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+    kind = kinds.get(exc.status_code, "http_error")
     return json_response(error_body(str(exc.detail), kind, exc.status_code), exc.status_code, exc.headers)
 
 
@@ -110,7 +116,9 @@ class CatchBugs:
             await self.app(scope, receive, tracking_send)
         except Exception:
             request_id = uuid.uuid4().hex[:16]
-            log.exception("unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id)
+            log.exception(
+                "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id
+            )
             if started:
                 raise
             body = error_body(

@@ -13,10 +13,18 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("infinity_cloud_requests", "requests answered", ["model", "route", "status"], registry=r)
-        self.inputs = Counter("infinity_cloud_inputs", "inputs embedded, ranked or classified", ["model"], registry=r)
-        self.tokens = Counter("infinity_cloud_tokens", "real (unpadded) tokens processed", ["model"], registry=r)
-        self.errors = Counter("infinity_cloud_errors", "failed requests by kind", ["model", "kind"], registry=r)
+        self.requests = Counter(
+            "infinity_cloud_requests", "requests answered", ["model", "route", "status"], registry=r
+        )
+        self.inputs = Counter(
+            "infinity_cloud_inputs", "inputs embedded, ranked or classified", ["model"], registry=r
+        )
+        self.tokens = Counter(
+            "infinity_cloud_tokens", "real (unpadded) tokens processed", ["model"], registry=r
+        )
+        self.errors = Counter(
+            "infinity_cloud_errors", "failed requests by kind", ["model", "kind"], registry=r
+        )
         self.queue_depth = Gauge("infinity_cloud_queue_depth", "inputs waiting", ["model"], registry=r)
         self.batch_size = Histogram(
             "infinity_cloud_batch_size", "inputs per batch", ["model"],

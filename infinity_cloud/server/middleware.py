@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_cloud.errors import PayloadTooLargeError
@@ -31,7 +32,6 @@ class BodyLimit:
             await error_response(self._error(declared.decode()))(scope, receive, send)
             return
         seen = 0
-        response_started = False
 
         async def counting_receive() -> dict[str, Any]:
             nonlocal seen
@@ -39,21 +39,13 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge()
+                    raise _TooLarge(413, self._error(f"more than {self.max_bytes}").message)
             return message
 
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal response_started
-            response_started = response_started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if response_started:
-                raise
-            await error_response(self._error(f"more than {self.max_bytes}"))(scope, receive, send)
+        await self.app(scope, counting_receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from `receive` once a streamed body passes the limit. An HTTPException, because
+    FastAPI re-raises those from body parsing (any other error there becomes a 400); the
+    app's HTTPException handler then answers 413 in the error shape."""

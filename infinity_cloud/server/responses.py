@@ -23,7 +23,8 @@ def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
 def embeddings_body(result: EmbeddingResult, encoding_format: Literal["float", "base64"]) -> dict[str, Any]:
     vectors = result.embeddings
     if encoding_format == "base64":
-        data = [{"object": "embedding", "index": i, "embedding": vector_base64(v)} for i, v in enumerate(vectors)]
+        data = [{"object": "embedding", "index": i, "embedding": vector_base64(v)}
+                for i, v in enumerate(vectors)]
     else:
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
     return {**_envelope("list", result.model, result.prompt_tokens), "data": data}

@@ -44,11 +44,17 @@ class LocalTarget:
         """A Dockerfile, a compose file and the spec; the image bakes the weights in."""
         out_dir = Path(out_dir)
         source = copy_source(out_dir)
-        container_spec = spec.model_copy(update={"server": spec.server.model_copy(update={"host": "0.0.0.0"})})
+        container_spec = spec.model_copy(
+            update={"server": spec.server.model_copy(update={"host": "0.0.0.0"})}
+        )
         (out_dir / "infinity-cloud.yaml").write_text(spec_yaml(container_spec))
-        written = render_templates("local", out_dir, {
-            "spec": container_spec,
-            "torch_version": TORCH_VERSION,
-            "from_source": source is not None,
-        })
+        written = render_templates(
+            "local",
+            out_dir,
+            {
+                "spec": container_spec,
+                "torch_version": TORCH_VERSION,
+                "from_source": source is not None,
+            },
+        )
         return [*written, out_dir / "infinity-cloud.yaml", *([source] if source else [])]

@@ -24,7 +24,9 @@ _ROUTES: dict[str, tuple[type[BaseModel], Any]] = {
     "rerank": (RerankRequest, rerank_infinity),
     "classify": (ClassifyRequest, classify),
 }
-_BY_CAPABILITY = {Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify"}
+_BY_CAPABILITY = {
+    Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify",
+}
 
 
 def _route_from_header(request: Request) -> str | None:

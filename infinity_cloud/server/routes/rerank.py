@@ -13,7 +13,10 @@ from infinity_cloud.server.responses import rerank_body
 router = APIRouter(tags=["rerank"])
 
 
-async def rerank(body: RerankRequest, request: Request, style: Literal["infinity", "jina", "cohere"]) -> Response:
+Style = Literal["infinity", "jina", "cohere"]
+
+
+async def rerank(body: RerankRequest, request: Request, style: Style) -> Response:
     documents = body.texts()
     result = await answer(request, "rerank", body.model, len(documents), request.app.state.engine.rerank(
         body.query, documents, body.model,

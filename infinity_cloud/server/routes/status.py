@@ -18,7 +18,8 @@ metrics_router = APIRouter(tags=["metrics"])
 async def models(request: Request) -> Response:
     state = request.app.state
     data = [
-        {"object": "model", "owned_by": "infinity-cloud", "created": state.started_at, **entry}
+        # "infinity": the only value infinity_client's model schema accepts.
+        {"object": "model", "owned_by": "infinity", "created": state.started_at, **entry}
         for entry in state.engine.describe()
     ]
     return json_response({"object": "list", "data": data})
@@ -30,7 +31,8 @@ def _health(request: Request) -> Response:
               for m in engine.describe()]
     if engine.healthy:
         return json_response({"status": "ok", "models": models})
-    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in models if m["state"] != "ready" or "error" in m)
+    unwell = [m for m in models if m["state"] != "ready" or "error" in m]
+    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in unwell)
     retry = ModelNotReadyError.retry_after_s
     body = error_body(f"not ready: {problems}", "model_not_ready", 503, models=models, status="unavailable")
     return json_response(body, 503, {"Retry-After": str(retry)})

@@ -1,0 +1,451 @@
+"""Unit tests of the dynamic batcher: the queue's cutting rules and the worker's threads.
+
+No model and no HTTP here: payloads are plain values, `run` and `finish` small functions.
+`asyncio.wait_for` and thread joins carry generous timeouts only so that a regression
+fails instead of hanging the suite; nothing here asserts on how long anything takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from infinity_cloud.batching import BatchQueue, BatchReport, BatchWorker, WorkItem
+from infinity_cloud.errors import BatchFailedError, ModelNotReadyError, PayloadTooLargeError, QueueFullError
+
+HANG_GUARD_S = 30.0
+
+
+def items(*lengths: int, start: int = 0) -> list[WorkItem]:
+    """Work items whose payload is their position; the queue never touches the future."""
+    return [WorkItem(start + i, n, None) for i, n in enumerate(lengths)]  # type: ignore[arg-type]
+
+
+def take_all(queue: BatchQueue) -> list[list[WorkItem]]:
+    batches = []
+    while (batch := queue.take(timeout=0)) is not None:
+        batches.append(batch)
+    return batches
+
+
+def check_batch(queue: BatchQueue, batch: list[WorkItem]) -> None:
+    assert 1 <= len(batch) <= queue.max_batch_size
+    longest = max(item.length for item in batch)
+    if len(batch) > 1:
+        assert longest * len(batch) <= queue.batch_tokens, [i.length for i in batch]
+
+
+# -- BatchQueue ------------------------------------------------------------------------
+
+
+def test_budget_and_max_batch_size_hold_for_random_queues() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        queue = BatchQueue(capacity=10_000, batch_tokens=rng.choice([64, 256, 1000]),
+                           max_batch_size=rng.choice([1, 4, 16]))
+        waiting = items(*(rng.randint(1, 300) for _ in range(rng.randint(1, 200))))
+        queue.put(waiting)
+        batches = take_all(queue)
+        for batch in batches:
+            check_batch(queue, batch)
+        taken = [item.payload for batch in batches for item in batch]
+        assert sorted(taken) == list(range(len(waiting)))  # each input exactly once
+        assert queue.depth == 0
+
+
+def test_an_input_over_the_budget_goes_alone() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=64, max_batch_size=8)
+    queue.put(items(500, 3, 3, 3))
+    first = queue.take(timeout=0)
+    assert [i.length for i in first] == [500]
+    assert [i.length for i in queue.take(timeout=0)] == [3, 3, 3]
+
+
+def test_max_batch_size_caps_a_batch_of_cheap_inputs() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=4)
+    queue.put(items(*[5] * 10))
+    assert [len(b) for b in take_all(queue)] == [4, 4, 2]
+
+
+def test_batch_keeps_the_queue_order_of_its_inputs() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=8)
+    queue.put(items(9, 3, 7, 1, 5))
+    assert [i.payload for i in queue.take(timeout=0)] == [0, 1, 2, 3, 4]
+
+
+def test_mixed_queue_is_cut_into_length_homogeneous_batches() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=400, max_batch_size=8)
+    queue.put(items(*[10, 100] * 8))
+    batches = take_all(queue)
+    assert [sorted({i.length for i in b}) for b in batches] == [[10], [100], [100]]
+    assert [len(b) for b in batches] == [8, 4, 4]
+
+
+def test_the_oldest_input_is_always_in_the_next_batch() -> None:
+    """A long input behind a stream of short ones still goes out: no starvation."""
+    rng = random.Random(3)
+    queue = BatchQueue(capacity=10_000, batch_tokens=128, max_batch_size=8)
+    queue.put(items(4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 120, start=0))
+    long_item = 10
+    taken: set[int] = set()
+    next_id = 11
+    for _ in range(20):
+        queue.put(items(*(rng.randint(2, 6) for _ in range(6)), start=next_id))
+        next_id += 6
+        oldest = queue._items[0]
+        batch = queue.take(timeout=0)
+        check_batch(queue, batch)
+        assert oldest in batch
+        taken.update(i.payload for i in batch)
+    assert long_item in taken
+
+
+def test_cancelled_inputs_are_skipped() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=1000, max_batch_size=8)
+    waiting = items(5, 5, 5, 5, 5, 5)
+    for i in (0, 1, 3, 5):
+        waiting[i].cancelled = True
+    queue.put(waiting)
+    assert [i.payload for i in queue.take(timeout=0)] == [2, 4]
+    assert queue.take(timeout=0) is None
+    assert queue.depth == 0
+
+
+def test_a_queue_of_cancelled_inputs_gives_no_batch() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=1000, max_batch_size=8)
+    waiting = items(5, 5)
+    for item in waiting:
+        item.cancelled = True
+    queue.put(waiting)
+    assert queue.take(timeout=0.01) is None
+    queue.close()
+    assert queue.take() is None
+
+
+def test_capacity_is_enforced_before_anything_is_queued() -> None:
+    queue = BatchQueue(capacity=5, batch_tokens=1000, max_batch_size=8)
+    queue.put(items(1, 1, 1))
+    with pytest.raises(QueueFullError, match="queue is full"):
+        queue.put(items(1, 1, 1))
+    assert queue.depth == 3  # all or nothing
+    queue.put(items(1, 1))  # exactly at capacity is fine
+    assert queue.depth == 5
+
+
+def test_close_wakes_a_blocked_take_and_then_take_returns_none() -> None:
+    queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(queue.take()))
+    taker.start()
+    queue.close()
+    taker.join(HANG_GUARD_S)
+    assert not taker.is_alive()
+    assert got == [None]
+    assert queue.closed
+    assert queue.take() is None
+
+
+def test_a_closed_queue_still_hands_out_what_waits_then_none() -> None:
+    queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    queue.put(items(3, 3))
+    queue.close()
+    assert len(queue.take()) == 2
+    assert queue.take() is None
+
+
+def test_a_closed_queue_refuses_inputs_as_not_ready() -> None:
+    """Shutting down is a 503 (ModelNotReadyError), not a 429 (QueueFullError)."""
+    queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    queue.close()
+    with pytest.raises(ModelNotReadyError, match="shutting down"):
+        queue.put(items(1))
+
+
+def test_take_blocks_until_an_input_arrives() -> None:
+    queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(queue.take(timeout=HANG_GUARD_S)))
+    taker.start()
+    queue.put(items(7))
+    taker.join(HANG_GUARD_S)
+    assert [[i.length for i in got[0]]] == [[7]]
+
+
+# -- BatchWorker -----------------------------------------------------------------------
+
+
+class Fatal(BaseException):
+    """Not an Exception: what a batch-level `except Exception` does not catch."""
+
+
+def identity_finish(output: Any, _: list[Any]) -> Sequence[Any]:
+    return output
+
+
+def make_worker(
+    run: Callable[[list[Any]], Any],
+    finish: Callable[[Any, list[Any]], Sequence[Any]] = identity_finish,
+    *,
+    batch_tokens: int = 100,
+    max_batch_size: int = 4,
+    capacity: int = 1000,
+    observers: Sequence[Callable[[BatchReport], None]] = (),
+) -> BatchWorker:
+    worker = BatchWorker("m", BatchQueue(capacity, batch_tokens, max_batch_size), run, finish, observers)
+    worker.start()
+    return worker
+
+
+async def submit(worker: BatchWorker, payloads: list[Any], lengths: list[int]) -> list[Any]:
+    return await asyncio.wait_for(worker.submit(payloads, lengths), HANG_GUARD_S)
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), HANG_GUARD_S)
+
+
+async def test_results_come_back_in_input_order() -> None:
+    reports: list[BatchReport] = []
+    worker = make_worker(lambda payloads: [p * 2 for p in payloads], observers=[reports.append])
+    try:
+        rng = random.Random(1)
+        lengths = [rng.randint(1, 60) for _ in range(40)]
+        assert await submit(worker, list(range(40)), lengths) == [2 * i for i in range(40)]
+        assert worker.inputs_done == 40
+        assert worker.batches_done == len(reports) > 1
+        for report in reports:
+            assert report.size <= 4 and report.padded_tokens <= 100 and not report.failed
+        assert sum(r.real_tokens for r in reports) == sum(lengths)
+    finally:
+        worker.stop()
+
+
+async def test_concurrent_submits_each_get_their_own_results() -> None:
+    worker = make_worker(lambda payloads: [f"out:{p}" for p in payloads])
+    try:
+        requests = [[f"r{r}i{i}" for i in range(r % 5 + 1)] for r in range(30)]
+        results = await asyncio.gather(*(submit(worker, req, [len(p) for p in req]) for req in requests))
+        assert results == [[f"out:{p}" for p in req] for req in requests]
+    finally:
+        worker.stop()
+
+
+async def test_a_failing_batch_fails_only_its_own_requests() -> None:
+    def run(payloads: list[str]) -> list[str]:
+        if "bad" in payloads:
+            raise RuntimeError("boom")
+        return payloads
+
+    worker = make_worker(run)
+    try:
+        # The bad input costs the whole budget, so it is always in a batch of its own.
+        outcomes = await asyncio.gather(
+            submit(worker, ["a", "b"], [5, 5]),
+            submit(worker, ["bad"], [100]),
+            submit(worker, ["c"], [5]),
+            return_exceptions=True,
+        )
+        assert outcomes[0] == ["a", "b"] and outcomes[2] == ["c"]
+        assert isinstance(outcomes[1], BatchFailedError)
+        assert "inference failed for the batch" in outcomes[1].message and "boom" in outcomes[1].message
+        assert await submit(worker, ["d"], [5]) == ["d"]  # the next batch succeeds
+        assert worker.alive and worker.batches_failed == 1
+    finally:
+        worker.stop()
+
+
+async def test_a_failing_finish_fails_only_its_batch() -> None:
+    def finish(output: list[str], _: list[str]) -> list[str]:
+        if "bad" in output:
+            raise ValueError("pooling broke")
+        return output
+
+    worker = make_worker(lambda payloads: payloads, finish)
+    try:
+        with pytest.raises(BatchFailedError, match=r"postprocessing failed.*pooling broke"):
+            await submit(worker, ["bad"], [100])
+        assert await submit(worker, ["ok"], [5]) == ["ok"]
+        assert worker.alive and worker.batches_failed == 1
+    finally:
+        worker.stop()
+
+
+async def test_one_failing_input_fails_the_whole_request() -> None:
+    """A request split over two batches fails if either does; its other input is dropped."""
+    def run(payloads: list[str]) -> list[str]:
+        if "bad" in payloads:
+            raise RuntimeError("boom")
+        return payloads
+
+    worker = make_worker(run)
+    try:
+        with pytest.raises(BatchFailedError):
+            await submit(worker, ["good", "bad"], [5, 100])
+        assert await submit(worker, ["x"], [5]) == ["x"]
+    finally:
+        worker.stop()
+
+
+async def test_base_exception_in_run_kills_the_worker_and_fails_every_waiter() -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def run(payloads: list[str]) -> list[str]:
+        if "fatal" in payloads:
+            entered.set()
+            gate.wait(HANG_GUARD_S)
+            raise Fatal("the backend pulled the plug")
+        return payloads
+
+    worker = make_worker(run)
+    try:
+        in_flight = asyncio.ensure_future(submit(worker, ["fatal"], [100]))
+        await wait_until(entered.is_set)
+        queued = [asyncio.ensure_future(submit(worker, [f"q{i}"], [5])) for i in range(3)]
+        await wait_until(lambda: worker.queue.depth == 3)
+        gate.set()
+        outcomes = await asyncio.gather(in_flight, *queued, return_exceptions=True)
+        assert all(isinstance(o, ModelNotReadyError) for o in outcomes), outcomes
+        assert not worker.alive  # dead before anyone got an answer
+        assert "Fatal" in (worker.death or "")
+        with pytest.raises(ModelNotReadyError, match="not serving"):
+            await submit(worker, ["late"], [5])
+    finally:
+        gate.set()
+        worker.stop()
+
+
+async def test_base_exception_in_finish_kills_the_worker_and_fails_every_waiter() -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def finish(output: list[str], _: list[str]) -> list[str]:
+        if "fatal" in output:
+            entered.set()
+            gate.wait(HANG_GUARD_S)
+            raise Fatal("postprocessing pulled the plug")
+        return output
+
+    worker = make_worker(lambda payloads: payloads, finish)
+    try:
+        in_finish = asyncio.ensure_future(submit(worker, ["fatal"], [100]))
+        await wait_until(entered.is_set)
+        # The next batches run and wait for the finisher (one in the hand-off, maybe one more).
+        behind = [asyncio.ensure_future(submit(worker, [f"b{i}"], [100])) for i in range(4)]
+        await wait_until(lambda: worker.queue.depth <= 2)
+        gate.set()
+        outcomes = await asyncio.gather(in_finish, *behind, return_exceptions=True)
+        assert all(isinstance(o, ModelNotReadyError) for o in outcomes), outcomes
+        assert not worker.alive  # dead before anyone got an answer
+        assert "Fatal" in (worker.death or "")
+    finally:
+        gate.set()
+        worker.stop()
+
+
+async def test_stop_finishes_the_running_batch_and_fails_the_queued_ones() -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def run(payloads: list[str]) -> list[str]:
+        if "slow" in payloads:
+            entered.set()
+            gate.wait(HANG_GUARD_S)
+        return payloads
+
+    worker = make_worker(run)
+    running = asyncio.ensure_future(submit(worker, ["slow"], [100]))
+    await wait_until(entered.is_set)
+    queued = asyncio.ensure_future(submit(worker, ["q"], [5]))
+    await wait_until(lambda: worker.queue.depth == 1)
+    stopper = asyncio.ensure_future(asyncio.to_thread(worker.stop, HANG_GUARD_S))
+    await wait_until(lambda: worker.queue.closed)
+    gate.set()
+    await asyncio.wait_for(stopper, HANG_GUARD_S)
+    assert await running == ["slow"]
+    with pytest.raises(ModelNotReadyError, match="shutting down"):
+        await queued
+    assert not worker.alive
+
+
+async def test_a_cancelled_submit_drops_its_queued_inputs() -> None:
+    gate, entered = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def run(payloads: list[str]) -> list[str]:
+        seen.extend(payloads)
+        if "slow" in payloads:
+            entered.set()
+            gate.wait(HANG_GUARD_S)
+        return payloads
+
+    worker = make_worker(run)
+    try:
+        running = asyncio.ensure_future(submit(worker, ["slow"], [100]))
+        await wait_until(entered.is_set)
+        leaver = asyncio.ensure_future(worker.submit(["gone1", "gone2"], [5, 5]))
+        await wait_until(lambda: worker.queue.depth == 2)
+        leaver.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaver
+        gate.set()
+        assert await running == ["slow"]
+        assert await submit(worker, ["after"], [5]) == ["after"]
+        assert seen == ["slow", "after"]
+    finally:
+        gate.set()
+        worker.stop()
+
+
+async def test_a_full_queue_refuses_a_request_whole() -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def run(payloads: list[str]) -> list[str]:
+        entered.set()
+        gate.wait(HANG_GUARD_S)
+        return payloads
+
+    worker = make_worker(run, capacity=3)
+    try:
+        running = asyncio.ensure_future(submit(worker, ["first"], [100]))
+        await wait_until(entered.is_set)
+        waiting = asyncio.ensure_future(submit(worker, ["x", "y"], [1, 1]))
+        await wait_until(lambda: worker.queue.depth == 2)
+        with pytest.raises(QueueFullError):
+            await submit(worker, ["a", "b"], [1, 1])
+        assert worker.queue.depth == 2  # nothing of the refused request was queued
+        gate.set()
+        assert await running == ["first"]
+        assert await waiting == ["x", "y"]
+        assert await submit(worker, ["a", "b", "c"], [1, 1, 1]) == ["a", "b", "c"]
+    finally:
+        gate.set()
+        worker.stop()
+
+
+async def test_a_failing_observer_neither_fails_the_batch_nor_the_worker() -> None:
+    reports: list[BatchReport] = []
+
+    def broken(_: BatchReport) -> None:
+        raise RuntimeError("observer bug")
+
+    worker = make_worker(lambda payloads: payloads, observers=[broken, reports.append])
+    try:
+        assert await submit(worker, ["a", "b"], [3, 4]) == ["a", "b"]
+        assert worker.alive
+        assert [(r.size, r.real_tokens, r.padded_tokens, r.failed) for r in reports] == [(2, 7, 8, False)]
+    finally:
+        worker.stop()
+
+
+def test_more_inputs_than_the_whole_queue_is_too_large_not_full():
+    queue = BatchQueue(capacity=4, batch_tokens=1024, max_batch_size=8)
+    with pytest.raises(PayloadTooLargeError, match="split the request"):
+        queue.put(items(3, 3, 3, 3, 3))
+    assert queue.depth == 0

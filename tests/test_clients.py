@@ -1,0 +1,315 @@
+"""The real client libraries against a real server process (`live_server`).
+
+Each client is used the way its users call it, unchanged: the OpenAI SDK (which asks for
+base64 unless told otherwise), Cohere's v1 and v2 clients, the generated `infinity_client`,
+and langchain's `InfinityEmbeddings` / `InfinityRerank` when langchain-community is
+installed. Answers are checked against the reference libraries on the same model folders.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+cohere = pytest.importorskip("cohere")
+openai = pytest.importorskip("openai")
+pytest.importorskip("infinity_client")
+
+from infinity_client import Client as InfinityClient  # noqa: E402
+from infinity_client.api.default import classify as infinity_classify  # noqa: E402
+from infinity_client.api.default import embeddings as infinity_embeddings  # noqa: E402
+from infinity_client.api.default import models as infinity_models  # noqa: E402
+from infinity_client.api.default import rerank as infinity_rerank  # noqa: E402
+from infinity_client.models import (  # noqa: E402
+    ClassifyInput,
+    ClassifyResult,
+    OpenAIEmbeddingInputText,
+    OpenAIEmbeddingResult,
+    OpenAIModelInfo,
+    RerankInput,
+    ReRankResult,
+)
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital of France, and London is the capital of England.",
+    "a",
+    "Embedding models map text to vectors; rerankers score a query against documents. " * 4,
+]
+QUERY = "what is the capital of france"
+DOCUMENTS = [
+    "the weather is sunny today",
+    "paris is the capital of france",
+    "dogs and cats are animals",
+    "london is a city",
+    "the capital of france is a large city",
+]
+
+
+# -- references ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_dir: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reranker_reference(tiny_reranker: Path) -> np.ndarray:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(tiny_reranker), device="cpu")
+    return np.asarray(model.predict([(QUERY, d) for d in DOCUMENTS], activation_fn=torch.nn.Sigmoid()))
+
+
+@pytest.fixture(scope="module")
+def classifier_reference(tiny_classifier: Path):
+    """softmax(logits) and the label names, straight from transformers."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_classifier))
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_classifier)).eval()
+
+    def reference(texts: list[str]) -> tuple[np.ndarray, dict[int, str]]:
+        batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        with torch.inference_mode():
+            logits = model(**batch).logits
+        return torch.softmax(logits, -1).numpy(), model.config.id2label
+
+    return reference
+
+
+def reference_embeddings(reference, texts: list[str]) -> np.ndarray:
+    return reference.encode(texts, convert_to_numpy=True, normalize_embeddings=False)
+
+
+def assert_same_vectors(got, want: np.ndarray) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == want.shape
+    cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cosine.min() >= 0.9999, cosine
+
+
+def token_count(reference, texts: list[str]) -> int:
+    encoded = reference.tokenizer(texts, truncation=True, max_length=reference.max_seq_length)
+    return sum(len(ids) for ids in encoded["input_ids"])
+
+
+# -- OpenAI ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def openai_client(live_server: str):
+    client = openai.OpenAI(base_url=live_server + "/v1", api_key="x", max_retries=0)
+    yield client
+    client.close()
+
+
+def test_openai_default_asks_for_base64_and_decodes_it(openai_client, minilm_reference) -> None:
+    raw = openai_client.embeddings.with_raw_response.create(model="minilm", input=TEXTS)
+    sent = json.loads(raw.http_request.content)
+    assert sent["encoding_format"] == "base64"
+    assert all(isinstance(d["embedding"], str) for d in raw.http_response.json()["data"])
+
+    response = raw.parse()
+    assert [d.index for d in response.data] == list(range(len(TEXTS)))
+    assert_same_vectors([d.embedding for d in response.data], reference_embeddings(minilm_reference, TEXTS))
+    assert response.model == "minilm"
+    assert response.usage.prompt_tokens == token_count(minilm_reference, TEXTS)
+    assert response.usage.total_tokens == response.usage.prompt_tokens
+
+
+def test_openai_float_format(openai_client, minilm_reference) -> None:
+    response = openai_client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
+    assert_same_vectors([d.embedding for d in response.data], reference_embeddings(minilm_reference, TEXTS))
+    assert response.usage.prompt_tokens == token_count(minilm_reference, TEXTS)
+
+
+def test_openai_single_string_input(openai_client, minilm_reference) -> None:
+    response = openai_client.embeddings.create(model="minilm", input="hello world")
+    assert len(response.data) == 1
+    assert_same_vectors([response.data[0].embedding], reference_embeddings(minilm_reference, ["hello world"]))
+
+
+def test_openai_dimensions_truncate_and_renormalise(openai_client, minilm_reference) -> None:
+    response = openai_client.embeddings.create(model="minilm", input=TEXTS[:2], dimensions=64)
+    got = np.asarray([d.embedding for d in response.data])
+    full = reference_embeddings(minilm_reference, TEXTS[:2])[:, :64]
+    assert got.shape == (2, 64)
+    assert_same_vectors(got, full)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [([], "'input' is empty"), (["fine", ""], "'input' item 1 is an empty string")],
+)
+def test_openai_sdk_raises_bad_request_with_our_message(openai_client, inputs, message) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.embeddings.create(model="minilm", input=inputs)
+    assert caught.value.status_code == 400
+    assert message in caught.value.message
+    assert caught.value.body["type"] == "invalid_request_error"
+    assert caught.value.body["param"] == "input"
+
+
+def test_openai_sdk_unknown_model_is_not_found(openai_client) -> None:
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        openai_client.embeddings.create(model="no-such-model", input=["x"])
+
+
+def test_openai_sdk_lists_models(openai_client) -> None:
+    ids = {m.id for m in openai_client.models.list()}
+    assert ids == {"minilm", "reranker", "classifier"}
+
+
+# -- Cohere ----------------------------------------------------------------------------
+
+
+def check_top_two(results, reference: np.ndarray) -> None:
+    want = np.argsort(-reference)[:2]
+    assert [r.index for r in results] == list(want)
+    for r in results:
+        assert r.relevance_score == pytest.approx(float(reference[r.index]), abs=1e-4)
+
+
+def test_cohere_v2_rerank(live_server: str, reranker_reference: np.ndarray) -> None:
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    response = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS, top_n=2)
+    assert len(response.results) == 2
+    check_top_two(response.results, reranker_reference)
+    assert response.id
+
+
+def test_cohere_v1_rerank(live_server: str, reranker_reference: np.ndarray) -> None:
+    client = cohere.Client(api_key="x", base_url=live_server, max_retries=0)
+    response = client.rerank(
+        model="reranker", query=QUERY, documents=DOCUMENTS, top_n=2, return_documents=True
+    )
+    assert len(response.results) == 2
+    check_top_two(response.results, reranker_reference)
+    for r in response.results:
+        assert r.document.text == DOCUMENTS[r.index]
+
+
+def test_cohere_error_is_raised_as_bad_request(live_server: str) -> None:
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    with pytest.raises(cohere.BadRequestError) as caught:
+        client.rerank(model="reranker", query=QUERY, documents=[])
+    assert "'documents' is empty" in json.dumps(caught.value.body)
+
+
+# -- infinity_client ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def infinity(live_server: str):
+    with InfinityClient(base_url=live_server, raise_on_unexpected_status=True, timeout=60) as client:
+        yield client
+
+
+def test_infinity_client_embeddings(infinity, minilm_reference) -> None:
+    body = OpenAIEmbeddingInputText(input_=TEXTS, model="minilm")
+    result = infinity_embeddings.sync(client=infinity, body=body)
+    assert isinstance(result, OpenAIEmbeddingResult)
+    assert [d.index for d in result.data] == list(range(len(TEXTS)))
+    assert_same_vectors([d.embedding for d in result.data], reference_embeddings(minilm_reference, TEXTS))
+    assert result.usage.prompt_tokens == token_count(minilm_reference, TEXTS)
+
+
+async def test_infinity_client_async_embeddings(live_server: str, minilm_reference) -> None:
+    async with InfinityClient(base_url=live_server, raise_on_unexpected_status=True, timeout=60) as client:
+        result = await infinity_embeddings.asyncio(
+            client=client, body=OpenAIEmbeddingInputText(input_="hello world", model="minilm")
+        )
+    assert isinstance(result, OpenAIEmbeddingResult)
+    assert_same_vectors([result.data[0].embedding], reference_embeddings(minilm_reference, ["hello world"]))
+
+
+def test_infinity_client_rerank(infinity, reranker_reference: np.ndarray) -> None:
+    body = RerankInput(query=QUERY, documents=DOCUMENTS, model="reranker", top_n=2, return_documents=True)
+    result = infinity_rerank.sync(client=infinity, body=body)
+    assert isinstance(result, ReRankResult)
+    check_top_two(result.results, reranker_reference)
+    assert [r.document for r in result.results] == [DOCUMENTS[r.index] for r in result.results]
+
+    everything = infinity_rerank.sync(client=infinity, body=RerankInput(query=QUERY, documents=DOCUMENTS,
+                                                                        model="reranker"))
+    assert sorted(r.index for r in everything.results) == list(range(len(DOCUMENTS)))
+    scores = [r.relevance_score for r in everything.results]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_infinity_client_classify(infinity, classifier_reference) -> None:
+    texts = ["hello world", "the weather is sunny today"]
+    result = infinity_classify.sync(client=infinity, body=ClassifyInput(input_=texts, model="classifier"))
+    assert isinstance(result, ClassifyResult)
+    probs, id2label = classifier_reference(texts)
+    for row, want in zip(result.data, probs, strict=True):
+        assert [o.score for o in row] == sorted((o.score for o in row), reverse=True)
+        got = {o.label: o.score for o in row}
+        assert set(got) == set(id2label.values())
+        for i, p in enumerate(want):
+            assert got[id2label[i]] == pytest.approx(float(p), abs=1e-4)
+
+
+def test_infinity_client_validation_error_parses(infinity) -> None:
+    """A 422 carries FastAPI's `detail` list, which the client parses."""
+    from infinity_client.models import HTTPValidationError
+
+    response = infinity_embeddings.sync_detailed(
+        client=infinity, body=OpenAIEmbeddingInputText(input_=["x"], model="minilm", dimensions="x")  # type: ignore[arg-type]
+    )
+    assert response.status_code == 422
+    assert isinstance(response.parsed, HTTPValidationError)
+    assert response.parsed.detail
+
+
+def test_infinity_client_lists_models(infinity) -> None:
+    result = infinity_models.sync(client=infinity)
+    assert isinstance(result, OpenAIModelInfo)
+    assert {m.id for m in result.data} == {"minilm", "reranker", "classifier"}
+
+
+# -- langchain ---------------------------------------------------------------------------
+
+
+def test_langchain_infinity_embeddings(live_server: str, minilm_reference) -> None:
+    lc = pytest.importorskip("langchain_community.embeddings")
+    embedder = lc.InfinityEmbeddings(model="minilm", infinity_api_url=live_server)
+    # 130 texts: langchain sorts by length, sends batches of 128 from a thread pool, unsorts.
+    texts = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(130)]
+    assert_same_vectors(embedder.embed_documents(texts), reference_embeddings(minilm_reference, texts))
+    assert_same_vectors([embedder.embed_query(TEXTS[1])], reference_embeddings(minilm_reference, TEXTS[1:2]))
+
+
+async def test_langchain_infinity_embeddings_async(live_server: str, minilm_reference) -> None:
+    lc = pytest.importorskip("langchain_community.embeddings")
+    embedder = lc.InfinityEmbeddings(model="minilm", infinity_api_url=live_server)
+    got = await embedder.aembed_documents(TEXTS)
+    assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS))
+
+
+def test_langchain_infinity_rerank(live_server: str, reranker_reference: np.ndarray) -> None:
+    compressors = pytest.importorskip("langchain_community.document_compressors")
+    from langchain_core.documents import Document
+
+    client = InfinityClient(base_url=live_server)
+    reranker = compressors.InfinityRerank(client=client, model="reranker", top_n=2)
+    ranked = reranker.rerank(DOCUMENTS, QUERY)
+    check_top_two([type("R", (), r)() for r in ranked], reranker_reference)
+
+    docs = [Document(page_content=d, metadata={"n": i}) for i, d in enumerate(DOCUMENTS)]
+    kept = reranker.compress_documents(docs, QUERY)
+    want = np.argsort(-reranker_reference)[:2]
+    assert [d.metadata["n"] for d in kept] == list(want)
+    assert kept[0].metadata["relevance_score"] == pytest.approx(float(reranker_reference[want[0]]), abs=1e-4)

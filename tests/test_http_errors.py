@@ -1,0 +1,414 @@
+"""The error table of shared/spec/api.md, row by row: status, the OpenAI error shape, a
+message naming the field, the extra headers; and after each error, a good request still
+succeeds. In-process over ASGI against the deterministic fake backend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import serve_in_process, spec_of, wait_healthy
+from tokenizers import Tokenizer
+
+from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.engine import Engine
+from infinity_cloud.server import create_app
+
+MAX_BYTES = 4096
+MAX_INPUTS = 128
+LONG_TEXT = "word " * 300  # over the tiny models' 128 tokens
+SAGEMAKER = "X-Amzn-SageMaker-Custom-Attributes"
+JSON = {"content-type": "application/json"}
+
+GOOD = {
+    "/embeddings": {"model": "emb", "input": ["fine"]},
+    "/v1/embeddings": {"model": "emb", "input": ["fine"]},
+    "/rerank": {"model": "rr", "query": "q", "documents": ["a", "b"]},
+    "/v1/rerank": {"model": "rr", "query": "q", "documents": ["a", "b"]},
+    "/v2/rerank": {"model": "rr", "query": "q", "documents": ["a", "b"]},
+    "/classify": {"model": "cl", "input": ["fine"]},
+    "/invocations": {"model": "emb", "input": ["fine"]},
+}
+
+
+def fake(path: Path, name: str, **options: Any) -> ModelSpec:
+    return ModelSpec(model_id=str(path), served_model_name=name, backend="fake", **options)
+
+
+@asynccontextmanager
+async def unwaited(spec: DeploymentSpec) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with its lifespan running, without waiting for the models to load."""
+    app = create_app(spec)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_embedder, tiny_reranker, tiny_classifier) -> Engine:
+    return Engine(spec_of(
+        fake(tiny_embedder, "emb"), fake(tiny_reranker, "rr"), fake(tiny_classifier, "cl"),
+        limits={"max_payload_bytes": MAX_BYTES, "max_inputs_per_request": MAX_INPUTS},
+    ))
+
+
+@pytest.fixture(scope="module")
+async def client(engine) -> AsyncIterator[httpx.AsyncClient]:
+    """One app serving `emb`, `rr` and `cl`, with a 4 KiB body and 128-input limit."""
+    async with serve_in_process(engine) as c:
+        yield c
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None, *words: str) -> dict:
+    """The OpenAI error shape, with the status as code and a message naming `words`."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and isinstance(error["type"], str)
+    assert error["code"] == status
+    assert error["param"] == param
+    for word in words:
+        assert word in error["message"], (word, error["message"])
+    if status == 422:  # infinity_client reads FastAPI's list
+        assert isinstance(body["detail"], list) and body["detail"]
+        assert all({"loc", "msg", "type"} <= set(d) for d in body["detail"])
+    else:
+        assert "detail" not in body
+    return error
+
+
+async def assert_still_serving(client: httpx.AsyncClient, route: str = "/embeddings", **kwargs: Any) -> None:
+    response = await client.post(route, json=GOOD[route], **kwargs)
+    assert response.status_code == 200, response.text
+
+
+# -- 422, 400, 404, 413 on the shared app ------------------------------------------------
+
+# (route, body, status, param, words the message names)
+CASES = [
+    # 422: schema
+    ("/embeddings", {"model": "emb", "input": 3}, 422, "input", ["input"]),
+    ("/embeddings", {"model": "emb", "input": [1, "a"]}, 422, "input", ["input"]),
+    ("/embeddings", {"model": "emb", "input": "a", "dimensions": "8"}, 422, "dimensions", ["dimensions"]),
+    ("/embeddings", {"model": "emb", "input": "a", "encoding_format": "hex"}, 422, "encoding_format",
+     ["encoding_format"]),
+    ("/embeddings", {"model": "emb", "input": "a", "modality": "video"}, 422, "modality", ["modality"]),
+    ("/embeddings", {"model": "emb"}, 422, "input", ["input", "required"]),
+    ("/rerank", {"model": "rr", "query": "q", "documents": "a"}, 422, "documents", ["documents"]),
+    ("/v2/rerank", {"model": "rr", "query": "q", "documents": ["a"], "top_n": "2"}, 422, "top_n", ["top_n"]),
+    ("/v1/rerank", {"model": "rr", "query": 5, "documents": ["a"]}, 422, "query", ["query"]),
+    ("/classify", {"model": "cl", "input": [{"text": "x"}]}, 422, "input", ["input"]),
+    # 400: content
+    ("/embeddings", {"model": "emb", "input": []}, 400, "input", ["input", "empty"]),
+    ("/embeddings", {"model": "emb", "input": ""}, 400, "input", ["input", "empty"]),
+    ("/embeddings", {"model": "emb", "input": ["ok", ""]}, 400, "input", ["input", "item 1", "empty"]),
+    ("/embeddings", {"model": "emb", "input": [[]]}, 400, "input", ["input", "empty"]),
+    ("/rerank", {"model": "rr", "query": "q", "documents": []}, 400, "documents", ["documents", "empty"]),
+    ("/rerank", {"model": "rr", "query": "", "documents": ["a"]}, 400, "query", ["query", "empty"]),
+    ("/classify", {"model": "cl", "input": []}, 400, "input", ["input", "empty"]),
+    ("/embeddings", {"model": "emb", "input": "a", "dimensions": -1}, 400, "dimensions",
+     ["dimensions", "-1"]),
+    ("/embeddings", {"model": "emb", "input": "a", "dimensions": 33}, 400, "dimensions",
+     ["dimensions", "32"]),
+    ("/embeddings", {"model": "emb", "input": "http://x/a.png", "modality": "image"}, 400, "modality",
+     ["modality", "image"]),
+    ("/rerank", {"model": "emb", "query": "q", "documents": ["a"]}, 400, "model", ["emb", "rerank"]),
+    ("/embeddings", {"model": "rr", "input": "a"}, 400, "model", ["rr", "embedding"]),
+    ("/classify", {"model": "emb", "input": "a"}, 400, "model", ["emb", "classif"]),
+    ("/embeddings", {"model": "emb", "input": ["ok", LONG_TEXT], "truncate": False}, 400, "input",
+     ["input 1", "302 tokens", "128"]),
+    ("/embeddings", {"model": "emb", "input": [list(range(5, 200))], "truncate": False}, 400, "input",
+     ["input 0", "128"]),
+    ("/rerank", {"model": "rr", "query": "q", "documents": [LONG_TEXT], "truncate": False}, 400, "input",
+     ["input 0", "128"]),
+    ("/classify", {"model": "cl", "input": [LONG_TEXT], "truncate": False}, 400, "input", ["input 0", "128"]),
+    ("/embeddings", {"model": "emb", "input": [[5, 10**6]]}, 400, "input",
+     ["input 0", "1000000", "vocabulary"]),
+    ("/embeddings", {"model": "emb", "input": [5, -1]}, 400, "input", ["-1", "vocabulary"]),
+    ("/v2/rerank", {"model": "rr", "query": "q", "documents": ["a"], "top_n": -1}, 400, "top_n", ["top_n"]),
+    # 404: unknown model with several loaded
+    ("/embeddings", {"model": "nope", "input": "a"}, 404, "model", ["nope", "emb", "rr", "cl"]),
+    ("/rerank", {"model": "nope", "query": "q", "documents": ["a"]}, 404, "model", ["nope"]),
+    ("/classify", {"input": "a"}, 404, "model", ["model"]),
+    # 413: more inputs than the per-request limit
+    ("/embeddings", {"model": "emb", "input": ["a"] * (MAX_INPUTS + 1)}, 413, "input",
+     ["input", "129", "128"]),
+    ("/rerank", {"model": "rr", "query": "q", "documents": ["a"] * (MAX_INPUTS + 1)}, 413, "documents",
+     ["documents", "128"]),
+    ("/classify", {"model": "cl", "input": ["a"] * (MAX_INPUTS + 1)}, 413, "input", ["input", "128"]),
+]
+
+
+def _case_id(case: tuple) -> str:
+    route, body, status, param, _ = case
+    return f"{status}-{route.strip('/').replace('/', '_')}-{param}-{len(str(body))}"
+
+
+@pytest.mark.parametrize(("route", "body", "status", "param", "words"), CASES, ids=map(_case_id, CASES))
+async def test_error_table(client, route, body, status, param, words):
+    assert_error(await client.post(route, json=body), status, param, *words)
+    await assert_still_serving(client, route)
+
+
+@pytest.mark.parametrize("route", ["/embeddings", "/v1/rerank", "/invocations"])
+async def test_malformed_json_is_422(client, route):
+    response = await client.post(route, content=b'{"input": ["a",', headers=JSON)
+    assert_error(response, 422, None, "malformed JSON")
+    await assert_still_serving(client, route)
+
+
+async def test_unknown_route_and_method_use_the_error_shape(client):
+    assert_error(await client.get("/nowhere"), 404, None)
+    assert_error(await client.get("/embeddings"), 405, None)
+
+
+# -- /invocations: the same errors as the named route ------------------------------------
+
+SAME = [
+    ("/embeddings", {"model": "emb", "input": []}, None),
+    ("/embeddings", {"model": "emb", "input": 3}, None),
+    ("/embeddings", {"model": "emb", "input": "a", "dimensions": 99}, None),
+    ("/embeddings", {"model": "emb", "input": [[10**6]]}, None),
+    ("/embeddings", {"model": "emb", "input": [LONG_TEXT], "truncate": False}, None),
+    ("/embeddings", {"model": "emb", "input": ["a"] * (MAX_INPUTS + 1)}, None),
+    ("/embeddings", {"model": "rr", "input": "a"}, None),
+    ("/embeddings", {"model": "nope", "input": "a"}, None),
+    ("/rerank", {"model": "emb", "query": "q", "documents": ["a"]}, None),
+    ("/rerank", {"model": "rr", "query": "q", "documents": []}, "route=rerank"),
+    ("/rerank", {"model": "rr", "query": "q", "documents": [1]}, None),
+    ("/classify", {"model": "emb", "input": "a"}, "route=classify"),
+    ("/classify", {"model": "cl", "input": [""]}, None),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "attributes"), SAME, ids=range(len(SAME)))
+async def test_invocations_answers_the_same_errors(client, route, body, attributes):
+    named = await client.post(route, json=body)
+    headers = {SAGEMAKER: attributes} if attributes else {}
+    invoked = await client.post("/invocations", json=body, headers=headers)
+    assert 400 <= named.status_code < 500
+    assert invoked.status_code == named.status_code
+    if named.status_code != 422:
+        assert invoked.json() == named.json()
+    else:  # pydantic words a few messages differently in FastAPI's validation; where is the same
+        assert_error(invoked, 422, named.json()["error"]["param"])
+        assert [d["loc"] for d in invoked.json()["detail"]] == [d["loc"] for d in named.json()["detail"]]
+    await assert_still_serving(client, "/invocations")
+
+
+async def test_invocations_unknown_route_attribute(client):
+    response = await client.post("/invocations", json=GOOD["/invocations"], headers={SAGEMAKER: "route=chat"})
+    assert_error(response, 400, "route", "chat", "embeddings")
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b'"text"'])
+async def test_invocations_body_must_be_an_object(client, body):
+    response = await client.post("/invocations", content=body, headers=JSON)
+    assert_error(response, 422, None, "JSON object")
+
+
+# -- 413: the body size limit ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/embeddings", "/v1/rerank", "/invocations"])
+async def test_body_over_the_limit_with_content_length(client, route):
+    response = await client.post(route, json={"model": "emb", "input": ["x" * MAX_BYTES]})
+    assert_error(response, 413, None, str(MAX_BYTES), "bytes")
+    await assert_still_serving(client, route)
+
+
+@pytest.mark.parametrize("route", ["/embeddings", "/v2/rerank", "/invocations"])
+async def test_body_over_the_limit_chunked(client, route):
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model": "emb", "input": ["'
+        for _ in range(8):
+            yield b"x" * 1000
+        yield b'"]}'
+
+    response = await client.post(route, content=chunks(), headers=JSON)
+    assert "content-length" not in {k.lower() for k in response.request.headers}
+    assert_error(response, 413, None, str(MAX_BYTES), "bytes")
+    await assert_still_serving(client, route)
+
+
+async def test_body_under_the_limit_chunked_is_served(client):
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"model": "emb",'
+        yield b' "input": ["chunked"]}'
+
+    response = await client.post("/embeddings", content=chunks(), headers=JSON)
+    assert response.status_code == 200, response.text
+
+
+# -- 500: a bug, and a failed batch ------------------------------------------------------
+
+
+async def test_a_bug_is_a_500_with_a_request_id_and_the_server_lives_on(client, engine, monkeypatch, caplog):
+    async def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug in the engine")
+
+    monkeypatch.setattr(engine, "embed", broken)
+    with caplog.at_level(logging.ERROR, logger="infinity_cloud.server.errors"):
+        response = await client.post("/v1/embeddings", json=GOOD["/embeddings"])
+    error = assert_error(response, 500, None, "request id")
+    request_id = response.headers["x-request-id"]
+    assert request_id in error["message"]
+    assert "a bug in the engine" not in error["message"]  # details stay in the log
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and logged[0].exc_info and "a bug in the engine" in str(logged[0].exc_info[1])
+    # other routes are served meanwhile, and the route itself once the bug is gone
+    assert (await client.post("/rerank", json=GOOD["/rerank"])).status_code == 200
+    monkeypatch.undo()
+    await assert_still_serving(client, "/v1/embeddings")
+
+
+async def test_a_failed_batch_is_a_500_and_the_worker_survives(tiny_embedder, rare_id):
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"fail_token_id": rare_id}))
+    async with serve_in_process(spec) as c:
+        response = await c.post("/embeddings", json={"input": [rare_id]})
+        assert_error(response, 500, None, "inference failed", "batch")
+        assert response.json()["error"]["type"] == "inference_error"
+        assert (await c.get("/health")).status_code == 200
+        await assert_still_serving(c)
+
+
+@pytest.fixture(scope="module")
+def rare_id(tiny_embedder) -> int:
+    """A token id no good request here holds: a batch holding it can be made to fail."""
+    tokenizer = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json"))
+    rare = tokenizer.get_vocab_size() - 1
+    assert all(rare not in tokenizer.encode(text).ids for text in ("fine", "q", "a", "b"))
+    return rare
+
+
+# -- 401 ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def keyed(tiny_embedder, tiny_reranker) -> AsyncIterator[httpx.AsyncClient]:
+    spec = spec_of(fake(tiny_embedder, "emb"), fake(tiny_reranker, "rr"), api_keys=["right-key", "other-key"])
+    async with serve_in_process(spec) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong-key", "Bearer ", "Basic cmlnaHQta2V5", "right-key"]
+)
+@pytest.mark.parametrize(("method", "route"), [
+    ("POST", "/embeddings"), ("POST", "/v1/embeddings"), ("POST", "/v1/rerank"), ("GET", "/v1/models"),
+    ("GET", "/metrics"), ("POST", "/invocations"),
+])
+async def test_missing_or_wrong_api_key_is_401(keyed, authorization, method, route):
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    body = GOOD.get(route)
+    response = await keyed.request(method, route, json=body, headers=headers)
+    assert_error(response, 401, None, "API key")
+    assert response.headers["www-authenticate"] == "Bearer"
+    fixed = await keyed.request(method, route, json=body, headers={"Authorization": "Bearer right-key"})
+    assert fixed.status_code == 200, fixed.text
+
+
+# -- 429 ---------------------------------------------------------------------------------
+
+
+async def test_queue_full_is_429_with_retry_after(tiny_embedder):
+    slow = fake(tiny_embedder, "emb", queue_size=2, max_batch_size=1, backend_options={"delay_s": 0.4})
+    async with serve_in_process(spec_of(slow)) as c:
+        requests = (c.post("/embeddings", json={"input": [f"text {i}"]}) for i in range(8))
+        responses = await asyncio.gather(*requests)
+        statuses = sorted(r.status_code for r in responses)
+        assert set(statuses) == {200, 429}, statuses
+        for response in responses:
+            if response.status_code == 429:
+                error = assert_error(response, 429, None, "queue", "full")
+                assert error["type"] == "rate_limit_exceeded"
+                assert int(response.headers["retry-after"]) > 0
+        await assert_still_serving(c)
+
+
+# -- 503 ---------------------------------------------------------------------------------
+
+
+async def test_model_still_loading_is_503_with_retry_after(tiny_embedder):
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"load_delay_s": 1.5}))
+    async with unwaited(spec) as c:
+        for route in ("/health", "/ping"):
+            response = await c.get(route)
+            assert_error(response, 503, None, "emb", "loading")
+            assert response.json()["status"] == "unavailable"
+            assert int(response.headers["retry-after"]) > 0
+        for route in ("/embeddings", "/v1/embeddings", "/invocations"):
+            response = await c.post(route, json=GOOD[route])
+            assert_error(response, 503, None, "emb", "loading")
+            assert response.json()["error"]["type"] == "model_not_ready"
+            assert int(response.headers["retry-after"]) > 0
+        await wait_healthy(c)
+        await assert_still_serving(c)
+
+
+async def _wait_unhealthy(client: httpx.AsyncClient) -> httpx.Response:
+    for _ in range(500):
+        response = await client.get("/health")
+        if response.status_code != 200:
+            return response
+        await asyncio.sleep(0.01)
+    raise AssertionError("/health never turned 503 after the worker died")
+
+
+async def test_dead_worker_is_503_on_health_and_requests(tiny_embedder, tiny_reranker, rare_id):
+    dying = fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id})
+    spec = spec_of(dying, fake(tiny_reranker, "rr"))
+    async with serve_in_process(spec) as c:
+        killer = asyncio.ensure_future(c.post("/embeddings", json={"model": "emb", "input": [rare_id]}))
+        try:
+            health = await _wait_unhealthy(c)
+            assert_error(health, 503, None, "emb", "died", "SystemExit")
+            assert int(health.headers["retry-after"]) > 0
+            states = {m["id"]: m for m in health.json()["models"]}
+            assert "died" in states["emb"]["error"] and "error" not in states["rr"]
+            assert_error(await c.get("/ping"), 503, None, "died")
+            for route in ("/embeddings", "/invocations"):
+                response = await c.post(route, json=GOOD[route])
+                assert_error(response, 503, None, "emb", "not serving", "died")
+                assert int(response.headers["retry-after"]) > 0
+            models = {m["id"]: m for m in (await c.get("/models")).json()["data"]}
+            assert models["emb"]["stats"]["worker_alive"] is False
+            # the other model keeps serving
+            assert (await c.post("/rerank", json=GOOD["/rerank"])).status_code == 200
+        finally:
+            killer.cancel()
+            await asyncio.gather(killer, return_exceptions=True)
+
+
+async def test_the_request_whose_batch_killed_the_worker_gets_an_answer(tiny_embedder, rare_id):
+    """Nothing waits forever: the batch that was running when its worker died is answered."""
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id}))
+    async with serve_in_process(spec) as c:
+        # a hang guard, not a timing assertion: the answer comes in milliseconds or never
+        response = await asyncio.wait_for(c.post("/embeddings", json={"input": [rare_id]}), 3)
+        assert_error(response, 503, None, "emb", "died")
+        assert int(response.headers["retry-after"]) > 0
+
+
+async def test_shutting_down_is_503(tiny_embedder):
+    """A request arriving while the model stops (queue closed, a batch still running)."""
+    engine = Engine(spec_of(fake(tiny_embedder, "emb", backend_options={"delay_s": 1.5})))
+    async with serve_in_process(engine) as c:
+        running = asyncio.ensure_future(c.post("/embeddings", json={"input": ["slow"]}))
+        await asyncio.sleep(0.3)  # let the worker take it into its 1.5 s forward pass
+        stopping = asyncio.ensure_future(asyncio.to_thread(engine.models["emb"].stop))
+        await asyncio.sleep(0.2)  # stop() closed the queue and waits on that forward pass
+        response = await c.post("/embeddings", json={"input": ["late"]})
+        await asyncio.gather(running, stopping, return_exceptions=True)
+        assert_error(response, 503, None)
+        assert response.json()["error"]["type"] == "model_not_ready"
+        assert int(response.headers["retry-after"]) > 0
