@@ -239,13 +239,15 @@ async def test_concurrent_submits_each_get_their_own_results() -> None:
         worker.stop()
 
 
-async def test_a_failing_batch_fails_only_its_own_requests() -> None:
-    def run(payloads: list[str]) -> list[str]:
-        if "bad" in payloads:
-            raise RuntimeError("boom")
-        return payloads
+def fails_on_bad(payloads: list[str]) -> list[str]:
+    """A run function whose batch fails when it holds the input "bad"."""
+    if "bad" in payloads:
+        raise RuntimeError("boom")
+    return payloads
 
-    worker = make_worker(run)
+
+async def test_a_failing_batch_fails_only_its_own_requests() -> None:
+    worker = make_worker(fails_on_bad)
     try:
         # The bad input costs the whole budget, so it is always in a batch of its own.
         outcomes = await asyncio.gather(
@@ -281,12 +283,7 @@ async def test_a_failing_finish_fails_only_its_batch() -> None:
 
 async def test_one_failing_input_fails_the_whole_request() -> None:
     """A request split over two batches fails if either does; its other input is dropped."""
-    def run(payloads: list[str]) -> list[str]:
-        if "bad" in payloads:
-            raise RuntimeError("boom")
-        return payloads
-
-    worker = make_worker(run)
+    worker = make_worker(fails_on_bad)
     try:
         with pytest.raises(BatchFailedError):
             await submit(worker, ["good", "bad"], [5, 100])
