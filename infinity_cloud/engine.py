@@ -114,11 +114,6 @@ class Engine:
             )
         raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}", param="model")
 
-    def default_model_for(self, capability: Capability) -> ServedModel | None:
-        """The only loaded model with this capability, for routes that may omit the name."""
-        matches = [m for m in self.models.values() if m.capability is capability]
-        return matches[0] if len(matches) == 1 else None
-
     async def _tokenize(self, fn: Any, *args: Any) -> list[Encoded]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, fn, *args)

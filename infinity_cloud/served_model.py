@@ -17,7 +17,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.model_files import Capability, ModelInfo, read_model_info
 from infinity_cloud.model_source import resolve_model_dir
-from infinity_cloud.tasks.heads import Head, head_for
+from infinity_cloud.tasks.heads import head_for
 from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
@@ -29,7 +29,6 @@ class _Loaded:
     info: ModelInfo
     tokenizer: TextTokenizer
     backend: Backend
-    head: Head
     normalize: bool
     worker: BatchWorker
 
@@ -88,7 +87,7 @@ class ServedModel:
 
         worker = BatchWorker(self.name, queue, run, finish, self._observers)
         worker.start()
-        return _Loaded(info, tokenizer, backend, head, normalize, worker)
+        return _Loaded(info, tokenizer, backend, normalize, worker)
 
     def stop(self) -> None:
         if self._loaded is not None:
