@@ -48,11 +48,29 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     ),
     "served_model_name": (list[str] | None, _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
     "revision": (list[str] | None, _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
-    "backend": (list[str] | None, _opt("BACKEND", "Inference backend (default: torch).", _M)),
+    "backend": (
+        list[str] | None,
+        _opt("BACKEND", "auto (the fastest installed), openvino, onnx, torch or ctranslate2.", _M),
+    ),
     "device": (list[str] | None, _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
-    "dtype": (list[str] | None, _opt("DTYPE", "auto, float32, float16 or bfloat16 (default: auto).", _M)),
+    "dtype": (
+        list[str] | None,
+        _opt("DTYPE", "auto, float32, float16, bfloat16 or int8 (auto: bf16 on AMX if faithful).", _M),
+    ),
     "batch_tokens": (list[int] | None, _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
     "max_batch_size": (list[int] | None, _opt("MAX_BATCH_SIZE", "Inputs per batch (default: 64).", _M)),
+    "batch_wait_ms": (
+        list[float] | None,
+        _opt("BATCH_WAIT_MS", "Wait for more inputs when a batch would start short (default: 0).", _M),
+    ),
+    "length_buckets": (
+        list[str] | None,
+        _opt("LENGTH_BUCKETS", "Static shapes: pad lengths up to one of e.g. 64,128,256,512.", _M),
+    ),
+    "batch_buckets": (
+        list[str] | None,
+        _opt("BATCH_BUCKETS", "Static shapes: pad batch rows up to one of e.g. 1,8,32.", _M),
+    ),
     "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
     "pooling": (list[str] | None, _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
@@ -160,13 +178,26 @@ def build_local(
 
 @app.command()
 @with_spec
-def download(spec: DeploymentSpec) -> None:
-    """Fetch every model's files into the Hugging Face cache (for image builds)."""
+def download(
+    spec: DeploymentSpec,
+    files_only: Annotated[
+        bool, typer.Option("--files-only", help="Only fetch the files; build no backend exports.")
+    ] = False,
+) -> None:
+    """Fetch every model's files and build its backend's exports (ONNX, OpenVINO IR, ...) once,
+    so that a server or image started later does neither."""
     from infinity_cloud.model_source import resolve_model_dir
+    from infinity_cloud.served_model import ServedModel
 
     for model in spec.models:
         try:
             typer.echo(f"{model.name}: {resolve_model_dir(model.model_id, model.revision)}")
+            if not files_only:
+                served = ServedModel(model)
+                served.load()
+                facts = served.describe()
+                served.stop()
+                typer.echo(f"{model.name}: ready for {facts['backend']} ({facts['dtype']})")
         except InfinityCloudError as exc:
             raise fail(exc.message) from None
 

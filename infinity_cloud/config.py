@@ -17,7 +17,7 @@ from infinity_cloud.errors import ConfigError
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
 
-Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+Dtype = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len"]
 
 
@@ -31,11 +31,21 @@ class ModelSpec(_Frozen):
     model_id: str = DEFAULT_MODEL_ID
     revision: str | None = None
     served_model_name: str | None = None
-    backend: str = "torch"
+    backend: str = "auto"
     device: str = "auto"
     dtype: Dtype = "auto"
     batch_tokens: int = Field(16384, ge=64, description="padded tokens (longest x count) per batch")
     max_batch_size: int = Field(64, ge=1)
+    batch_wait_ms: float = Field(
+        0.0, ge=0, le=1000,
+        description="when the queue holds less than a full batch, wait this long for more inputs",
+    )
+    length_buckets: tuple[int, ...] = Field(
+        (), description="static shapes: pad each batch's length up to the next of these"
+    )
+    batch_buckets: tuple[int, ...] = Field(
+        (), description="static shapes: pad each batch's rows up to the next of these"
+    )
     queue_size: int = Field(16384, ge=1, description="queued inputs before answering 429")
     pooling: Pooling | None = Field(None, description="override the pooling the model's files name")
     normalize: bool | None = Field(None, description="override the model's own normalisation")
@@ -48,6 +58,21 @@ class ModelSpec(_Frozen):
     @property
     def name(self) -> str:
         return self.served_model_name or self.model_id
+
+    @field_validator("length_buckets", "batch_buckets", mode="before")
+    @classmethod
+    def _parse_buckets(cls, value: Any) -> Any:
+        """Accept "128,256,512" (a flag or env value) as well as a list."""
+        if isinstance(value, str):
+            value = [v for v in value.replace(" ", "").split(",") if v]
+        return value
+
+    @field_validator("length_buckets", "batch_buckets")
+    @classmethod
+    def _sorted_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(v < 1 for v in value):
+            raise ValueError("bucket sizes must be positive")
+        return tuple(sorted(set(value)))
 
 
 class LimitsSpec(_Frozen):
@@ -100,7 +125,8 @@ class DeploymentSpec(_Frozen):
 # once per model, in the order of the model ids.
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
-    "max_batch_size", "queue_size", "pooling", "normalize", "max_length", "trust_remote_code",
+    "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
+    "normalize", "max_length", "trust_remote_code",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

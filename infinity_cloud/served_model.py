@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.backends import Backend, ModelInputs, backend_class
+from infinity_cloud.backend_choice import open_backend
+from infinity_cloud.backends import Backend, ModelInputs
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.config import ModelSpec
@@ -31,6 +32,11 @@ class _Loaded:
     backend: Backend
     normalize: bool
     worker: BatchWorker
+
+
+def bucket(size: int, buckets: Sequence[int]) -> int:
+    """The smallest static size that holds `size`; `size` itself without buckets."""
+    return next((b for b in buckets if b >= size), size)
 
 
 class ServedModel:
@@ -59,7 +65,7 @@ class ServedModel:
         self.load_seconds = time.perf_counter() - started
         log.info(
             "model %s ready: %s via %s on %s (%s) in %.1fs", self.name,
-            self._loaded.info.capability.value, self.spec.backend, self._loaded.backend.device,
+            self._loaded.info.capability.value, self._loaded.backend.name, self._loaded.backend.device,
             self._loaded.backend.dtype, self.load_seconds,
         )
 
@@ -71,16 +77,27 @@ class ServedModel:
             if not supported_activation(layer.activation):
                 raise ModelLoadError(f"{path}: Dense activation {layer.activation} is not supported")
         max_length = min(info.max_length, spec.max_length or info.max_length)
+        if spec.length_buckets:  # an input longer than every static shape cannot run
+            max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size)
-        backend = backend_class(spec.backend)(info, spec)
         pooling = spec.pooling or info.pooling
         normalize = info.normalize if spec.normalize is None else spec.normalize
         head = head_for(info, pooling, normalize)
-        queue = BatchQueue(spec.queue_size, spec.batch_tokens, spec.max_batch_size)
+        backend = open_backend(info, spec, tokenizer, head)
+        max_batch = min((spec.max_batch_size, *spec.batch_buckets[-1:]))
+        queue = BatchQueue(
+            spec.queue_size, spec.batch_tokens, max_batch, fill_wait_s=spec.batch_wait_ms / 1000,
+            padded_length=lambda n: bucket(n, spec.length_buckets),
+        )
 
         def run(encodings: list[Encoded]) -> tuple[np.ndarray, np.ndarray]:
-            inputs = ModelInputs.collate(encodings, tokenizer.pad_id)
-            return backend.forward(inputs), inputs.attention_mask
+            inputs = ModelInputs.collate(
+                encodings, tokenizer.pad_id,
+                length=bucket(max(len(e) for e in encodings), spec.length_buckets),
+                rows=bucket(len(encodings), spec.batch_buckets),
+            )
+            real = len(encodings)  # drop static-shape filler rows
+            return backend.forward(inputs)[:real], inputs.attention_mask[:real]
 
         def finish(output: tuple[np.ndarray, np.ndarray], _: list[Encoded]) -> np.ndarray:
             return head(*output)
@@ -131,6 +148,8 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """Facts for /models and /health."""
         out: dict[str, Any] = {"id": self.name, "state": self.state, "backend": self.spec.backend}
+        if self._loaded is not None:
+            out["backend"] = self._loaded.backend.name
         if self.error:
             out["error"] = self.error
         if self._loaded is None:

@@ -446,3 +446,70 @@ def test_more_inputs_than_the_whole_queue_is_too_large_not_full():
     with pytest.raises(PayloadTooLargeError, match="split the request"):
         queue.put(items(3, 3, 3, 3, 3))
     assert queue.depth == 0
+
+
+# -- fill wait -----------------------------------------------------------------------
+
+
+def take_in_thread(queue: BatchQueue) -> tuple[threading.Thread, list[list[WorkItem] | None]]:
+    got: list[list[WorkItem] | None] = []
+    thread = threading.Thread(target=lambda: got.append(queue.take()), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_fill_wait_lets_a_trickle_of_inputs_share_one_batch() -> None:
+    # A wait far longer than the test: the batch is cut by the size rule, not the clock.
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=4, fill_wait_s=HANG_GUARD_S)
+    queue.put(items(10))
+    thread, got = take_in_thread(queue)
+    for i in range(1, 4):
+        queue.put(items(10, start=i))
+    thread.join(HANG_GUARD_S)
+    assert [item.payload for item in got[0]] == [0, 1, 2, 3]
+
+
+def test_fill_wait_is_skipped_when_a_full_batch_is_waiting() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=4, fill_wait_s=1000.0)
+    queue.put(items(10, 10, 10, 10, 10))
+    thread, got = take_in_thread(queue)
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive() and len(got[0]) == 4
+
+
+def test_fill_wait_is_skipped_when_the_token_budget_is_reached() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=100, max_batch_size=64, fill_wait_s=1000.0)
+    queue.put(items(50, 50))
+    thread, got = take_in_thread(queue)
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive() and len(got[0]) == 2
+
+
+def test_fill_wait_ends_at_its_deadline_with_a_partial_batch() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=64, fill_wait_s=0.01)
+    queue.put(items(10, 10))
+    thread, got = take_in_thread(queue)
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive() and len(got[0]) == 2
+
+
+def test_close_cuts_a_waiting_partial_batch_at_once() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=64, fill_wait_s=1000.0)
+    queue.put(items(10))
+    thread, got = take_in_thread(queue)
+    queue.close()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive() and [item.payload for item in got[0]] == [0]
+
+
+# -- static-shape buckets ------------------------------------------------------------
+
+
+def test_bucketed_budget_counts_padded_lengths() -> None:
+    # Inputs of 10 tokens pad to 64: the budget of 256 padded tokens holds 4 of them, not 25.
+    queue = BatchQueue(
+        capacity=100, batch_tokens=256, max_batch_size=64,
+        padded_length=lambda n: next(b for b in (64, 128, 512) if b >= n),
+    )
+    queue.put(items(*[10] * 10))
+    assert [len(b) for b in take_all(queue)] == [4, 4, 2]

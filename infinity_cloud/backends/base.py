@@ -23,13 +23,21 @@ class ModelInputs:
     token_type_ids: np.ndarray
 
     @classmethod
-    def collate(cls, encodings: Sequence[Encoded], pad_id: int, length: int | None = None) -> ModelInputs:
-        """Pad to the longest input, or to `length` for backends with static shapes."""
+    def collate(
+        cls, encodings: Sequence[Encoded], pad_id: int, length: int | None = None, rows: int | None = None
+    ) -> ModelInputs:
+        """Pad to the longest input, or to `length` x `rows` for static shapes.
+
+        Filler rows repeat the first input rather than being all padding: a row with no
+        attended token can turn attention into NaNs on some kernels. Callers drop them.
+        """
         width = length or max(len(e) for e in encodings)
-        ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(encodings), width), dtype=np.int64)
-        types = np.zeros((len(encodings), width), dtype=np.int64)
-        for row, enc in enumerate(encodings):
+        count = max(rows or 0, len(encodings))
+        ids = np.full((count, width), pad_id, dtype=np.int64)
+        mask = np.zeros((count, width), dtype=np.int64)
+        types = np.zeros((count, width), dtype=np.int64)
+        filled = [*encodings, *[encodings[0]] * (count - len(encodings))]
+        for row, enc in enumerate(filled):
             n = len(enc.ids)
             ids[row, :n] = enc.ids
             mask[row, :n] = 1

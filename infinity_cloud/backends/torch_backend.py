@@ -12,6 +12,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
 from infinity_cloud.model_files import Capability, ModelInfo
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,33 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype != "auto":
+    if dtype in _DTYPES:
         return _DTYPES[dtype]
+    if dtype == "int8":
+        raise ConfigError("the torch backend has no int8 mode; use --backend onnx --dtype int8")
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    # The engine checks a reduced-precision choice against float32 at load and falls back.
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def load_model(info: ModelInfo, spec: ModelSpec, dtype: torch.dtype, attention: str) -> torch.nn.Module:
+    """The transformers model for `info`: the bare encoder for embedders, else its classifier."""
+    auto_class = AutoModel if info.capability is Capability.EMBED else AutoModelForSequenceClassification
+    kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
+    try:
+        try:
+            model = auto_class.from_pretrained(str(info.path), attn_implementation=attention, **kwargs)
+        except (ValueError, ImportError):  # architectures without that attention implementation
+            model = auto_class.from_pretrained(str(info.path), **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot load weights from {info.path}: {exc}") from exc
+    return model.eval()
+
+
+def takes_token_types(model: torch.nn.Module) -> bool:
+    params = inspect.signature(model.forward).parameters
+    return "token_type_ids" in params and bool(getattr(model.config, "type_vocab_size", 0))
 
 
 class TorchBackend(Backend):
@@ -45,23 +68,14 @@ class TorchBackend(Backend):
         super().__init__(info, spec)
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
-        auto_class = AutoModel if info.capability is Capability.EMBED else AutoModelForSequenceClassification
-        kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
-        try:
-            try:
-                model = auto_class.from_pretrained(str(info.path), attn_implementation="sdpa", **kwargs)
-            except (ValueError, ImportError):  # architectures without SDPA support
-                model = auto_class.from_pretrained(str(info.path), **kwargs)
-        except OSError as exc:
-            raise ModelLoadError(f"cannot load weights from {info.path}: {exc}") from exc
+        if device.type == "cpu":
+            torch.set_num_threads(int(spec.backend_options.get("threads", usable_cores())))
+        model = load_model(info, spec, dtype, attention="sdpa")
         self.model = model.eval().to(device)
         self._device = device
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")
-        params = inspect.signature(self.model.forward).parameters
-        self._token_types = "token_type_ids" in params and bool(
-            getattr(self.model.config, "type_vocab_size", 0)
-        )
+        self._token_types = takes_token_types(self.model)
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
         feed = {

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +32,26 @@ class BatchQueue:
     window of the oldest inputs with those closest to it in length, so padding stays small.
     Its cost is padded tokens (longest x count), bounded by `batch_tokens`; its size by
     `max_batch_size`. An input longer than the budget still goes, alone.
+
+    `fill_wait_s`: when what is waiting would make a batch that is not full, wait up to this
+    long (from the oldest input's arrival) for more, so trickling requests share a forward
+    pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
+    longest input to the length it is padded to (static-shape buckets); identity otherwise.
     """
 
-    def __init__(self, capacity: int, batch_tokens: int, max_batch_size: int) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        batch_tokens: int,
+        max_batch_size: int,
+        fill_wait_s: float = 0.0,
+        padded_length: Callable[[int], int] | None = None,
+    ) -> None:
         self.capacity = capacity
         self.batch_tokens = batch_tokens
         self.max_batch_size = max_batch_size
+        self.fill_wait_s = fill_wait_s
+        self._padded = padded_length or (lambda n: n)
         self._window = max(8 * max_batch_size, 256)
         self._items: deque[WorkItem] = deque()
         self._cond = threading.Condition()
@@ -87,13 +102,28 @@ class BatchQueue:
                 while self._items and self._items[0].cancelled:
                     self._items.popleft()
                 if self._items:
-                    return self._cut()
+                    fill_by = self._fill_deadline()
+                    if fill_by is None or self._closed:
+                        return self._cut()
+                    # Wake at the fill deadline, or earlier when more arrives.
+                    self._cond.wait(max(0.0, fill_by - time.perf_counter()))
+                    continue
                 if self._closed:
                     return None
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
+
+    def _fill_deadline(self) -> float | None:
+        """When to stop waiting for a fuller batch; None: cut now."""
+        if not self.fill_wait_s:
+            return None
+        fill_by = self._items[0].enqueued_at + self.fill_wait_s
+        if time.perf_counter() >= fill_by or len(self._items) >= self.max_batch_size:
+            return None
+        waiting_tokens = sum(self._padded(item.length) for item in self._items)
+        return None if waiting_tokens >= self.batch_tokens else fill_by
 
     def _cut(self) -> list[WorkItem]:
         window: list[WorkItem] = []
@@ -105,6 +135,7 @@ class BatchQueue:
         anchor = order.index(0)  # window[0] is the oldest input
         lo = hi = anchor
         longest = window[0].length
+        pad = self._padded
         count = 1
         while count < self.max_batch_size:
             options = []
@@ -114,7 +145,7 @@ class BatchQueue:
             if hi < len(order) - 1:  # a longer one: every row grows to its length
                 longer = window[order[hi + 1]].length
                 options.append(((longer - longest) * count, 1, longer))
-            options = [o for o in options if o[2] * (count + 1) <= self.batch_tokens]
+            options = [o for o in options if pad(o[2]) * (count + 1) <= self.batch_tokens]
             if not options:
                 break
             _, step, longest = min(options)

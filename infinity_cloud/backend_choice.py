@@ -1,0 +1,78 @@
+"""Which backend and precision a model runs with: `auto` resolved, reduced precision verified."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
+from infinity_cloud.backends.registry import auto_backends
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
+from infinity_cloud.fidelity import MIN_AGREEMENT, agreement, probe_encodings
+from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.tasks.heads import Head
+from infinity_cloud.tokenization import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+_REDUCED = ("bfloat16", "float16")
+
+
+def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head) -> Backend:
+    """The backend `spec` asks for; for `auto`, the first installed one that loads the model."""
+    if spec.backend != "auto":
+        return _verified(backend_class(spec.backend), info, spec, tokenizer, head)
+    failures = []
+    for name in auto_backends(spec.device):
+        try:
+            chosen = spec.model_copy(update={"backend": name})
+            return _verified(backend_class(name), info, chosen, tokenizer, head)
+        except (ModelLoadError, BackendUnavailableError) as exc:
+            log.warning("backend %s cannot serve %s (%s); trying the next one", name, info.path, exc)
+            failures.append(f"{name}: {exc}")
+    raise ModelLoadError(f"no installed backend could load {info.path}: " + "; ".join(failures))
+
+
+def _verified(
+    cls: type[Backend], info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head
+) -> Backend:
+    """Load; if `dtype auto` chose a reduced precision, keep it only if float32 agrees.
+
+    The verdict is cached with the model's exports (keyed by its files, backend and
+    precision), so only the first start pays for loading the float32 reference.
+    """
+    backend = cls(info, spec)
+    if spec.dtype != "auto" or backend.dtype not in _REDUCED:
+        return backend
+    reference_spec = spec.model_copy(update={"dtype": "float32"})
+    loaded: list[Backend] = []
+
+    def measure(_: object) -> dict[str, float]:
+        loaded.append(cls(info, reference_spec))
+        encodings = probe_encodings(tokenizer, info.capability)
+        inputs = ModelInputs.collate(encodings, tokenizer.pad_id)
+
+        def outputs(b: Backend) -> np.ndarray:
+            return head(b.forward(inputs), inputs.attention_mask)
+
+        return {"agreement": agreement(outputs(backend), outputs(loaded[0]))}
+
+    verdict = exports.cached_export(
+        info.path, "fidelity",
+        {"backend": cls.name, "dtype": backend.dtype, "device": backend.device, "min": MIN_AGREEMENT},
+        measure, f"checking {cls.name} {backend.dtype} against float32",
+    )
+    score = exports.export_metadata(verdict)["agreement"]
+    if score >= MIN_AGREEMENT:
+        log.info("%s %s agrees with float32 (%.5f); keeping it", cls.name, backend.dtype, score)
+        for reference in loaded:
+            reference.close()
+        return backend
+    log.warning(
+        "%s %s disagrees with float32 on %s (agreement %.5f < %.3f); serving float32 instead",
+        cls.name, backend.dtype, info.path, score, MIN_AGREEMENT,
+    )
+    backend.close()
+    return loaded[0] if loaded else cls(info, reference_spec)

@@ -1,0 +1,154 @@
+"""Converted model files (ONNX, OpenVINO IR, CTranslate2): built once, cached, verified.
+
+An export lives next to the model (`<model>/.infinity-cloud/<kind>-<digest>/`) so a model
+folder copied into an image carries it; where that folder is read-only it goes to
+`$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files (names,
+sizes, times; a hub snapshot's folder name is its revision) and the export options, so a
+new revision or option builds a new export. A manifest, written last, records each file's
+size and a checksum of its ends: a missing manifest (an interrupted build) or a mismatch
+(a truncated or overwritten file) makes the export rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infinity_cloud.progress import slow_step
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "INFINITY_CLOUD_CACHE"
+MANIFEST = "manifest.json"
+_FORMAT = 1  # bump when the layout of an export changes
+_SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
+_CHECKSUM_SPAN = 1 << 20  # bytes hashed at each end of a file: fast even for GBs
+
+T = TypeVar("T")
+
+
+def model_fingerprint(model_path: Path) -> str:
+    """A digest of the model folder's own files, cheap enough for every start."""
+    digest = hashlib.sha256(str(model_path.resolve()).encode())
+    for file in sorted(model_path.rglob("*")):
+        rel = file.relative_to(model_path)
+        if rel.parts[0] == ".infinity-cloud" or file.suffix not in _SOURCE_SUFFIXES:
+            continue
+        stat = file.stat()
+        digest.update(f"{rel}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def cache_root(model_path: Path) -> Path:
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    if os.access(model_path, os.W_OK):
+        return model_path / ".infinity-cloud"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "infinity-cloud" / "exports"
+
+
+def export_dir(model_path: Path, kind: str, options: Mapping[str, Any]) -> Path:
+    key = json.dumps(
+        {"format": _FORMAT, "model": model_fingerprint(model_path), "kind": kind, "options": options},
+        sort_keys=True,
+    )
+    return cache_root(model_path) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def cached_export(
+    model_path: Path,
+    kind: str,
+    options: Mapping[str, Any],
+    build: Callable[[Path], Mapping[str, Any] | None],
+    description: str,
+) -> Path:
+    """The verified export folder, building it with `build(folder)` first if needed.
+
+    `build` writes its files into an empty folder and may return metadata to keep in the
+    manifest (read back with `export_metadata`). Builds go to a private folder that is
+    renamed into place, so concurrent processes never see half an export.
+    """
+    target = export_dir(model_path, kind, options)
+    if verify(target):
+        return target
+    if target.exists():
+        log.warning("the cached %s export at %s is incomplete or corrupt; rebuilding it", kind, target)
+        remove(target)
+    scratch = target.with_name(f"{target.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    scratch.mkdir(parents=True)
+    try:
+        with slow_step(f"{description} (once; cached at {target})"):
+            metadata = build(scratch) or {}
+        _write_manifest(scratch, kind, options, metadata)
+        try:
+            scratch.rename(target)
+        except OSError:  # another process finished the same export first
+            if not verify(target):
+                raise
+            remove(scratch)
+    except BaseException:
+        remove(scratch)
+        raise
+    return target
+
+
+def load_cached(make: Callable[[], Path], load: Callable[[Path], T]) -> T:
+    """`load(make())`, rebuilding once when a cached export verifies but does not load."""
+    folder = make()
+    try:
+        return load(folder)
+    except Exception as exc:
+        log.warning("the cached export at %s does not load (%s); rebuilding it", folder, exc)
+        remove(folder)
+    return load(make())
+
+
+def verify(folder: Path) -> bool:
+    """True when the manifest exists and every file it lists is intact."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        for name, expected in manifest["files"].items():
+            if _file_record(folder / name) != expected:
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def export_metadata(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / MANIFEST).read_text())["metadata"]
+
+
+def remove(folder: Path) -> None:
+    """Drop an export, e.g. one that verified but that its runtime could not load."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_manifest(folder: Path, kind: str, options: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+    files = {
+        str(f.relative_to(folder)): _file_record(f) for f in sorted(folder.rglob("*")) if f.is_file()
+    }
+    manifest = {"kind": kind, "options": dict(options), "metadata": dict(metadata), "files": files}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def _file_record(file: Path) -> dict[str, Any]:
+    size = file.stat().st_size
+    digest = hashlib.blake2b(digest_size=16)
+    with file.open("rb") as handle:
+        digest.update(handle.read(_CHECKSUM_SPAN))
+        if size > 2 * _CHECKSUM_SPAN:
+            handle.seek(size - _CHECKSUM_SPAN)
+            digest.update(handle.read(_CHECKSUM_SPAN))
+        elif size > _CHECKSUM_SPAN:
+            digest.update(handle.read())
+    return {"size": size, "ends": digest.hexdigest()}

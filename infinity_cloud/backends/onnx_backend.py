@@ -1,0 +1,152 @@
+"""ONNX Runtime backend: CPU, CUDA and TensorRT execution providers, optional int8.
+
+Starts from `onnx_export.onnx_file` (the folder's own file or the cached export), then
+caches an optimised copy: ONNX Runtime's transformer fusions (attention, LayerNorm, GELU)
+for BERT-like encoders, float16 for CUDA, and dynamic per-channel int8 for `dtype int8`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from infinity_cloud.backends import exports
+from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.backends.onnx_export import onnx_file
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
+from infinity_cloud.model_files import ModelInfo
+
+log = logging.getLogger(__name__)
+
+# Encoders whose graphs ONNX Runtime's BERT fusions understand.
+_BERT_LIKE = {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "camembert", "nomic_bert"}
+OPTIMIZED_FILE = "model.onnx"
+
+
+class OnnxBackend(Backend):
+    name = "onnx"
+
+    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
+        super().__init__(info, spec)
+        self.device = _resolve_device(spec.device)
+        self.dtype = _resolve_dtype(spec.dtype, self.device)
+        source = onnx_file(info, spec.trust_remote_code, self.name)
+        options = {"source": str(source), "dtype": self.dtype, "fuse": info.model_type in _BERT_LIKE}
+        fuse = info.model_type in _BERT_LIKE
+        options = {"source": str(source), "dtype": self.dtype, "fuse": fuse}
+
+        def optimized() -> Path:
+            return exports.cached_export(
+                info.path, "onnxruntime", options,
+                lambda out: _optimize(source, out / OPTIMIZED_FILE, info, self.dtype, fuse),
+                f"optimising {info.path.name} for ONNX Runtime ({self.dtype})",
+            )
+
+        self.session = exports.load_cached(optimized, lambda folder: self._session(folder / OPTIMIZED_FILE))
+        self._inputs = {i.name for i in self.session.get_inputs()}
+        self._output = self.session.get_outputs()[0].name
+
+    def _session(self, path: Path) -> ort.InferenceSession:
+        spec = self.spec
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = int(spec.backend_options.get("threads", usable_cores()))
+        opts.inter_op_num_threads = 1
+        return ort.InferenceSession(str(path), opts, providers=_providers(self.device, spec))
+
+    def forward(self, inputs: ModelInputs) -> np.ndarray:
+        feed = {
+            name: value
+            for name, value in (
+                ("input_ids", inputs.input_ids),
+                ("attention_mask", inputs.attention_mask),
+                ("token_type_ids", inputs.token_type_ids),
+            )
+            if name in self._inputs
+        }
+        out = self.session.run([self._output], feed)[0]
+        return out if out.dtype == np.float32 else out.astype(np.float32)
+
+    def close(self) -> None:
+        del self.session
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if has_nvidia_gpu() and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    if device.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ConfigError(
+            f"device {device!r} needs onnxruntime-gpu; this onnxruntime has "
+            f"{', '.join(ort.get_available_providers())}"
+        )
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError(f"the onnx backend runs on cpu or cuda, not {device!r}")
+    return device
+
+
+def _resolve_dtype(dtype: str, device: str) -> str:
+    if dtype == "auto":
+        return "float16" if device.startswith("cuda") else "float32"
+    if dtype == "bfloat16" or (dtype == "float16" and device == "cpu"):
+        raise ConfigError(
+            f"the onnx backend does not run {dtype} on {device}; use float32 or int8 "
+            "(or --backend openvino / torch for bfloat16)"
+        )
+    if dtype == "int8" and device != "cpu":
+        raise ConfigError("int8 (dynamic quantisation) runs on cpu only")
+    return dtype
+
+
+def _providers(device: str, spec: ModelSpec) -> list[Any]:
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    index = int(device.partition(":")[2] or 0)
+    chosen: list[Any] = []
+    available = ort.get_available_providers()
+    if "TensorrtExecutionProvider" in available and spec.backend_options.get("tensorrt", True):
+        chosen.append(("TensorrtExecutionProvider", {"device_id": index, "trt_fp16_enable": True}))
+    chosen.append(("CUDAExecutionProvider", {"device_id": index}))
+    return [*chosen, "CPUExecutionProvider"]
+
+
+def _optimize(source: Path, target: Path, info: ModelInfo, dtype: str, fuse: bool) -> dict[str, Any]:
+    """Fuse (BERT-like encoders), then convert: float16 for CUDA, dynamic int8 for CPU."""
+    import onnx
+
+    staged = target.with_suffix(".fused.onnx") if dtype == "int8" else target
+    if fuse:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        try:
+            optimized = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0)
+            if dtype == "float16":
+                optimized.convert_float_to_float16(keep_io_types=True)
+            optimized.save_model_to_file(str(staged))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"optimising {source} for ONNX Runtime failed: {exc}; serve it with --backend torch"
+            ) from exc
+    else:
+        model = onnx.load(str(source))
+        if dtype == "float16":
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            model = convert_float_to_float16(model, keep_io_types=True)
+        onnx.save(model, str(staged))
+    if dtype == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # Per-channel weights keep cosine to float32 far higher than one scale per tensor.
+        quantize_dynamic(
+            staged, target, weight_type=QuantType.QInt8, per_channel=True,
+            # Fused contrib ops carry no type information for the quantiser's shape inference.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        staged.unlink()
+    return {"dtype": dtype, "fused": fuse, "model_type": info.model_type}

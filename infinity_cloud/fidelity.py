@@ -1,0 +1,44 @@
+"""Is a reduced-precision model faithful to float32? Checked at load on a few fixed texts.
+
+`dtype auto` may pick bfloat16 (AMX CPUs) or float16 (GPUs) for speed; the engine runs these
+probes through both precisions and keeps the fast one only when every output agrees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infinity_cloud.model_files import Capability
+from infinity_cloud.tokenization import Encoded, TextTokenizer
+
+MIN_AGREEMENT = 0.999
+
+_PROBES = (
+    "What is the capital of France?",
+    "Paris is the capital and most populous city of France, on the Seine.",
+    "how do i reset my router password",
+    "The mitochondria is the powerhouse of the cell; it produces ATP through respiration.",
+    "Quarterly revenue rose 12% year over year, driven by cloud services and advertising.",
+    "Der schnelle braune Fuchs springt über den faulen Hund. 東京は日本の首都です。 🚀",
+    "def add(a, b):\n    return a + b  # adds two numbers",
+    " ".join(["Long inputs exercise positions far from the start of the sequence."] * 12),
+)
+
+
+def probe_encodings(tokenizer: TextTokenizer, capability: Capability) -> list[Encoded]:
+    if capability is Capability.RERANK:
+        return tokenizer.encode_pairs(_PROBES[0], _PROBES[1:])
+    return tokenizer.encode(_PROBES)
+
+
+def agreement(candidate: np.ndarray, reference: np.ndarray) -> float:
+    """Worst row cosine for embeddings; for logits, the cosine of the centred score columns
+    (a scalar reranker score has no direction of its own, its ranking across inputs does)."""
+    if reference.ndim == 2 and reference.shape[1] > 1 and candidate.shape == reference.shape:
+        a, b = candidate, reference
+    else:
+        a = (candidate - candidate.mean(axis=0)).reshape(1, -1)
+        b = (reference - reference.mean(axis=0)).reshape(1, -1)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cosines = (a * b).sum(axis=1) / np.maximum(norms, 1e-12)
+    return float(cosines.min())

@@ -1,0 +1,49 @@
+"""What this machine offers, found without importing torch or any backend.
+
+Backends and the `auto` choices read these so a serverless cold start never pays for a
+library import just to learn that there is no GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo does not exist)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True where bfloat16 matmuls run in hardware (AMX tiles or AVX512-BF16)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def has_nvidia_gpu() -> bool:
+    """A CUDA device node or driver is present; cheap enough to call at every start."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()

@@ -1,0 +1,55 @@
+"""Static-shape buckets: batches are padded to fixed lengths and row counts (for compiled
+graphs), and the answers are the same as with dynamic shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.backends.torch_backend import TorchBackend
+from infinity_cloud.config import ModelSpec as Spec
+from infinity_cloud.config import build_spec
+from infinity_cloud.errors import ConfigError
+
+TEXTS = ["short", "a somewhat longer sentence about nothing much at all", "x " * 40, "mid length text here"]
+
+
+async def embed(path: Path, **options: object) -> np.ndarray:
+    async with Engine(ModelSpec(model_id=str(path), backend="torch", dtype="float32", **options)) as engine:
+        return (await engine.embed(TEXTS)).embeddings
+
+
+async def test_bucketed_batches_have_static_shapes_and_the_same_results(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shapes: list[tuple[int, int]] = []
+    forward = TorchBackend.forward
+
+    def recording(self: TorchBackend, inputs):  # type: ignore[no-untyped-def]
+        shapes.append(inputs.input_ids.shape)
+        return forward(self, inputs)
+
+    dynamic = await embed(tiny_embedder)
+    monkeypatch.setattr(TorchBackend, "forward", recording)
+    static = await embed(tiny_embedder, length_buckets=(16, 64, 128), batch_buckets=(2, 8))
+    assert shapes and all(rows in (2, 8) and length in (16, 64, 128) for rows, length in shapes)
+    assert static.shape == dynamic.shape
+    np.testing.assert_allclose(static, dynamic, atol=1e-5)
+
+
+async def test_inputs_are_truncated_to_the_largest_length_bucket(tiny_embedder: Path) -> None:
+    async with Engine(ModelSpec(model_id=str(tiny_embedder), backend="torch", length_buckets=(8,))) as engine:
+        result = await engine.embed(["word " * 50])
+        assert result.prompt_tokens == 8
+
+
+def test_buckets_parse_from_a_flag_string_sorted_and_unique() -> None:
+    assert Spec(length_buckets="512, 128,256,128").length_buckets == (128, 256, 512)
+
+
+def test_a_non_positive_bucket_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="bucket"):
+        build_spec({"models": [{"batch_buckets": [0, 8]}]})
