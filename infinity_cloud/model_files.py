@@ -175,7 +175,7 @@ def read_model_info(path: Path) -> ModelInfo:
         "model_type": model_type,
         "architectures": architectures,
         "max_length": _max_length(path, config),
-        "hidden_size": int(text.get("hidden_size") or text.get("d_model") or 0),
+        "hidden_size": int(text.get("hidden_size") or text.get("d_model") or text.get("dim") or 0),
         "vocab_size": text.get("vocab_size"),
         "raw": config,
     }
