@@ -2,7 +2,9 @@
 
     python benchmarks/engine_throughput.py --corpus ../shared/data/corpus.jsonl --dtype bfloat16
 
-Sends the passages in requests of --per-request texts from --concurrency tasks and reports
+--spec takes a deployment spec as `infinity-cloud config show --format json` prints it (so a
+server's exact settings are measured without HTTP) and then --model-id/--dtype/--backend are
+ignored. Sends the passages in requests of --per-request texts from --concurrency tasks and reports
 texts/s and tokens/s; the HTTP comparison against Infinity is benchmarks/vs_infinity.py.
 """
 
@@ -15,12 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from infinity_cloud import Engine, ModelSpec
+from http_load import load_texts
 
-
-def load_passages(path: Path, limit: int) -> list[str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["text"] for r in rows if r.get("kind") == "passage"][:limit]
+from infinity_cloud import DeploymentSpec, Engine, ModelSpec
 
 
 async def run(engine: Engine, texts: list[str], per_request: int, concurrency: int) -> tuple[float, int]:
@@ -53,9 +52,17 @@ async def main() -> None:
     parser.add_argument("--per-request", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--spec", type=Path, default=None, help="JSON deployment spec (one model)")
     args = parser.parse_args()
-    texts = load_passages(args.corpus, args.texts)
-    spec = ModelSpec(model_id=args.model_id, dtype=args.dtype, backend=args.backend)
+    texts = load_texts(args.corpus, "passage")[: args.texts]
+    if args.spec:
+        spec = DeploymentSpec.model_validate_json(args.spec.read_text())
+        model = spec.models[0]
+        args.model_id, args.dtype, args.backend = model.model_id, model.dtype, model.backend
+    else:
+        spec = DeploymentSpec(
+            models=(ModelSpec(model_id=args.model_id, dtype=args.dtype, backend=args.backend),)
+        )
     async with Engine(spec) as engine:
         await run(engine, texts[:64], 8, 2)  # warm-up
         rates = []

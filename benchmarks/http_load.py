@@ -2,10 +2,13 @@
 
     infinity-cloud serve --port 7997 &
     python benchmarks/http_load.py --url http://127.0.0.1:7997 --corpus ../shared/data/corpus.jsonl \\
-        --concurrency 32 --per-request 32
+        --concurrency 32 --per-request 32 --tokenizer /path/to/model
 
 Each of --concurrency clients sends requests of --per-request passages back to back for
---seconds; `usage.prompt_tokens` gives real tokens. Works against Infinity too (same API).
+--seconds. Tokens are real tokens counted here with the model's own `tokenizer.json`
+(--tokenizer, the model folder), truncated to the model's maximum length; without it the
+server's `usage.prompt_tokens` is trusted, which Infinity fills with *characters* by default.
+Works against Infinity too (same API). benchmarks/vs_infinity.py drives the same loop.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -26,41 +31,113 @@ def load_texts(path: Path, kind: str) -> list[str]:
     return [r["text"] for r in rows if r.get("kind") == kind]
 
 
+class TokenCounter:
+    """Real tokens per text with the model's own tokenizer.json, truncated to its max length."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.max_length = model_max_length(model_dir)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.max_length)
+
+    def __call__(self, texts: Sequence[str]) -> list[int]:
+        return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
+
+
+def model_max_length(model_dir: Path) -> int:
+    """The input cap sentence-transformers applies: max_seq_length, else the tokenizer's, else 512."""
+
+    def read(name: str) -> dict:
+        path = model_dir / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    candidates = [
+        read("sentence_bert_config.json").get("max_seq_length"),
+        read("tokenizer_config.json").get("model_max_length"),
+        read("config.json").get("max_position_embeddings"),
+    ]
+    return next((int(c) for c in candidates if isinstance(c, int | float) and 0 < c < 1_000_000), 512)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One request's inputs; `tokens` None means "take the server's usage.prompt_tokens"."""
+
+    texts: list[str]
+    tokens: int | None = None
+
+
+def make_batches(texts: Sequence[str], per_request: int, counter: TokenCounter | None = None) -> list[Batch]:
+    """Consecutive full batches of `per_request` texts, with their real token counts if `counter`."""
+    chunks = [list(texts[i : i + per_request]) for i in range(0, len(texts) - per_request + 1, per_request)]
+    if not chunks:
+        raise ValueError(f"need at least {per_request} texts for requests of {per_request}, got {len(texts)}")
+    if counter is None:
+        return [Batch(chunk) for chunk in chunks]
+    return [Batch(chunk, sum(counter(chunk))) for chunk in chunks]
+
+
+@dataclass
+class LoadRun:
+    """What one closed-loop run (or several pooled) observed."""
+
+    elapsed_s: float = 0.0
+    texts: int = 0
+    tokens: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+    def __add__(self, other: LoadRun) -> LoadRun:
+        return LoadRun(
+            self.elapsed_s + other.elapsed_s,
+            self.texts + other.texts,
+            self.tokens + other.tokens,
+            self.latencies_s + other.latencies_s,
+        )
+
+    def summary(self) -> dict[str, float]:
+        latencies = sorted(self.latencies_s)
+        return {
+            "texts_per_s": round(self.texts / self.elapsed_s, 1),
+            "tokens_per_s": round(self.tokens / self.elapsed_s),
+            "p50_ms": round(1000 * statistics.median(latencies), 1),
+            "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
+            "requests": len(latencies),
+            "elapsed_s": round(self.elapsed_s, 2),
+        }
+
+
 async def load(
-    url: str, model: str | None, texts: list[str], concurrency: int, per_request: int, seconds: float
-) -> dict[str, float]:
-    batches = itertools.cycle(
-        [texts[i : i + per_request] for i in range(0, len(texts) - per_request, per_request)]
-    )
-    latencies: list[float] = []
-    done_texts = done_tokens = 0
+    url: str, model: str | None, batches: Sequence[Batch], concurrency: int, seconds: float
+) -> LoadRun:
+    """`concurrency` clients post `batches` (cycled, same order every run) back to back for `seconds`.
+
+    Requests in flight at the deadline are waited for and counted, so the server ends idle.
+    """
+    cycle = itertools.cycle(batches)
+    run = LoadRun()
     deadline = time.perf_counter() + seconds
     async with httpx.AsyncClient(
-        base_url=url, timeout=120, limits=httpx.Limits(max_connections=concurrency)
+        base_url=url, timeout=300, limits=httpx.Limits(max_connections=concurrency)
     ) as c:
 
         async def client() -> None:
-            nonlocal done_texts, done_tokens
             while time.perf_counter() < deadline:
-                batch = next(batches)
+                batch = next(cycle)
                 started = time.perf_counter()
-                response = await c.post("/embeddings", json={"input": batch, "model": model})
+                response = await c.post("/embeddings", json={"input": batch.texts, "model": model})
                 response.raise_for_status()
-                latencies.append(time.perf_counter() - started)
-                done_texts += len(batch)
-                done_tokens += response.json()["usage"]["prompt_tokens"]
+                run.latencies_s.append(time.perf_counter() - started)
+                run.texts += len(batch.texts)
+                run.tokens += (
+                    batch.tokens if batch.tokens is not None else response.json()["usage"]["prompt_tokens"]
+                )
 
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    latencies.sort()
-    return {
-        "texts_per_s": round(done_texts / elapsed, 1),
-        "tokens_per_s": round(done_tokens / elapsed),
-        "p50_ms": round(1000 * statistics.median(latencies), 1),
-        "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
-        "requests": len(latencies),
-    }
+        run.elapsed_s = time.perf_counter() - started
+    return run
 
 
 def main() -> None:
@@ -74,10 +151,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--per-request", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--tokenizer", type=Path, default=None, help="model folder with tokenizer.json")
     args = parser.parse_args()
-    texts = load_texts(args.corpus, args.kind)
-    result = asyncio.run(load(args.url, args.model, texts, args.concurrency, args.per_request, args.seconds))
-    print(json.dumps({"concurrency": args.concurrency, "per_request": args.per_request, **result}))
+    counter = TokenCounter(args.tokenizer) if args.tokenizer else None
+    batches = make_batches(load_texts(args.corpus, args.kind), args.per_request, counter)
+    run = asyncio.run(load(args.url, args.model, batches, args.concurrency, args.seconds))
+    print(json.dumps({"concurrency": args.concurrency, "per_request": args.per_request, **run.summary()}))
 
 
 if __name__ == "__main__":
