@@ -9,7 +9,7 @@ import numpy as np
 from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
+from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.fidelity import MIN_AGREEMENT, agreement, probe_encodings
 from infinity_cloud.model_files import ModelInfo
 from infinity_cloud.tasks.heads import Head
@@ -24,15 +24,23 @@ def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, hea
     """The backend `spec` asks for; for `auto`, the first installed one that loads the model."""
     if spec.backend != "auto":
         return _verified(backend_class(spec.backend), info, spec, tokenizer, head)
-    failures = []
+    failures: list[tuple[str, Exception]] = []
     for name in auto_backends(spec.device):
         try:
             chosen = spec.model_copy(update={"backend": name})
             return _verified(backend_class(name), info, chosen, tokenizer, head)
-        except (ModelLoadError, BackendUnavailableError) as exc:
+        # A ConfigError too: one backend lacking the dtype or device (int8 on OpenVINO) is
+        # no reason to stop before another that has it.
+        except (ModelLoadError, ConfigError) as exc:
             log.warning("backend %s cannot serve %s (%s); trying the next one", name, info.path, exc)
-            failures.append(f"{name}: {exc}")
-    raise ModelLoadError(f"no installed backend could load {info.path}: " + "; ".join(failures))
+            failures.append((name, exc))
+    reasons = "; ".join(f"{name}: {exc}" for name, exc in failures)
+    # Every backend refused the configuration (or is not installed): keep that error class.
+    kind: type[ConfigError | ModelLoadError] = ModelLoadError
+    for cls in (ConfigError, BackendUnavailableError):
+        if all(isinstance(exc, cls) for _, exc in failures):
+            kind = cls
+    raise kind(f"no installed backend could load {info.path}: {reasons}")
 
 
 def _verified(

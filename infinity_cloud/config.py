@@ -51,6 +51,7 @@ class ModelSpec(_Frozen):
     normalize: bool | None = Field(None, description="override the model's own normalisation")
     max_length: int | None = Field(None, ge=1, description="cap the model's maximum input tokens")
     trust_remote_code: bool = False
+    warmup: bool = Field(True, description="run one short batch at load so the first request is fast")
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="settings only one backend reads"
     )
@@ -126,7 +127,7 @@ class DeploymentSpec(_Frozen):
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
-    "normalize", "max_length", "trust_remote_code",
+    "normalize", "max_length", "trust_remote_code", "warmup",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

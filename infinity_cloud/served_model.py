@@ -16,6 +16,7 @@ from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.fidelity import probe_encodings
 from infinity_cloud.model_files import Capability, ModelInfo, read_model_info
 from infinity_cloud.model_source import resolve_model_dir
 from infinity_cloud.tasks.heads import head_for
@@ -102,6 +103,8 @@ class ServedModel:
         def finish(output: tuple[np.ndarray, np.ndarray], _: list[Encoded]) -> np.ndarray:
             return head(*output)
 
+        if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
+            finish(run(probe_encodings(tokenizer, info.capability)[:2]), [])
         worker = BatchWorker(self.name, queue, run, finish, self._observers)
         worker.start()
         return _Loaded(info, tokenizer, backend, normalize, worker)

@@ -3,10 +3,16 @@ in-process over ASGI, and real server processes on free ports."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Backend exports of the tests (and of the servers they start) go to a private folder, not
+# next to the installed default model in site-packages.
+os.environ["INFINITY_CLOUD_CACHE"] = tempfile.mkdtemp(prefix="infinity-cloud-test-exports-")
 
 import asyncio
 import socket
@@ -28,6 +34,7 @@ from infinity_cloud.model_source import packaged_default_model
 from infinity_cloud.server import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
+atexit.register(shutil.rmtree, os.environ["INFINITY_CLOUD_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +87,9 @@ async def wait_healthy(client: httpx.AsyncClient, timeout: float = 120.0) -> Non
         response = await client.get("/health")
         if response.status_code == 200:
             return
+        failed = [m for m in response.json().get("models", []) if m.get("state") == "failed"]
+        if failed:  # it will never become healthy: say why now
+            raise RuntimeError(f"a model failed to load: {failed}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"not healthy after {timeout}s: {response.text}")
         await asyncio.sleep(0.05)

@@ -3,7 +3,7 @@
 An export lives next to the model (`<model>/.infinity-cloud/<kind>-<digest>/`) so a model
 folder copied into an image carries it; where that folder is read-only it goes to
 `$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files (names,
-sizes, times; a hub snapshot's folder name is its revision) and the export options, so a
+sizes, checksums; not their path, so a copied folder keeps its exports) and the export options, so a
 new revision or option builds a new export. A manifest, written last, records each file's
 size and a checksum of its ends: a missing manifest (an interrupted build) or a mismatch
 (a truncated or overwritten file) makes the export rebuild.
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infinity_cloud.errors import InfinityCloudError, ModelLoadError
 from infinity_cloud.progress import slow_step
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,16 @@ T = TypeVar("T")
 
 
 def model_fingerprint(model_path: Path) -> str:
-    """A digest of the model folder's own files, cheap enough for every start."""
-    digest = hashlib.sha256(str(model_path.resolve()).encode())
+    """A digest of the model folder's own files: names, sizes and checksums of their ends.
+
+    Content, not paths or times, so a folder copied or moved elsewhere keeps its exports.
+    """
+    digest = hashlib.sha256()
     for file in sorted(model_path.rglob("*")):
         rel = file.relative_to(model_path)
-        if rel.parts[0] == ".infinity-cloud" or file.suffix not in _SOURCE_SUFFIXES:
+        if rel.parts[0] == ".infinity-cloud" or file.suffix not in _SOURCE_SUFFIXES or not file.is_file():
             continue
-        stat = file.stat()
-        digest.update(f"{rel}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+        digest.update(f"{rel.as_posix()}:{json.dumps(_file_record(file), sort_keys=True)};".encode())
     return digest.hexdigest()
 
 
@@ -87,7 +90,12 @@ def cached_export(
     scratch.mkdir(parents=True)
     try:
         with slow_step(f"{description} (once; cached at {target})"):
-            metadata = build(scratch) or {}
+            try:
+                metadata = build(scratch) or {}
+            except InfinityCloudError:
+                raise
+            except Exception as exc:  # a converter's own error: the model cannot be served this way
+                raise ModelLoadError(f"{description} failed: {type(exc).__name__}: {exc}") from exc
         _write_manifest(scratch, kind, options, metadata)
         try:
             scratch.rename(target)
@@ -109,7 +117,13 @@ def load_cached(make: Callable[[], Path], load: Callable[[Path], T]) -> T:
     except Exception as exc:
         log.warning("the cached export at %s does not load (%s); rebuilding it", folder, exc)
         remove(folder)
-    return load(make())
+    folder = make()
+    try:
+        return load(folder)
+    except InfinityCloudError:
+        raise
+    except Exception as exc:  # a fresh export the runtime cannot load: not this backend's model
+        raise ModelLoadError(f"the export at {folder} does not load: {type(exc).__name__}: {exc}") from exc
 
 
 def verify(folder: Path) -> bool:

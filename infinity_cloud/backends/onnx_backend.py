@@ -16,7 +16,7 @@ import onnxruntime as ort
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, ModelInputs
-from infinity_cloud.backends.onnx_export import onnx_file
+from infinity_cloud.backends.onnx_export import onnx_file, source_label
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
@@ -37,9 +37,9 @@ class OnnxBackend(Backend):
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
         source = onnx_file(info, spec.trust_remote_code, self.name)
-        options = {"source": str(source), "dtype": self.dtype, "fuse": info.model_type in _BERT_LIKE}
         fuse = info.model_type in _BERT_LIKE
-        options = {"source": str(source), "dtype": self.dtype, "fuse": fuse}
+        # The source by its place in the folder, so a moved folder keeps its exports.
+        options = {"source": source_label(info, source), "dtype": self.dtype, "fuse": fuse}
 
         def optimized() -> Path:
             return exports.cached_export(
@@ -79,7 +79,8 @@ class OnnxBackend(Backend):
 
 def _resolve_device(device: str) -> str:
     if device == "auto":
-        return "cuda" if has_nvidia_gpu() and "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+        cuda = has_nvidia_gpu() and "CUDAExecutionProvider" in ort.get_available_providers()
+        return "cuda" if cuda else "cpu"
     if device.startswith("cuda") and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ConfigError(
             f"device {device!r} needs onnxruntime-gpu; this onnxruntime has "
@@ -124,7 +125,11 @@ def _optimize(source: Path, target: Path, info: ModelInfo, dtype: str, fuse: boo
         from onnxruntime.transformers.optimizer import optimize_model
 
         try:
-            optimized = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0)
+            optimized = optimize_model(
+                str(source), model_type="bert",
+                # Given, not detected: detection fails on exported graphs and skips attention fusion.
+                num_heads=int(info.raw.get("num_attention_heads") or 0), hidden_size=info.hidden_size,
+            )
             if dtype == "float16":
                 optimized.convert_float_to_float16(keep_io_types=True)
             optimized.save_model_to_file(str(staged))

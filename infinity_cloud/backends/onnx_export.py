@@ -27,6 +27,12 @@ def own_onnx(info: ModelInfo) -> Path | None:
     return None
 
 
+def source_label(info: ModelInfo, source: Path) -> str:
+    """Name an ONNX source in cache keys without its absolute path (a moved folder keeps its
+    exports): the folder's own file by its relative path, our export by its digest."""
+    return source.relative_to(info.path).as_posix() if source == own_onnx(info) else source.parent.name
+
+
 def onnx_file(info: ModelInfo, trust_remote_code: bool, backend: str) -> Path:
     """The folder's own ONNX file, else the cached export (built now if missing or corrupt)."""
     from infinity_cloud.backends.exports import cached_export

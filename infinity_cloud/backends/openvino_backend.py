@@ -15,7 +15,7 @@ import openvino as ov
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, ModelInputs
-from infinity_cloud.backends.onnx_export import onnx_file
+from infinity_cloud.backends.onnx_export import onnx_file, source_label
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
@@ -38,7 +38,7 @@ class OpenVinoBackend(Backend):
 
         def converted() -> Path:
             return exports.cached_export(
-                info.path, "openvino", {"source": str(source), "openvino": ov.__version__},
+                info.path, "openvino", {"source": source_label(info, source), "openvino": ov.__version__},
                 lambda out: ov.save_model(ov.convert_model(str(source)), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR",
             )
@@ -50,7 +50,8 @@ class OpenVinoBackend(Backend):
 
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":
-            fast = cpu_has_fast_bf16() and "BF16" in self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+            capabilities = self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+            fast = cpu_has_fast_bf16() and "BF16" in capabilities
             return "bfloat16" if fast else "float32"
         if dtype not in _PRECISIONS:
             raise ConfigError(f"the openvino backend runs float32, bfloat16 or float16, not {dtype}")

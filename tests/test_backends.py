@@ -1,0 +1,607 @@
+"""The ONNX Runtime and OpenVINO backends against torch float32, their cached exports
+(reuse, separate artefacts per option, corruption, a folder's own model.onnx), serving
+without torch, `backend auto` and its fallbacks, the `dtype auto` fidelity check, and the
+errors a bad backend/dtype/device combination gives.
+
+The tiny models live in this module's own folder (copies of the session's embedders, and
+cross-encoders built here), so their exports, cached next to them, never touch the shared
+tiny models; tests that need a clean cache point INFINITY_CLOUD_CACHE at their tmp_path.
+The real MiniLM uses its default cache (next to the packaged model), reused across runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from conftest import serve_in_process, spec_of
+
+from infinity_cloud import Engine, ModelSpec, backend_choice, fidelity
+from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend
+from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
+from infinity_cloud.server import create_app
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
+TEXTS = [
+    "hello world",
+    "What is the capital of France?",
+    LONG,  # past every model's limit (128 tokens for the tiny ones, 256 for MiniLM)
+    "Café naïve résumé; 日本語のテキスト, русский текст 🙂🚀",
+    "x",
+    "a word repeated " * 12,
+]
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "x", LONG, "Berlin ist die Hauptstadt 🇩🇪", "a cat on a mat"]
+
+# name -> (builder, options, capability); builders are model_factory's, or `build_cross_encoder`.
+TINY: dict[str, tuple[str, dict[str, Any], str]] = {
+    "bert": ("bert_embedder", {}, "embed"),
+    "roberta": ("roberta_embedder", {}, "embed"),
+    "qwen2": ("decoder_embedder", {}, "embed"),
+    "reranker": ("cross_encoder", {"labels": ("score",)}, "rerank"),
+    "classifier": ("cross_encoder", {"labels": ("negative", "neutral", "positive")}, "classify"),
+}
+CAPABILITY = {**{name: cap for name, (_, _, cap) in TINY.items()}, "minilm": "embed"}
+
+CONFIGS = {
+    "onnx-fp32": ("onnx", "float32"),
+    "onnx-int8": ("onnx", "int8"),
+    "ov-fp32": ("openvino", "float32"),
+    "ov-bf16": ("openvino", "bfloat16"),
+    "ov-auto": ("openvino", "auto"),
+}
+MATRIX = [(model, config) for model in TINY for config in CONFIGS] + [
+    ("minilm", config) for config in ("onnx-fp32", "onnx-int8", "ov-auto")
+]
+# Embeddings: the worst allowed 1 - cosine per row. Scores: the worst allowed error as a
+# share of the reference scores' range (float32 backends agree to ~1e-7 on these models).
+COSINE_GAP = {"float32": 1e-6, "bfloat16": 1e-3, "int8": 2e-2}
+SCORE_TOL = {"float32": 1e-4, "bfloat16": 4e-2, "int8": 8e-2}
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def fresh_copy(source: Path, target: Path) -> Path:
+    """The model folder without any cached exports, at a new path (so a new fingerprint)."""
+    return Path(shutil.copytree(source, target, ignore=shutil.ignore_patterns(".infinity-cloud")))
+
+
+async def run(path: Path, **spec: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """The model's outputs on the fixed texts (embeddings, raw rerank scores or raw class
+    logits in label order) and its describe() facts."""
+    async with Engine(ModelSpec(model_id=str(path), **spec)) as engine:
+        facts = engine.describe()[0]
+        capability = facts["capabilities"][0]
+        if capability == "embed":
+            out = (await engine.embed(TEXTS)).embeddings
+        elif capability == "rerank":
+            result = await engine.rerank(QUERY, DOCS, raw_scores=True)
+            out = np.zeros((len(DOCS), 1), dtype=np.float32)
+            for doc in result.results:
+                out[doc.index, 0] = doc.score
+        else:
+            result = await engine.classify(TEXTS, raw_scores=True)
+            out = np.array([[dict(row)[label] for label in facts["labels"]] for row in result.labels])
+    return out, facts
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, capability: str, dtype: str) -> None:
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    if capability == "embed":
+        cosines = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+        assert 1 - cosines.min() <= COSINE_GAP[dtype], cosines
+    else:
+        spread = float(np.ptp(want))
+        assert spread > 0.1, want  # scores that differ between inputs, or nothing is compared
+        error = float(np.abs(got - want).max())
+        assert error <= SCORE_TOL[dtype] * spread, (error, got, want)
+
+
+def build_cross_encoder(path: Path, labels: tuple[str, ...]) -> Path:
+    """A tiny BertForSequenceClassification drawn with a wider init than model_factory's,
+    whose logits are all ~0: here scores must vary between inputs, or a reduced precision's
+    error could not be told from the signal."""
+    from model_factory import _seeded, _tiny_bert_config, build_wordpiece_tokenizer
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    build_wordpiece_tokenizer(path)
+    names = {} if len(labels) == 1 else {
+        "id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}
+    }
+    config = _tiny_bert_config(
+        len(AutoTokenizer.from_pretrained(str(path))), num_labels=len(labels), initializer_range=0.2, **names
+    )
+    with _seeded():
+        BertForSequenceClassification(config).save_pretrained(str(path))
+    return path
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[Any]:
+    """Record every call of `owner.name` (still calling through)."""
+    calls: list[Any] = []
+    real = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
+def forbid_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    def export(*_: Any, **__: Any) -> None:
+        raise AssertionError("the model was exported to ONNX again")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", export)
+
+
+def exported(cache: Path, kind: str) -> list[Path]:
+    return sorted(p for p in cache.glob(f"{kind}-*") if p.is_dir() and ".building-" not in p.name)
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """This module's copies of the tiny models, their exports cached next to them."""
+    root = tmp_path_factory.mktemp("backend-models")
+    paths = {
+        name: build_cross_encoder(root / name, **opts) if kind == "cross_encoder"
+        else fresh_copy(build_model(kind, **opts), root / name)
+        for name, (kind, opts, _) in TINY.items()
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(exports.CACHE_ENV, raising=False)
+        yield {**paths, "minilm": minilm_dir}
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, np.ndarray]:
+    return {}
+
+
+@pytest.fixture
+def reference(models: dict[str, Path], references: dict[str, np.ndarray]):
+    """torch float32 outputs of a model, computed once per module."""
+
+    async def get(name: str) -> np.ndarray:
+        if name not in references:
+            references[name], _ = await run(models[name], backend="torch", dtype="float32")
+        return references[name]
+
+    return get
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty export cache for this test only."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(exports.CACHE_ENV, str(folder))
+    return folder
+
+
+# -- 1. every backend and precision against torch float32 -----------------------------------
+
+
+@pytest.mark.parametrize(("model", "config"), MATRIX, ids=[f"{m}-{c}" for m, c in MATRIX])
+async def test_backend_matches_torch_float32(models, reference, model: str, config: str) -> None:
+    backend, dtype = CONFIGS[config]
+    got, facts = await run(models[model], backend=backend, dtype=dtype)
+    assert facts["backend"] == backend
+    assert facts["device"] == "cpu"
+    if dtype != "auto":
+        assert facts["dtype"] == dtype
+    else:  # bf16 where the CPU has it, unless the fidelity check sent it back to float32
+        assert facts["dtype"] in (("bfloat16", "float32") if cpu_has_fast_bf16() else ("float32",))
+    assert_close(got, await reference(model), CAPABILITY[model], facts["dtype"])
+
+
+async def test_the_int8_model_is_quantised(models) -> None:
+    """int8 is really a quantised graph (not float32 under another name)."""
+    import onnx
+
+    await run(models["bert"], backend="onnx", dtype="int8")
+    await run(models["bert"], backend="onnx", dtype="float32")
+    ops = {}
+    for folder in exported(models["bert"] / ".infinity-cloud", "onnxruntime"):
+        graph = onnx.load(str(folder / onnx_backend.OPTIMIZED_FILE)).graph
+        ops[exports.export_metadata(folder)["dtype"]] = {node.op_type for node in graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} & ops["int8"] or "DynamicQuantizeMatMul" in ops["int8"]
+    assert not any("Quant" in op or "Integer" in op for op in ops["float32"])
+
+
+# -- 2. export caching ----------------------------------------------------------------------
+
+
+async def test_exports_are_cached_per_option_and_honour_the_cache_variable(
+    models, reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(exports.CACHE_ENV, str(cache))
+    onnx_exports = counting(monkeypatch, onnx_export, "export_onnx")
+    optimisations = counting(monkeypatch, onnx_backend, "_optimize")
+    conversions = counting(monkeypatch, openvino_backend.ov, "save_model")
+
+    await run(model, backend="onnx", dtype="float32")
+    assert (len(onnx_exports), len(optimisations)) == (1, 1)
+    assert len(exported(cache, "onnx")) == 1 and len(exported(cache, "onnxruntime")) == 1
+    assert not (model / ".infinity-cloud").exists()  # the variable wins over "next to the model"
+
+    forbid_export(monkeypatch)  # a second load must not export again
+    got, _ = await run(model, backend="onnx", dtype="float32")
+    assert len(optimisations) == 1
+    assert_close(got, await reference("bert"), "embed", "float32")
+
+    await run(model, backend="onnx", dtype="int8")  # a new option: its own artefact
+    assert len(optimisations) == 2
+    assert len(exported(cache, "onnx")) == 1 and len(exported(cache, "onnxruntime")) == 2
+    await run(model, backend="onnx", dtype="int8")
+    assert len(optimisations) == 2
+
+    await run(model, backend="openvino", dtype="float32")  # from the same ONNX export
+    await run(model, backend="openvino", dtype="bfloat16")  # the same IR, another precision
+    assert len(conversions) == 1 and len(exported(cache, "openvino")) == 1
+
+
+async def test_without_the_cache_variable_exports_go_next_to_the_model(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+    onnx_exports = counting(monkeypatch, onnx_export, "export_onnx")
+    await run(model, backend="onnx", dtype="float32")
+    assert len(onnx_exports) == 1
+    assert len(exported(model / ".infinity-cloud", "onnx")) == 1
+    assert exports.verify(exported(model / ".infinity-cloud", "onnxruntime")[0])
+
+    # The folder moved elsewhere (with its exports) is the same model: nothing re-exported.
+    moved = tmp_path / "moved"
+    model.rename(moved)
+    await run(moved, backend="onnx", dtype="float32")
+    assert len(onnx_exports) == 1
+
+    # New weights (changed bytes in the last tensor) are a new model: exported again.
+    weights = moved / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4:] = bytes(4)
+    weights.write_bytes(bytes(data))
+    await run(moved, backend="onnx", dtype="float32")
+    assert len(onnx_exports) == 2
+
+
+# -- 3. corrupted exports are rebuilt -------------------------------------------------------
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def _overwrite(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = b"\x00garbage\xff" * 8
+    file.write_bytes(bytes(data))
+
+
+def _garbage_with_a_matching_manifest(file: Path) -> None:
+    """Passes verification, so only the runtime's failure to load it can catch it."""
+    file.write_bytes(b"this is not a model" * 100)
+    manifest_file = file.parent / exports.MANIFEST
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"][file.name] = exports._file_record(file)
+    manifest_file.write_text(json.dumps(manifest))
+
+
+VERIFY, LOAD = "incomplete or corrupt", "does not load"  # which check catches it
+CORRUPTIONS = {
+    "onnx-export-truncated": ("onnx", "onnx", "model.onnx", _truncate, VERIFY),
+    "ort-model-overwritten": ("onnx", "onnxruntime", "model.onnx", _overwrite, VERIFY),
+    "ort-model-unloadable": ("onnx", "onnxruntime", "model.onnx", _garbage_with_a_matching_manifest, LOAD),
+    "ir-xml-truncated": ("openvino", "openvino", "model.xml", _truncate, VERIFY),
+    # Same size, and OpenVINO would load it (with wrong weights): only the checksum sees it.
+    "ir-bin-overwritten": ("openvino", "openvino", "model.bin", _overwrite, VERIFY),
+    "ir-xml-unloadable": ("openvino", "openvino", "model.xml", _garbage_with_a_matching_manifest, LOAD),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+async def test_a_corrupted_export_is_rebuilt(
+    models, reference, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On this module's RoBERTa copy, whose exports exist already (built here if not)."""
+    backend, kind, name, corrupt, caught_by = CORRUPTIONS[case]
+    model = models["roberta"]
+    await run(model, backend=backend, dtype="float32")
+    folders = [f for f in exported(model / ".infinity-cloud", kind) if (f / name).exists()]
+    if kind == "onnxruntime":  # one per dtype: the float32 one
+        folders = [f for f in folders if exports.export_metadata(f)["dtype"] == "float32"]
+    (folder,) = folders
+    intact = (folder / name).read_bytes()
+    corrupt(folder / name)
+    assert (folder / name).read_bytes() != intact
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+            got, _ = await run(model, backend=backend, dtype="float32")
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(caught_by in m and "rebuilding" in m and str(folder) in m for m in warnings), warnings
+        assert exports.verify(folder)
+        assert_close(got, await reference("roberta"), "embed", "float32")
+    except BaseException:
+        shutil.rmtree(model / ".infinity-cloud", ignore_errors=True)  # leave no corrupt export behind
+        raise
+
+
+# -- 4. serving without torch ---------------------------------------------------------------
+
+NO_TORCH = r"""
+import asyncio, json, sys
+
+for name in ("torch", "transformers", "sentence_transformers"):
+    sys.modules[name] = None  # `import torch` fails as if it were not installed
+
+from infinity_cloud import Engine, ModelSpec
+
+cached, uncached, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+
+
+async def main():
+    out = {}
+    for backend in ("onnx", "openvino"):
+        async with Engine(ModelSpec(model_id=cached, backend=backend, dtype="float32")) as engine:
+            out[backend] = (await engine.embed(texts)).embeddings.tolist()
+            out[backend + "-facts"] = engine.describe()[0]
+    async with Engine(ModelSpec(model_id=cached)) as engine:
+        out["auto-facts"] = engine.describe()[0]
+    for backend in ("onnx", "openvino", "auto"):
+        try:
+            async with Engine(ModelSpec(model_id=uncached, backend=backend, dtype="float32")):
+                out[backend + "-error"] = None
+        except Exception as exc:
+            out[backend + "-error"] = [type(exc).__name__, str(exc)]
+    out["imported"] = sorted(
+        m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "sentence_transformers")
+        and sys.modules[m] is not None
+    )
+    print(json.dumps(out))
+
+
+asyncio.run(main())
+"""
+
+
+async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path: Path) -> None:
+    cached = models["bert"]
+    uncached = fresh_copy(models["bert"], tmp_path / "uncached")
+    for backend in ("onnx", "openvino"):  # export here, where torch is (a no-op if cached)
+        await run(cached, backend=backend, dtype="float32")
+    script = tmp_path / "no_torch.py"
+    script.write_text(NO_TORCH)
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(script), str(cached), str(uncached), json.dumps(TEXTS)],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert out["imported"] == []
+    want = await reference("bert")
+    for backend in ("onnx", "openvino"):
+        assert out[f"{backend}-facts"]["backend"] == backend
+        assert_close(np.array(out[backend], dtype=np.float32), want, "embed", "float32")
+    assert out["auto-facts"]["backend"] == ("onnx" if has_nvidia_gpu() else "openvino")  # torch is not there
+    for backend in ("onnx", "openvino"):  # no export and no torch: say what to install
+        kind, message = out[f"{backend}-error"]
+        assert kind == "BackendUnavailableError", message
+        assert "pip install 'infinity-cloud[torch]'" in message and "model.onnx" in message, message
+        assert str(uncached) in message
+    kind, message = out["auto-error"]  # every installed backend said the same
+    assert kind == "BackendUnavailableError", message
+    assert "infinity-cloud[torch]" in message, message
+    assert not (uncached / ".infinity-cloud").exists() or not any((uncached / ".infinity-cloud").iterdir())
+
+
+# -- 5. a folder's own model.onnx -----------------------------------------------------------
+
+
+OWN = {"model.onnx": ("onnx", "openvino"), "onnx/model.onnx": ("onnx",)}
+
+
+@pytest.mark.parametrize("own", list(OWN))
+async def test_a_folders_own_onnx_file_is_used_as_is(
+    models, reference, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own: str
+) -> None:
+    source = models["bert"]
+    with monkeypatch.context() as patch:
+        patch.delenv(exports.CACHE_ENV)
+        await run(source, backend="onnx", dtype="float32")  # a no-op if the matrix ran
+    (export,) = exported(source / ".infinity-cloud", "onnx")
+    model = fresh_copy(source, tmp_path / "model")
+    (model / own).parent.mkdir(exist_ok=True)
+    shutil.copy(export / onnx_export.EXPORT_FILE, model / own)
+
+    forbid_export(monkeypatch)
+    want = await reference("bert")
+    for backend in OWN[own]:
+        got, facts = await run(model, backend=backend, dtype="float32")
+        assert facts["backend"] == backend
+        assert_close(got, want, "embed", "float32")
+    assert not exported(cache, "onnx")
+    assert exported(cache, "onnxruntime")
+
+
+# -- 6. backend auto ------------------------------------------------------------------------
+
+
+async def test_auto_picks_openvino_on_a_cpu(models, reference) -> None:
+    expected = "torch" if has_nvidia_gpu() else "openvino"
+    spec = spec_of(ModelSpec(model_id=str(models["bert"]), served_model_name="emb"))
+    async with serve_in_process(spec) as client:
+        (entry,) = (await client.get("/models")).json()["data"]
+        assert entry["backend"] == expected
+        response = await client.post("/embeddings", json={"model": "emb", "input": TEXTS})
+        assert response.status_code == 200, response.text
+    got = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
+    assert_close(got, await reference("bert"), "embed", entry["dtype"])
+
+
+async def test_auto_falls_back_when_the_onnx_export_fails(
+    models, reference, cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing(info: Any, *_: Any) -> None:
+        raise ModelLoadError(f"exporting {info.path} (qwen2) to ONNX failed: unsupported op")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", failing)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        got, facts = await run(models["qwen2"], dtype="float32")
+    assert facts["backend"] == "torch"
+    warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "backend openvino cannot serve" in warned and "backend onnx cannot serve" in warned
+    assert "unsupported op" in warned
+    assert_close(got, await reference("qwen2"), "embed", "float32")
+
+
+@pytest.mark.parametrize("step", ["convert", "compile"])
+async def test_auto_falls_back_when_openvino_cannot_take_the_model(
+    models, reference, cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    step: str,
+) -> None:
+    """The runtime's own errors (not ours) while converting or compiling: auto moves on."""
+
+    def failing(*_: Any, **__: Any) -> None:
+        raise RuntimeError("OpConversionFailure: no converter for op Frobnicate")
+
+    if step == "convert":
+        monkeypatch.setattr(openvino_backend.ov, "convert_model", failing)
+    else:
+        monkeypatch.setattr(openvino_backend.OpenVinoBackend, "_compile", failing)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        got, facts = await run(models["roberta"], dtype="float32")
+    assert facts["backend"] == "onnx"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("backend openvino cannot serve" in m and "Frobnicate" in m for m in warnings), warnings
+    assert_close(got, await reference("roberta"), "embed", "float32")
+    assert not list(cache.glob("*.building-*"))
+
+
+async def test_auto_with_int8_serves_onnx(models, reference) -> None:
+    """OpenVINO has no int8 mode here; `auto` moves on to ONNX Runtime instead of failing."""
+    got, facts = await run(models["bert"], dtype="int8")
+    assert (facts["backend"], facts["dtype"]) == ("onnx", "int8")
+    assert_close(got, await reference("bert"), "embed", "int8")
+
+
+# -- 7. dtype auto and the fidelity check ---------------------------------------------------
+
+
+BF16_CPU = pytest.mark.skipif(not cpu_has_fast_bf16(), reason="auto picks bfloat16 on AMX / AVX512-BF16 only")
+
+
+@BF16_CPU
+async def test_torch_auto_keeps_bfloat16_when_faithful(models, reference, cache: Path) -> None:
+    got, facts = await run(models["bert"], backend="torch", dtype="auto")
+    assert facts["dtype"] == "bfloat16"
+    assert_close(got, await reference("bert"), "embed", "bfloat16")
+
+
+@BF16_CPU
+@pytest.mark.parametrize("backend", ["torch", "openvino"])
+async def test_an_unfaithful_bfloat16_serves_float32_with_a_warning(
+    models, reference, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, backend: str
+) -> None:
+    """No agreement reaches 1.5 (a cosine), so bfloat16 fails the check whatever it measures;
+    the bar is part of a cached verdict's key, so an earlier verdict is not reused."""
+    monkeypatch.setattr(fidelity, "MIN_AGREEMENT", 1.5)
+    monkeypatch.setattr(backend_choice, "MIN_AGREEMENT", 1.5, raising=False)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        got, facts = await run(models["bert"], backend=backend, dtype="auto")
+    assert (facts["backend"], facts["dtype"]) == (backend, "float32")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("disagrees with float32" in message for message in warnings), warnings
+    assert_close(got, await reference("bert"), "embed", "float32")
+
+
+@BF16_CPU
+async def test_the_fidelity_check_compares_real_outputs(
+    models, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check runs the probes through both precisions (not a constant verdict)."""
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def recording(candidate: np.ndarray, reference: np.ndarray) -> float:
+        seen.append((candidate, reference))
+        return fidelity.agreement(candidate, reference)
+
+    monkeypatch.setattr(backend_choice, "agreement", recording, raising=False)
+    _, facts = await run(models["bert"], backend="torch", dtype="auto")
+    assert facts["dtype"] == "bfloat16"
+    ((candidate, reference),) = seen
+    assert candidate.shape == reference.shape and candidate.shape[0] >= 4
+    assert not np.array_equal(candidate, reference)  # really two precisions
+    assert fidelity.agreement(candidate, reference) >= fidelity.MIN_AGREEMENT
+
+
+# -- 8. bad backend / dtype / device combinations -------------------------------------------
+
+BAD = {
+    "onnx-bf16-cpu": ({"backend": "onnx", "dtype": "bfloat16", "device": "cpu"}, "bfloat16"),
+    "onnx-fp16-cpu": ({"backend": "onnx", "dtype": "float16", "device": "cpu"}, "float16"),
+    "torch-int8": ({"backend": "torch", "dtype": "int8"}, "int8"),
+    "openvino-cuda": ({"backend": "openvino", "device": "cuda"}, "cuda"),
+    "openvino-int8": ({"backend": "openvino", "dtype": "int8"}, "int8"),
+    # auto: every backend it tries refuses, so the answer is a ConfigError naming each one
+    "auto-cuda-without-gpu": ({"backend": "auto", "device": "cuda"}, "torch: .*cuda.*; onnx: .*cuda"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+async def test_a_bad_combination_is_a_config_error(
+    models, cache: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    options, word = BAD[case]
+    if case == "auto-cuda-without-gpu" and has_nvidia_gpu():
+        pytest.skip("cuda is not a bad device here")
+    forbid_export(monkeypatch)  # refused before any slow work
+    with pytest.raises(ConfigError, match=word) as raised:
+        async with Engine(ModelSpec(model_id=str(models["bert"]), **options)):
+            pass
+    if options["backend"] != "auto":
+        assert options["backend"] in raised.value.message
+
+    # Over HTTP: the model fails to load, /health says why, its requests get a 503.
+    app = create_app(spec_of(ModelSpec(model_id=str(models["bert"]), served_model_name="emb", **options)))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60
+    ) as client:
+        deadline = time.monotonic() + 30
+        while (health := await client.get("/health")).json()["models"][0]["state"] == "loading":
+            assert time.monotonic() < deadline, health.text
+            await asyncio.sleep(0.02)
+        assert health.status_code == 503
+        (model,) = health.json()["models"]
+        assert model["state"] == "failed" and raised.value.message in model["error"]
+        response = await client.post("/embeddings", json={"model": "emb", "input": ["hi"]})
+        assert response.status_code == 503
+        assert "failed to load" in response.json()["error"]["message"]
+        assert raised.value.message in response.json()["error"]["message"]
+    assert not exported(cache, "onnx")
