@@ -47,7 +47,7 @@ async def main() -> None:
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--model-id", default="sentence-transformers/all-MiniLM-L6-v2")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--backend", default="torch")
+    parser.add_argument("--backend", default="auto")
     parser.add_argument("--texts", type=int, default=512)
     parser.add_argument("--per-request", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=32)

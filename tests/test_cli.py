@@ -120,3 +120,16 @@ def test_the_wheel_ships_the_templates(tmp_path):
     assert "templates/local/Dockerfile.j2" in names
     assert "targets/local/target.py" in names
     assert "infinity_cloud/server/app.py" in names
+
+
+def test_download_builds_the_backend_exports_ahead_of_serving(tiny_embedder, tmp_path, monkeypatch):
+    cache = tmp_path / "exports"
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(cache))
+    args = ["download", "--model-id", str(tiny_embedder), "--backend", "onnx", "--dtype", "float32"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "ready for onnx (float32)" in result.output
+    built = sorted(p.name.split("-")[0] for p in cache.iterdir())
+    assert built == ["onnx", "onnxruntime"]
+    files_only = runner.invoke(app, [*args, "--files-only"])
+    assert files_only.exit_code == 0 and "ready for" not in files_only.output
