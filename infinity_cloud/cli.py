@@ -58,7 +58,10 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("DTYPE", "auto, float32, float16, bfloat16 or int8 (auto: bf16 on AMX if faithful).", _M),
     ),
     "batch_tokens": (list[int] | None, _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
-    "max_batch_size": (list[int] | None, _opt("MAX_BATCH_SIZE", "Inputs per batch (default: 64).", _M)),
+    "max_batch_size": (
+        list[int] | None,
+        _opt("MAX_BATCH_SIZE", "Inputs per batch (default: the backend's, 16 openvino, 64 others).", _M),
+    ),
     "batch_wait_ms": (
         list[float] | None,
         _opt("BATCH_WAIT_MS", "Wait for more inputs when a batch would start short (default: 0).", _M),

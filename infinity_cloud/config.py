@@ -35,7 +35,7 @@ class ModelSpec(_Frozen):
     device: str = "auto"
     dtype: Dtype = "auto"
     batch_tokens: int = Field(16384, ge=64, description="padded tokens (longest x count) per batch")
-    max_batch_size: int = Field(64, ge=1)
+    max_batch_size: int | None = Field(None, ge=1, description="inputs per batch; default: the backend's")
     batch_wait_ms: float = Field(
         0.0, ge=0, le=1000,
         description="when the queue holds less than a full batch, wait this long for more inputs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,23 +85,23 @@ class ServedModel:
         normalize = info.normalize if spec.normalize is None else spec.normalize
         head = head_for(info, pooling, normalize)
         backend = open_backend(info, spec, tokenizer, head)
-        max_batch = min((spec.max_batch_size, *spec.batch_buckets[-1:]))
+        max_batch = min((spec.max_batch_size or backend.preferred_batch_size, *spec.batch_buckets[-1:]))
         queue = BatchQueue(
             spec.queue_size, spec.batch_tokens, max_batch, fill_wait_s=spec.batch_wait_ms / 1000,
             padded_length=lambda n: bucket(n, spec.length_buckets),
         )
 
-        def run(encodings: list[Encoded]) -> tuple[np.ndarray, np.ndarray]:
+        def run(encodings: list[Encoded]) -> tuple[Callable[[], np.ndarray], np.ndarray, int]:
             inputs = ModelInputs.collate(
                 encodings, tokenizer.pad_id,
                 length=bucket(max(len(e) for e in encodings), spec.length_buckets),
                 rows=bucket(len(encodings), spec.batch_buckets),
             )
-            real = len(encodings)  # drop static-shape filler rows
-            return backend.forward(inputs)[:real], inputs.attention_mask[:real]
+            return backend.submit(inputs), inputs.attention_mask, len(encodings)
 
-        def finish(output: tuple[np.ndarray, np.ndarray], _: list[Encoded]) -> np.ndarray:
-            return head(*output)
+        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray, int], _: list[Encoded]) -> np.ndarray:
+            wait, mask, real = output  # `real`: static-shape filler rows are dropped
+            return head(wait()[:real], mask[:real])
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
             finish(run(probe_encodings(tokenizer, info.capability)[:2]), [])

@@ -605,3 +605,25 @@ async def test_a_bad_combination_is_a_config_error(
         assert "failed to load" in response.json()["error"]["message"]
         assert raised.value.message in response.json()["error"]["message"]
     assert not exported(cache, "onnx")
+
+
+# -- OpenVINO's split of a batch across its streams -----------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_balanced_slices_cover_every_row_once_with_even_work(count: int) -> None:
+    from infinity_cloud.backends.openvino_backend import balanced_slices
+
+    rng = np.random.default_rng(count)
+    for _ in range(50):
+        lengths = rng.integers(1, 257, size=int(rng.integers(1, 80)))
+        groups = balanced_slices(lengths, count)
+        assert 1 <= len(groups) <= count
+        assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
+
+        def worst(split: list[np.ndarray], lengths: np.ndarray = lengths) -> int:
+            return max(int(lengths[g].max()) * len(g) for g in split)
+
+        # Never worse than halving the length-sorted rows by count, the naive split.
+        naive = [g for g in np.array_split(np.argsort(lengths, kind="stable"), count) if len(g)]
+        assert worst(groups) <= worst(naive)

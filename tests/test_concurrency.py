@@ -169,7 +169,7 @@ def injected_error() -> Exception:
 
 
 async def test_failing_torch_batch_fails_only_its_requests(tiny_embedder: Path, monkeypatch) -> None:
-    engine = Engine(fault_spec(tiny_embedder))
+    engine = Engine(fault_spec(tiny_embedder, backend="torch"))
     async with serve_in_process(engine) as client:
         backend = engine.models["tiny"].loaded.backend
         patched = raise_on_marker(backend.forward, marker_id(tiny_embedder), injected_error)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -54,6 +54,8 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
+    # Inputs per batch when the spec does not say; the fastest measured for the backend.
+    preferred_batch_size: ClassVar[int] = 64
 
     def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
         self.info = info
@@ -63,6 +65,15 @@ class Backend(ABC):
 
     @abstractmethod
     def forward(self, inputs: ModelInputs) -> np.ndarray: ...
+
+    def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
+        """Start a batch and return a function that waits for its output.
+
+        Backends that run asynchronously override this so the next batch is started while
+        the last one still runs (no idle cores between batches); by default it is `forward`.
+        """
+        output = self.forward(inputs)
+        return lambda: output
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (device memory, sessions)."""

@@ -8,6 +8,8 @@ every core is busy and each slice pads only to its own longest input.
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,9 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
+    # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
+    preferred_batch_size = 16
 
     def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
         super().__init__(info, spec)
@@ -44,8 +49,13 @@ class OpenVinoBackend(Backend):
             )
 
         self.compiled = exports.load_cached(converted, self._compile)
-        streams = int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self.requests = [self.compiled.create_infer_request() for _ in range(max(1, streams))]
+        streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        # One set of requests per batch in flight: while a finished batch is collected, the
+        # next one already runs, so no stream idles between batches.
+        self._free: queue.Queue[list[ov.InferRequest]] = queue.Queue()
+        for _ in range(int(spec.backend_options.get("batches_in_flight", 2))):
+            self._free.put([self.compiled.create_infer_request() for _ in range(streams)])
+        self.streams = streams
         self._inputs = [port.any_name for port in self.compiled.inputs]
 
     def _resolve_dtype(self, dtype: str) -> str:
@@ -70,24 +80,76 @@ class OpenVinoBackend(Backend):
         return self.core.compile_model(self.core.read_model(str(folder / IR_FILE)), "CPU", config)
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
+        return self.submit(inputs)()
+
+    def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
         lengths = inputs.attention_mask.sum(axis=1)
-        order = np.argsort(lengths, kind="stable")
-        slices = [s for s in np.array_split(order, min(len(self.requests), len(order))) if len(s)]
+        slices = balanced_slices(lengths, self.streams)
         feeds = {
             "input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask,
             "token_type_ids": inputs.token_type_ids,
         }
-        for request, rows in zip(self.requests, slices, strict=False):
-            width = int(lengths[rows].max())
-            request.start_async({name: feeds[name][rows, :width] for name in self._inputs})
-        parts = []
-        for request, _ in zip(self.requests, slices, strict=False):
+        requests = self._free.get()
+        started = []
+        try:
+            for request, rows in zip(requests, slices, strict=False):
+                width = int(lengths[rows].max())
+                request.start_async({name: feeds[name][rows, :width] for name in self._inputs})
+                started.append(request)
+        except BaseException:
+            self._release(requests, started)
+            raise
+
+        def wait() -> np.ndarray:
+            try:
+                parts = []
+                for request in started:
+                    request.wait()
+                    parts.append(request.get_output_tensor(0).data.copy())
+            finally:
+                self._release(requests, started)
+            return _reassemble(parts, slices, inputs.input_ids.shape[1])
+
+        return wait
+
+    def _release(self, requests: list[ov.InferRequest], started: list[ov.InferRequest]) -> None:
+        for request in started:  # a request may only be reused once it has finished
             request.wait()
-            parts.append(request.get_output_tensor(0).data.copy())
-        return _reassemble(parts, slices, inputs.input_ids.shape[1])
+        self._free.put(requests)
 
     def close(self) -> None:
-        del self.requests, self.compiled
+        del self._free, self.compiled
+
+
+def balanced_slices(lengths: np.ndarray, count: int) -> list[np.ndarray]:
+    """Split rows into at most `count` groups of similar length with about equal padded cost.
+
+    The groups run in parallel and the batch waits for the slowest, so equal work matters
+    more than equal rows: halving by rows gives the long half most of the work.
+    """
+    order = np.argsort(lengths, kind="stable")
+    ordered = lengths[order]
+
+    def cut(limit: int) -> list[np.ndarray] | None:
+        groups, end = [], len(order)
+        while end > 0:  # the longest rows first: each group takes rows while under the limit
+            start = end - 1
+            while start > 0 and int(ordered[end - 1]) * (end - start + 1) <= limit:
+                start -= 1
+            groups.append(order[start:end])
+            end = start
+            if len(groups) > count:
+                return None
+        return groups[::-1]
+
+    lo, hi = int(ordered[-1]), int(ordered[-1]) * len(order)
+    while lo < hi:  # the smallest limit that needs no more than `count` groups
+        mid = (lo + hi) // 2
+        if cut(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return cut(lo) or [order]
 
 
 def _reassemble(parts: list[np.ndarray], slices: list[np.ndarray], width: int) -> np.ndarray:

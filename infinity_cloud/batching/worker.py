@@ -169,7 +169,7 @@ class BatchWorker:
                 log.exception("model %s: postprocessing a batch failed", self.name)
                 self._report(items, started, failed=True)
                 self._fail(items, BatchFailedError(
-                    f"postprocessing failed for the batch holding this request's inputs "
+                    f"inference or postprocessing failed for the batch holding this request's inputs "
                     f"({type(exc).__name__}: {exc})"
                 ))
                 continue
