@@ -76,7 +76,7 @@ SCORE_TOL = {"float32": 1e-4, "bfloat16": 4e-2, "int8": 8e-2}
 
 
 def fresh_copy(source: Path, target: Path) -> Path:
-    """The model folder without any cached exports, at a new path (so a new fingerprint)."""
+    """The model folder without its cached exports, at a new path."""
     return Path(shutil.copytree(source, target, ignore=shutil.ignore_patterns(".infinity-cloud")))
 
 
@@ -160,7 +160,7 @@ def exported(cache: Path, kind: str) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """This module's copies of the tiny models, their exports cached next to them."""
+    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them."""
     root = tmp_path_factory.mktemp("backend-models")
     paths = {
         name: build_cross_encoder(root / name, **opts) if kind == "cross_encoder"
@@ -169,7 +169,7 @@ def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory:
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(exports.CACHE_ENV, raising=False)
-        yield {**paths, "minilm": minilm_dir}
+        yield {**paths, "minilm": fresh_copy(minilm_dir, root / "minilm")}
 
 
 @pytest.fixture(scope="module")
