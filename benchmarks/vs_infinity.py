@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -519,37 +519,55 @@ def markdown(report: dict[str, Any], reference: str, cells: Sequence[Cell]) -> s
         f"{report['args']['seconds']} s per cell and side. CPU: {report['machine']['cpu']}, "
         f"{report['machine']['nproc']} cores. Ratios: >1 means `{reference}` is better.",
         "",
-        "## Throughput: real tokens/s (texts/s)",
-        "",
-        "| cell | " + " | ".join(names) + "".join(f" | {reference} / {r}" for r in rivals) + " |",
-        "|---" * (1 + len(names) + len(rivals)) + "|",
     ]
-    for cell in cells:
-        row = [sides[n]["cells"][cell.label] for n in names]
-        values = [
-            f"{fmt(r.get('tokens_per_s'))} ({fmt(r.get('texts_per_s'), digits=1)})"
-            if "tokens_per_s" in r
-            else f"error: {r.get('error', '?')[:40]}"
-            for r in row
-        ]
-        ref = sides[reference]["cells"][cell.label].get("tokens_per_s")
-        ratios = [fmt(ratio(ref, sides[r]["cells"][cell.label].get("tokens_per_s")), "x", 2) for r in rivals]
-        lines.append(f"| {cell.label} | " + " | ".join(values + ratios) + " |")
-    lines += [
-        "",
-        "## Latency: p50 / p99 ms",
-        "",
-        "| cell | " + " | ".join(names) + "".join(f" | {r} p50 / {reference} p50" for r in rivals) + " |",
-        "|---" * (1 + len(names) + len(rivals)) + "|",
-    ]
-    for cell in cells:
-        row = [sides[n]["cells"][cell.label] for n in names]
-        values = [f"{fmt(r.get('p50_ms'), digits=1)} / {fmt(r.get('p99_ms'), digits=1)}" for r in row]
-        ref = sides[reference]["cells"][cell.label].get("p50_ms")
-        ratios = [fmt(ratio(sides[r]["cells"][cell.label].get("p50_ms"), ref), "x", 2) for r in rivals]
-        lines.append(f"| {cell.label} | " + " | ".join(values + ratios) + " |")
+
+    def throughput(row: dict[str, Any]) -> str:
+        if "tokens_per_s" not in row:
+            return f"error: {row.get('error', '?')[:40]}"
+        return f"{fmt(row.get('tokens_per_s'))} ({fmt(row.get('texts_per_s'), digits=1)})"
+
+    def latency(row: dict[str, Any]) -> str:
+        return f"{fmt(row.get('p50_ms'), digits=1)} / {fmt(row.get('p99_ms'), digits=1)}"
+
+    # Ratios read "times better": ours/rival for throughput, rival/ours for latency.
+    lines += cell_table(
+        "Throughput: real tokens/s (texts/s)", sides, names, cells, throughput,
+        [(f"{reference} / {r}", lambda c, r=r: ratio(c(reference, "tokens_per_s"), c(r, "tokens_per_s")))
+         for r in rivals],
+    )
+    lines += [""]
+    lines += cell_table(
+        "Latency: p50 / p99 ms", sides, names, cells, latency,
+        [(f"{r} p50 / {reference} p50", lambda c, r=r: ratio(c(r, "p50_ms"), c(reference, "p50_ms")))
+         for r in rivals],
+    )
     lines += summary_markdown(report, reference, rivals)
     return "\n".join(lines) + "\n"
+
+
+def cell_table(
+    title: str,
+    sides: dict[str, Any],
+    names: Sequence[str],
+    cells: Sequence[Cell],
+    render: Callable[[dict[str, Any]], str],
+    ratios: Sequence[tuple[str, Callable[[Callable[[str, str], Any]], float | None]]],
+) -> list[str]:
+    """One markdown table: a row per cell, a column per side, then ratio columns."""
+    lines = [
+        f"## {title}", "",
+        "| cell | " + " | ".join(names) + "".join(f" | {header}" for header, _ in ratios) + " |",
+        "|---" * (1 + len(names) + len(ratios)) + "|",
+    ]
+    for cell in cells:
+
+        def value(side: str, key: str, cell: Cell = cell) -> Any:
+            return sides[side]["cells"][cell.label].get(key)
+
+        values = [render(sides[n]["cells"][cell.label]) for n in names]
+        values += [fmt(compute(value), "x", 2) for _, compute in ratios]
+        lines.append(f"| {cell.label} | " + " | ".join(values) + " |")
+    return lines
 
 
 def summary_markdown(report: dict[str, Any], reference: str, rivals: Sequence[str]) -> list[str]:

@@ -458,6 +458,14 @@ def take_in_thread(queue: BatchQueue) -> tuple[threading.Thread, list[list[WorkI
     return thread, got
 
 
+def take_without_help(queue: BatchQueue) -> list[WorkItem]:
+    """The batch a take cuts with nothing more arriving; fails instead of hanging."""
+    thread, got = take_in_thread(queue)
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), "take waited although nothing more was coming"
+    return got[0]
+
+
 def test_fill_wait_lets_a_trickle_of_inputs_share_one_batch() -> None:
     # A wait far longer than the test: the batch is cut by the size rule, not the clock.
     queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=4, fill_wait_s=HANG_GUARD_S)
@@ -472,25 +480,19 @@ def test_fill_wait_lets_a_trickle_of_inputs_share_one_batch() -> None:
 def test_fill_wait_is_skipped_when_a_full_batch_is_waiting() -> None:
     queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=4, fill_wait_s=1000.0)
     queue.put(items(10, 10, 10, 10, 10))
-    thread, got = take_in_thread(queue)
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive() and len(got[0]) == 4
+    assert len(take_without_help(queue)) == 4
 
 
 def test_fill_wait_is_skipped_when_the_token_budget_is_reached() -> None:
     queue = BatchQueue(capacity=100, batch_tokens=100, max_batch_size=64, fill_wait_s=1000.0)
     queue.put(items(50, 50))
-    thread, got = take_in_thread(queue)
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive() and len(got[0]) == 2
+    assert len(take_without_help(queue)) == 2
 
 
 def test_fill_wait_ends_at_its_deadline_with_a_partial_batch() -> None:
     queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=64, fill_wait_s=0.01)
     queue.put(items(10, 10))
-    thread, got = take_in_thread(queue)
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive() and len(got[0]) == 2
+    assert len(take_without_help(queue)) == 2
 
 
 def test_close_cuts_a_waiting_partial_batch_at_once() -> None:

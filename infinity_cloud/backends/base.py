@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -43,6 +43,14 @@ class ModelInputs:
             mask[row, :n] = 1
             types[row, :n] = enc.type_ids
         return cls(ids, mask, types)
+
+    def feed(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """The arrays a graph declares as inputs, by their conventional names."""
+        arrays = {
+            "input_ids": self.input_ids, "attention_mask": self.attention_mask,
+            "token_type_ids": self.token_type_ids,
+        }
+        return {name: arrays[name] for name in names}
 
 
 class Backend(ABC):

@@ -11,6 +11,7 @@ size and a checksum of its ends: a missing manifest (an interrupted build) or a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -39,13 +40,25 @@ def model_fingerprint(model_path: Path) -> str:
     """A digest of the model folder's own files: names, sizes and checksums of their ends.
 
     Content, not paths or times, so a folder copied or moved elsewhere keeps its exports.
+    One load asks several times (each export, the fidelity verdict); the content is read
+    again only when a file's size or time has changed.
     """
-    digest = hashlib.sha256()
+    files = []
     for file in sorted(model_path.rglob("*")):
         rel = file.relative_to(model_path)
         if rel.parts[0] == ".infinity-cloud" or file.suffix not in _SOURCE_SUFFIXES or not file.is_file():
             continue
-        digest.update(f"{rel.as_posix()}:{json.dumps(_file_record(file), sort_keys=True)};".encode())
+        stat = file.stat()
+        files.append((rel.as_posix(), stat.st_size, stat.st_mtime_ns))
+    return _content_digest(str(model_path.resolve()), tuple(files))
+
+
+@functools.lru_cache(maxsize=64)
+def _content_digest(folder: str, files: tuple[tuple[str, int, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for rel, _, _ in files:
+        record = _file_record(Path(folder) / rel)
+        digest.update(f"{rel}:{json.dumps(record, sort_keys=True)};".encode())
     return digest.hexdigest()
 
 

@@ -61,16 +61,7 @@ class OnnxBackend(Backend):
         return ort.InferenceSession(str(path), opts, providers=_providers(self.device, spec))
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
-        feed = {
-            name: value
-            for name, value in (
-                ("input_ids", inputs.input_ids),
-                ("attention_mask", inputs.attention_mask),
-                ("token_type_ids", inputs.token_type_ids),
-            )
-            if name in self._inputs
-        }
-        out = self.session.run([self._output], feed)[0]
+        out = self.session.run([self._output], inputs.feed(self._inputs))[0]
         return out if out.dtype == np.float32 else out.astype(np.float32)
 
     def close(self) -> None:

@@ -85,16 +85,13 @@ class OpenVinoBackend(Backend):
     def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
         lengths = inputs.attention_mask.sum(axis=1)
         slices = balanced_slices(lengths, self.streams)
-        feeds = {
-            "input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask,
-            "token_type_ids": inputs.token_type_ids,
-        }
+        feed = inputs.feed(self._inputs)
         requests = self._free.get()
         started = []
         try:
             for request, rows in zip(requests, slices, strict=False):
                 width = int(lengths[rows].max())
-                request.start_async({name: feeds[name][rows, :width] for name in self._inputs})
+                request.start_async({name: array[rows, :width] for name, array in feed.items()})
                 started.append(request)
         except BaseException:
             self._release(requests, started)
