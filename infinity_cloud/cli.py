@@ -26,8 +26,14 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect the deployment spec.", no_args_is_help=True)
 build_app = typer.Typer(help="Render deployment files for a target.", no_args_is_help=True)
+deploy_app = typer.Typer(help="Render and deploy to a cloud target.", no_args_is_help=True)
+status_app = typer.Typer(help="Show a deployment's state and URL.", no_args_is_help=True)
+delete_app = typer.Typer(help="Stop a deployment.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(build_app, name="build")
+app.add_typer(deploy_app, name="deploy")
+app.add_typer(status_app, name="status")
+app.add_typer(delete_app, name="delete")
 
 _M = "Models (repeat --model-id to serve several; give other model options once for all, or once per model)"
 _S = "Server"
@@ -102,33 +108,85 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
+# Per-target options: (field, type, flag, help). In a command's signature each is named
+# `<section>_<field>`; its variable is INFINITY_CLOUD_<SECTION>_<FLAG>.
+_TARGET_FLAGS: dict[str, list[tuple[str, Any, str, str]]] = {
+    "modal": [
+        ("app_name", str, "--app-name", "Modal app name (default: infinity-cloud)."),
+        ("environment", str, "--environment", "Modal environment (default: the profile's)."),
+        ("gpu", list[str], "--gpu", "GPU: L4, A10G, A100-80GB, H100, 'H100:2', ...; repeat (or L4,A10G) "
+         "for a fallback list. None: CPU only."),
+        ("cpu", float, "--cpu", "CPU cores per container."),
+        ("memory_mib", int, "--memory", "Memory per container, MiB."),
+        ("min_containers", int, "--min-containers", "Containers kept warm (default: 0)."),
+        ("max_containers", int, "--max-containers", "Cap on containers."),
+        ("buffer_containers", int, "--buffer-containers", "Idle containers kept ready under load."),
+        ("scaledown_window", int, "--scaledown-window", "Idle seconds before a container stops, 2-3600 "
+         "(default: 300)."),
+        ("max_inputs", int, "--max-inputs", "Requests one container takes at once "
+         "(default: from the batcher)."),
+        ("target_inputs", int, "--target-inputs", "Requests per container the autoscaler aims for "
+         "(default: two batches)."),
+        ("timeout_s", int, "--timeout", "Longest a request may run, s (default: 600)."),
+        ("startup_timeout_s", int, "--startup-timeout", "Longest model loading may take, s (default: 1200)."),
+        ("memory_snapshot", bool, "--memory-snapshot/--no-memory-snapshot",
+         "Snapshot the loaded engine for fast cold starts."),
+        ("secrets", list[str], "--secret", "Modal secret to attach (HF_TOKEN, INFINITY_CLOUD_API_KEY); "
+         "repeatable."),
+        ("requires_proxy_auth", bool, "--proxy-auth/--no-proxy-auth",
+         "Also require Modal's proxy-auth headers."),
+    ],
+}
+TARGET_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
+    section: {
+        field: (
+            hint | None,
+            _opt(
+                f"{section.upper()}_" + flag.split("/")[0].removeprefix("--").replace("-", "_").upper(),
+                help, section.capitalize(), flag,
+            ),
+        )
+        for field, hint, flag, help in flags
+    }
+    for section, flags in _TARGET_FLAGS.items()
+}
+
+
 def fail(message: str) -> typer.Exit:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(2)
 
 
-def with_spec(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a command the spec options; it receives the merged `spec` instead."""
-    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
+def with_spec(fn: Callable[..., Any] | None = None, *, sections: tuple[str, ...] = ()) -> Any:
+    """Give a command the spec options (and those of the target `sections`); it receives the
+    merged `spec` instead."""
 
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> Any:
-        options = {name: kwargs.pop(name) for name in SPEC_OPTIONS}
-        config = options.pop("config")
-        try:
-            spec = load_spec(config, **options)
-        except InfinityCloudError as exc:
-            raise fail(exc.message) from None
-        return fn(spec=spec, **kwargs)
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
+        extra = {f"{s}_{name}": option for s in sections for name, option in TARGET_OPTIONS[s].items()}
 
-    params = own + [
-        inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option]
-        )
-        for name, (hint, option) in SPEC_OPTIONS.items()
-    ]
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return command
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            options = {name: kwargs.pop(name) for name in SPEC_OPTIONS}
+            for section in sections:
+                options[section] = {name: kwargs.pop(f"{section}_{name}") for name in TARGET_OPTIONS[section]}
+            config = options.pop("config")
+            try:
+                spec = load_spec(config, **options)
+            except InfinityCloudError as exc:
+                raise fail(exc.message) from None
+            return fn(spec=spec, **kwargs)
+
+        params = own + [
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option]
+            )
+            for name, (hint, option) in {**SPEC_OPTIONS, **extra}.items()
+        ]
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return command
+
+    return decorate(fn) if fn is not None else decorate
 
 
 @app.command()
@@ -179,6 +237,82 @@ def build_local(
         typer.echo(str(path))
 
 
+_OUT_MODAL = typer.Option("--out", help="Folder to write the app into.")
+
+
+@build_app.command("modal")
+@with_spec(sections=("modal",))
+def build_modal(spec: DeploymentSpec, out: Annotated[Path, _OUT_MODAL] = Path("build/modal")) -> None:
+    """Render a Modal app (modal_app.py) and the spec it was made from."""
+    from targets.modal.target import ModalTarget
+
+    try:
+        for path in ModalTarget().build(spec, out):
+            typer.echo(str(path))
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+
+
+@deploy_app.command("modal")
+@with_spec(sections=("modal",))
+def deploy_modal(
+    spec: DeploymentSpec,
+    out: Annotated[Path, _OUT_MODAL] = Path("build/modal"),
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Render and load the app with Modal; deploy nothing.")
+    ] = False,
+) -> None:
+    """Build the Modal app and deploy it: an autoscaling endpoint with the models baked in."""
+    from targets.modal.target import ModalTarget, usage_examples
+
+    try:
+        deployment = ModalTarget().deploy(spec, out, dry_run=dry_run)
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+    if deployment is None:
+        typer.echo(f"{out / 'modal_app.py'} loads with the Modal client; nothing deployed (--dry-run)")
+        return
+    typer.secho(f"deployed Modal app {deployment.app_name!r}", fg=typer.colors.GREEN)
+    if deployment.url is None:
+        typer.echo("Modal printed the endpoint URL above; `infinity-cloud status modal` shows it again.")
+        return
+    typer.echo(f"endpoint: {deployment.url}\n")
+    protected = bool(spec.modal.secrets)
+    typer.echo(usage_examples(deployment.url, spec.models[0].name, api_key=protected))
+
+
+@status_app.command("modal")
+@with_spec(sections=("modal",))
+def status_modal(spec: DeploymentSpec) -> None:
+    """The deployed Modal app's state and endpoint URL."""
+    from targets.modal.target import ModalTarget
+
+    try:
+        facts = ModalTarget().status(spec)
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+    for key, value in facts.items():
+        typer.echo(f"{key}: {value}")
+
+
+@delete_app.command("modal")
+@with_spec(sections=("modal",))
+def delete_modal(
+    spec: DeploymentSpec,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Stop the deployed Modal app (its containers end; its URL stops answering)."""
+    from targets.modal.target import ModalTarget
+
+    if not yes:
+        typer.confirm(f"Stop the Modal app {spec.modal.app_name!r}?", abort=True)
+    try:
+        ModalTarget().delete(spec)
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+    typer.echo(f"stopped Modal app {spec.modal.app_name!r}")
+
+
 @app.command()
 @with_spec
 def download(
@@ -189,18 +323,11 @@ def download(
 ) -> None:
     """Fetch every model's files and build its backend's exports (ONNX, OpenVINO IR, ...) once,
     so that a server or image started later does neither."""
-    from infinity_cloud.model_source import resolve_model_dir
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.served_model import prepare_model
 
     for model in spec.models:
         try:
-            typer.echo(f"{model.name}: {resolve_model_dir(model.model_id, model.revision)}")
-            if not files_only:
-                served = ServedModel(model)
-                served.load()
-                facts = served.describe()
-                served.stop()
-                typer.echo(f"{model.name}: ready for {facts['backend']} ({facts['dtype']})")
+            typer.echo(prepare_model(model, build_exports=not files_only))
         except InfinityCloudError as exc:
             raise fail(exc.message) from None
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.target_config import ModalSpec
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
@@ -106,10 +107,12 @@ class ServerSpec(_Frozen):
 
 
 class DeploymentSpec(_Frozen):
-    """Everything a target needs to know: the models and the server around them."""
+    """Everything a target needs to know: the models, the server around them, and how each
+    cloud target packages them."""
 
     models: tuple[ModelSpec, ...] = (ModelSpec(),)
     server: ServerSpec = ServerSpec()
+    modal: ModalSpec = ModalSpec()
 
     @model_validator(mode="after")
     def _unique_names(self) -> DeploymentSpec:
@@ -131,6 +134,12 @@ MODEL_OPTIONS = (
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)
+# Target sections: a flat source gives each as a dict of that section's options.
+TARGET_SECTIONS = ("modal",)
+
+
+def _given(value: Any) -> bool:
+    return value is not None and value != [] and value != ()
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -164,9 +173,10 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     """Lay flat options (CLI flags or env, `None` meaning "not given") over a spec dict.
 
     `model_id` replaces the file's model list; other per-model options apply to every model
-    when given once, or pairwise with the model ids when given once per model.
+    when given once, or pairwise with the model ids when given once per model. A target
+    section (`modal`) comes as a dict of its own options, laid over the file's.
     """
-    given = {k: v for k, v in overrides.items() if v is not None and v != [] and v != ()}
+    given = {k: v for k, v in overrides.items() if _given(v)}
     data = {k: v for k, v in base.items()}
     models = [dict(m) for m in data.get("models") or [{}]]
     if "model_id" in given:
@@ -189,6 +199,10 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     if limits:
         server["limits"] = limits
     data["server"] = server
+    for section in TARGET_SECTIONS:
+        if section in given:
+            options = {k: v for k, v in given.pop(section).items() if _given(v)}
+            data[section] = {**(data.get(section) or {}), **options}
     if given:
         raise ConfigError(f"unknown options: {', '.join(sorted(given))}")
     return data

@@ -179,3 +179,18 @@ class ServedModel:
             out["error"] = worker.death
         return out
 
+
+
+def prepare_model(spec: ModelSpec, *, build_exports: bool = True) -> str:
+    """Fetch a model's files and, unless told not to, build its backend's exports once (by
+    loading it), so a server or image started later does neither. Returns a summary line."""
+    path = resolve_model_dir(spec.model_id, spec.revision)
+    if not build_exports:
+        return f"{spec.name}: {path}"
+    served = ServedModel(spec)
+    try:
+        served.load()
+        facts = served.describe()
+    finally:
+        served.stop()
+    return f"{spec.name}: {path}, ready for {facts['backend']} ({facts['dtype']}, {facts['device']})"

@@ -118,6 +118,7 @@ def test_the_wheel_ships_the_templates(tmp_path):
     (wheel,) = tmp_path.glob("infinity_cloud-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "templates/local/Dockerfile.j2" in names
+    assert "templates/modal/modal_app.py.j2" in names and "targets/modal/entry.py" in names
     assert "targets/local/target.py" in names
     assert "infinity_cloud/server/app.py" in names
 
@@ -128,7 +129,7 @@ def test_download_builds_the_backend_exports_ahead_of_serving(tiny_embedder, tmp
     args = ["download", "--model-id", str(tiny_embedder), "--backend", "onnx", "--dtype", "float32"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "ready for onnx (float32)" in result.output
+    assert "ready for onnx (float32, cpu)" in result.output
     built = sorted(p.name.split("-")[0] for p in cache.iterdir())
     assert built == ["onnx", "onnxruntime"]
     files_only = runner.invoke(app, [*args, "--files-only"])

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from infinity_cloud import __version__
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.server.auth import require_api_key
 from infinity_cloud.server.calls import ClientDisconnected
@@ -41,15 +41,22 @@ def _load_in_background(engine: Engine) -> asyncio.Task[Engine]:
     return task
 
 
-def create_app(engine: Engine | DeploymentSpec | None = None, *, manage_engine: bool = True) -> FastAPI:
+def create_app(
+    engine: Engine | DeploymentSpec | None = None,
+    *,
+    manage_engine: bool = True,
+    server: ServerSpec | None = None,
+) -> FastAPI:
     """Build the HTTP app around an engine (built from the spec when given a spec).
 
     Models not loaded yet are loaded in the background at start-up, so /health answers 503
     until they are ready. With `manage_engine`, the app stops the engine at shutdown.
+    `server` replaces the spec's HTTP settings, for a target that learns them (its API keys)
+    only after the engine was built.
     """
     if not isinstance(engine, Engine):
         engine = Engine(engine)
-    spec = engine.spec
+    spec = engine.spec if server is None else engine.spec.model_copy(update={"server": server})
     metrics = Metrics()
     engine.observers.append(metrics.observe_batch)
 

@@ -1,0 +1,292 @@
+"""The Modal target, offline, against the real `modal` client: the rendered app imports and
+its functions report the spec's settings; its class runs here (`.local()`) with the enter
+hook loading the engine, and its ASGI app answers over HTTP; bad settings and missing
+credentials are refused before anything is deployed. Only `App.deploy` is faked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import modal
+import numpy as np
+import pytest
+from sentence_transformers import CrossEncoder, SentenceTransformer
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+from targets.modal.entry import API_KEY_ENV
+from targets.modal.target import load_app_module, usage_examples
+
+runner = CliRunner()
+TEXTS = ["a cold start should download nothing", "modal keeps the weights in the image", "short"]
+NO_MODAL_TOKEN = {"MODAL_TOKEN_ID": None, "MODAL_TOKEN_SECRET": None}
+
+
+@pytest.fixture(autouse=True)
+def no_modal_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No token from this machine's environment or ~/.modal.toml reaches a test."""
+    for name in NO_MODAL_TOKEN:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(modal.config, "_user_config", {})
+
+
+def build(out: Path, *args: str) -> tuple[Any, str]:
+    """`infinity-cloud build modal`, then import the app with the real client."""
+    result = runner.invoke(cli, ["build", "modal", "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    source = (out / "modal_app.py").read_text()
+    return load_app_module(out / "modal_app.py"), source
+
+
+@pytest.fixture(scope="module")
+def gpu_app(
+    tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path
+) -> tuple[Any, str]:
+    out = tmp_path_factory.mktemp("modal-gpu")
+    return build(
+        out,
+        "--model-id",
+        str(tiny_embedder),
+        "--model-id",
+        str(tiny_reranker),
+        "--served-model-name",
+        "embedder",
+        "--served-model-name",
+        "reranker",
+        "--gpu",
+        "l4",
+        "--gpu",
+        "A100-80GB:2",
+        "--min-containers",
+        "1",
+        "--max-containers",
+        "3",
+        "--scaledown-window",
+        "120",
+        "--timeout",
+        "90",
+        "--startup-timeout",
+        "700",
+        "--memory-snapshot",
+        "--secret",
+        "hf-token",
+        "--secret",
+        "api-keys",
+        "--app-name",
+        "rag-embed",
+    )
+
+
+def test_info_reports_the_spec_gpu_timeouts_and_concurrency(gpu_app: tuple[Any, str]) -> None:
+    module, _ = gpu_app
+    info = module.Server().serve.info()
+    assert info.gpus == [("L4", 1), ("A100-80GB", 2)]  # the fallback list, in order
+    assert info.timeout == 90 and info.startup_timeout == 700
+    # Sized from the batcher: two 64-input batches per container, eight to queue.
+    assert (info.concurrency_info.max_inputs, info.concurrency_info.target_inputs) == (512, 128)
+    assert info.secrets == ["modal.Secret.from_name('hf-token')", "modal.Secret.from_name('api-keys')"]
+    assert info.web_info is None and "serve" in info.method_details  # an ASGI web endpoint
+    assert module.app.name == "rag-embed"
+
+
+def test_settings_modal_cannot_report_offline_are_in_the_source(gpu_app: tuple[Any, str]) -> None:
+    _, source = gpu_app
+    for setting in ("min_containers=1", "max_containers=3", "scaledown_window=120"):
+        assert setting in source
+    assert "MEMORY_SNAPSHOT = True" in source and "@modal.enter(snap=MEMORY_SNAPSHOT)" in source
+    assert '"enable_gpu_snapshot": True' in source  # CUDA during the snapshot needs it
+    # The weights are fetched by a build step on the serving GPU, then the hub is cut off.
+    assert "image.run_function(bake_models, secrets=SECRETS, gpu=GPU)" in source
+    assert '"HF_HUB_OFFLINE": "1"' in source
+    # Every dependency is pinned; the package comes from this source tree.
+    pins = re.findall(r'^\s+"([a-z0-9_.\-\[\]]+)(==|>=)', source, flags=re.M)
+    assert pins and all(op == "==" for _, op in pins), pins
+    assert 'add_local_python_source("infinity_cloud", "targets", copy=True)' in source
+
+
+def test_the_spec_file_beside_the_app_redeploys_the_same_app(
+    gpu_app: tuple[Any, str], tmp_path: Path
+) -> None:
+    module, source = gpu_app
+    spec_file = Path(module.__file__).with_name("infinity-cloud.yaml")
+    _, source_again = build(tmp_path, "--config", str(spec_file))
+    assert source_again == source
+
+
+@pytest.fixture(scope="module")
+def local_server(gpu_app: tuple[Any, str]) -> Any:
+    """The class run here as Modal runs it in a container: `@enter`, then `@asgi_app`."""
+    module, _ = gpu_app
+    server = module.Server()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(API_KEY_ENV, "key-one key-two")  # what the Modal secret would set
+        asgi = server.serve.local()
+    yield server, asgi
+    server.engine.close()
+
+
+async def test_local_asgi_app_serves_embeddings_rerank_and_health(
+    local_server: Any, tiny_embedder: Path, tiny_reranker: Path
+) -> None:
+    server, asgi = local_server
+    assert all(m.state == "ready" for m in server.engine.models.values())  # @enter ran
+    auth = {"Authorization": "Bearer key-two"}
+    transport = httpx.ASGITransport(app=asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://modal") as client:
+        health = await client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert (
+            await client.post("/embeddings", json={"model": "embedder", "input": TEXTS})
+        ).status_code == 401
+        embedded = await client.post("/embeddings", json={"model": "embedder", "input": TEXTS}, headers=auth)
+        assert embedded.status_code == 200, embedded.text
+        ours = np.array([d["embedding"] for d in embedded.json()["data"]])
+        reference = SentenceTransformer(str(tiny_embedder), device="cpu").encode(
+            TEXTS, normalize_embeddings=True
+        )
+        cosine = np.sum(ours * reference, axis=1) / np.linalg.norm(ours, axis=1)
+        assert cosine.min() > 0.999
+
+        body = {"model": "reranker", "query": "cold start", "documents": TEXTS, "return_documents": True}
+        ranked = await client.post("/rerank", json=body, headers=auth)
+        assert ranked.status_code == 200, ranked.text
+        scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+        expected = CrossEncoder(str(tiny_reranker), device="cpu").predict([("cold start", t) for t in TEXTS])
+        np.testing.assert_allclose([scores[i] for i in range(len(TEXTS))], expected, atol=2e-3)
+
+        models = await client.get("/models", headers=auth)
+        assert [m["id"] for m in models.json()["data"]] == ["embedder", "reranker"]
+
+
+def test_the_container_sees_local_folders_at_their_image_copies(
+    gpu_app: tuple[Any, str], tiny_embedder: Path
+):
+    from targets.modal.entry import container_spec
+
+    module, _ = gpu_app
+    spec = container_spec(module.SPEC, module.MODEL_DIRS)
+    assert spec.models[0].model_id == module.MODEL_DIRS[str(tiny_embedder)]
+    assert spec.models[0].model_id.startswith("/models/local/")
+    assert spec.models[0].name == "embedder"
+    assert "modal" not in module.SPEC  # the container's copy holds what it serves, not how
+
+
+def test_cpu_variant_has_no_gpu_and_installs_cpu_torch(tmp_path: Path, tiny_embedder: Path) -> None:
+    module, source = build(
+        tmp_path, "--model-id", str(tiny_embedder), "--max-batch-size", "16", "--cpu", "2", "--memory", "2048"
+    )
+    info = module.Server().serve.info()
+    assert info.gpus == [] and info.cpu == 2 and info.memory_mib == 2048
+    assert (info.concurrency_info.max_inputs, info.concurrency_info.target_inputs) == (128, 32)
+    assert "download.pytorch.org/whl/cpu" in source and '"openvino==' in source
+    assert "enable_gpu_snapshot" not in source and "MEMORY_SNAPSHOT = False" in source
+
+
+def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_embedder: Path) -> None:
+    module, _ = build(tmp_path, "--model-id", str(tiny_embedder))
+    from targets.modal.entry import container_spec
+
+    spec = container_spec(module.SPEC, module.MODEL_DIRS)
+    assert spec.models[0].name == str(tiny_embedder)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "H1000"], "unknown GPU 'H1000'"),
+        (["--gpu", "A10G:5"], "must be 1 to 4"),
+        (["--min-containers", "3", "--max-containers", "2"], "min_containers (3) exceeds max_containers (2)"),
+        (["--scaledown-window", "1"], "scaledown_window"),
+        (["--scaledown-window", "3601"], "less than or equal to 3600"),
+        (["--target-inputs", "10", "--max-inputs", "5"], "target_inputs (10) exceeds max_inputs (5)"),
+        (["--max-inputs", "5"], "target_inputs (128) exceeds max_inputs (5)"),
+        (["--secret", "bad name!"], "is not a Modal name"),
+        (["--api-key", "plain"], "Modal secret"),
+    ],
+)
+@pytest.mark.parametrize("command", ["build", "deploy"])
+def test_invalid_settings_are_refused_before_anything_happens(
+    command: str, args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(modal.App, "deploy", _must_not_deploy)
+    out = tmp_path / "out"
+    result = runner.invoke(cli, [command, "modal", "--out", str(out), *args], env=_with_token())
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not out.exists()
+
+
+def test_deploy_without_credentials_says_how_to_log_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(modal.App, "deploy", _must_not_deploy)
+    result = runner.invoke(cli, ["deploy", "modal", "--out", str(tmp_path / "out")], env=NO_MODAL_TOKEN)
+    assert result.exit_code != 0
+    assert "modal token new" in result.output and "MODAL_TOKEN_ID" in result.output
+    for command in (["status", "modal"], ["delete", "modal", "--yes"]):
+        result = runner.invoke(cli, command, env=NO_MODAL_TOKEN)
+        assert result.exit_code != 0 and "modal token new" in result.output
+
+
+def test_dry_run_renders_and_loads_without_credentials(
+    tmp_path: Path, monkeypatch, tiny_embedder: Path
+) -> None:
+    monkeypatch.setattr(modal.App, "deploy", _must_not_deploy)
+    out = tmp_path / "out"
+    result = runner.invoke(
+        cli, ["deploy", "modal", "--dry-run", "--out", str(out), "--model-id", str(tiny_embedder)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "nothing deployed" in result.output and (out / "modal_app.py").is_file()
+
+
+def test_deploy_calls_app_deploy_with_output_enabled(
+    tmp_path: Path, monkeypatch, tiny_embedder: Path
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_deploy(self: Any, **kwargs: Any) -> Any:
+        calls.append({**kwargs, "app": self.name, "output": modal.output.OutputManager.get().is_enabled})
+        return self
+
+    monkeypatch.setattr(modal.App, "deploy", fake_deploy)
+    args = [
+        "deploy",
+        "modal",
+        "--out",
+        str(tmp_path),
+        "--model-id",
+        str(tiny_embedder),
+        "--gpu",
+        "H100",
+        "--app-name",
+        "my-embedder",
+        "--environment",
+        "staging",
+    ]
+    result = runner.invoke(cli, args, env=_with_token())
+    assert result.exit_code == 0, result.output
+    assert calls == [
+        {"name": "my-embedder", "environment_name": "staging", "app": "my-embedder", "output": True}
+    ]
+    assert "deployed Modal app 'my-embedder'" in result.output
+    assert "infinity-cloud status modal" in result.output  # the fake hydrates nothing, so no URL
+
+
+def test_usage_examples_name_the_endpoint_model_and_key() -> None:
+    text = usage_examples("https://ws--app-server-serve.modal.run", "BAAI/bge-m3", api_key=True)
+    assert "curl https://ws--app-server-serve.modal.run/embeddings" in text
+    assert f"Bearer ${API_KEY_ENV}" in text and '"model": "BAAI/bge-m3"' in text
+    assert 'OpenAI(base_url="https://ws--app-server-serve.modal.run"' in text
+    assert API_KEY_ENV not in usage_examples("https://x.modal.run", "m", api_key=False)
+
+
+def _with_token() -> dict[str, str]:
+    return {"MODAL_TOKEN_ID": "ak-test", "MODAL_TOKEN_SECRET": "as-test"}
+
+
+def _must_not_deploy(self: Any, **_: Any) -> Any:
+    raise AssertionError("app.deploy() was called")
