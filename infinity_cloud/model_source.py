@@ -50,15 +50,24 @@ def _download(model_id: str, revision: str | None) -> Path:
         raise ModelLoadError(f"could not download model {model_id!r}: {exc}") from exc
 
 
-def resolve_model_dir(model_id: str, revision: str | None = None) -> Path:
-    """A local folder holding the model's files; downloads only when the hub is allowed."""
+def local_model_dir(model_id: str) -> Path | None:
+    """The folder a model id names on this machine; None for a hub id. A path-like id
+    (./x, /x, ~/x) that is not a folder is an error, not a hub id."""
     local = Path(model_id).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise ModelLoadError(f"{local} is a folder but holds no config.json")
         return local.resolve()
     if model_id.startswith((".", "/", "~")):
         raise ModelLoadError(f"model folder {model_id} does not exist")
+    return None
+
+
+def resolve_model_dir(model_id: str, revision: str | None = None) -> Path:
+    """A local folder holding the model's files; downloads only when the hub is allowed."""
+    local = local_model_dir(model_id)
+    if local is not None:
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{local} is a folder but holds no config.json")
+        return local
     cached = _from_hub_cache(model_id, revision)
     if cached is not None:
         return cached

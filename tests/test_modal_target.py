@@ -185,6 +185,15 @@ def test_cpu_variant_has_no_gpu_and_installs_cpu_torch(tmp_path: Path, tiny_embe
     assert "enable_gpu_snapshot" not in source and "MEMORY_SNAPSHOT = False" in source
 
 
+def test_one_concurrency_bound_given_bounds_the_others_default(tmp_path: Path, tiny_embedder: Path) -> None:
+    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--max-inputs", "5")
+    info = module.Server().serve.info().concurrency_info
+    assert (info.max_inputs, info.target_inputs) == (5, 5)
+    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--target-inputs", "1000")
+    info = module.Server().serve.info().concurrency_info
+    assert (info.max_inputs, info.target_inputs) == (1000, 1000)
+
+
 def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_embedder: Path) -> None:
     module, _ = build(tmp_path, "--model-id", str(tiny_embedder))
     from targets.modal.entry import container_spec
@@ -202,7 +211,7 @@ def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_em
         (["--scaledown-window", "1"], "scaledown_window"),
         (["--scaledown-window", "3601"], "less than or equal to 3600"),
         (["--target-inputs", "10", "--max-inputs", "5"], "target_inputs (10) exceeds max_inputs (5)"),
-        (["--max-inputs", "5"], "target_inputs (128) exceeds max_inputs (5)"),
+        (["--model-id", "./no-such-model"], "model folder ./no-such-model does not exist"),
         (["--secret", "bad name!"], "is not a Modal name"),
         (["--api-key", "plain"], "Modal secret"),
     ],

@@ -15,6 +15,7 @@ from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.model_source import local_model_dir
 from targets.base import render_templates, spec_yaml
 from targets.modal.entry import API_KEY_ENV
 
@@ -64,13 +65,10 @@ def concurrency(spec: DeploymentSpec) -> tuple[int, int]:
     """
     batch = max(m.max_batch_size or DEFAULT_BATCH for m in spec.models)
     queue = min(m.queue_size for m in spec.models)
-    target = spec.modal.target_inputs or 2 * batch
-    limit = spec.modal.max_inputs or max(target, min(queue, 8 * batch))
-    if target > limit:
-        raise ConfigError(
-            f"target_inputs ({target}) exceeds max_inputs ({limit}): "
-            "raise --max-inputs or lower --target-inputs"
-        )
+    given_limit, given_target = spec.modal.max_inputs, spec.modal.target_inputs
+    limit = given_limit or max(given_target or 0, min(queue, 8 * batch))
+    # Both given and crossed is refused by the spec; one given bounds the other's default.
+    target = given_target or min(2 * batch, limit)
     return limit, target
 
 
@@ -110,9 +108,9 @@ def local_model_dirs(spec: DeploymentSpec) -> dict[str, str]:
     """Model ids that are folders on this machine -> where the image holds their copy."""
     dirs: dict[str, str] = {}
     for i, model in enumerate(spec.models):
-        path = Path(model.model_id).expanduser()
-        if path.is_dir():
-            dirs[model.model_id] = f"{IMAGE_MODELS}/local/{i}-{path.resolve().name}"
+        path = local_model_dir(model.model_id)
+        if path is not None:
+            dirs[model.model_id] = f"{IMAGE_MODELS}/local/{i}-{path.name}"
     return dirs
 
 
@@ -122,10 +120,7 @@ def check_deployable(spec: DeploymentSpec) -> None:
             "API keys given in the spec would be written into the Modal app file; put them in a "
             f"Modal secret instead (modal secret create NAME {API_KEY_ENV}=KEY) and pass --secret NAME"
         )
-    for model in spec.models:
-        if model.model_id.startswith((".", "/", "~")) and not Path(model.model_id).expanduser().is_dir():
-            raise ConfigError(f"model folder {model.model_id} does not exist")
-    concurrency(spec)
+    local_model_dirs(spec)  # a path-like model id that is not a folder raises here
 
 
 def python_literal(value: Any) -> str:
