@@ -299,3 +299,16 @@ def _with_token() -> dict[str, str]:
 
 def _must_not_deploy(self: Any, **_: Any) -> Any:
     raise AssertionError("app.deploy() was called")
+
+
+def test_the_image_build_step_fetches_and_exports_each_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_embedder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `bake_models` runs in the image build, here against this machine's CPU."""
+    from targets.modal.entry import bake_models, container_spec
+
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "exports"))
+    module, _ = build(tmp_path / "app", "--model-id", str(tiny_embedder), "--backend", "onnx")
+    bake_models(container_spec(module.SPEC, {}))
+    assert "ready for onnx" in capsys.readouterr().out
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "exports").iterdir()) == ["onnx", "onnxruntime"]
