@@ -127,12 +127,15 @@ _TARGET_FLAGS: dict[str, list[tuple[str, Any, str, str]]] = {
          "(default: from the batcher)."),
         ("target_inputs", int, "--target-inputs", "Requests per container the autoscaler aims for "
          "(default: two batches)."),
-        ("timeout_s", int, "--timeout", "Longest a request may run, s (default: 600)."),
+        ("timeout_s", int, "--timeout", "Longest a container works on one request, s (default: 600; "
+         "Modal redirects web requests past 150 s)."),
         ("startup_timeout_s", int, "--startup-timeout", "Longest model loading may take, s (default: 1200)."),
         ("memory_snapshot", bool, "--memory-snapshot/--no-memory-snapshot",
          "Snapshot the loaded engine for fast cold starts."),
-        ("secrets", list[str], "--secret", "Modal secret to attach (HF_TOKEN, INFINITY_CLOUD_API_KEY); "
-         "repeatable."),
+        ("secrets", list[str], "--secret", "Modal secret for the image build and the containers "
+         "(e.g. one holding HF_TOKEN); repeatable."),
+        ("api_key_secret", str, "--api-key-secret", "Modal secret whose INFINITY_CLOUD_ENDPOINT_KEYS "
+         "(space-separated) the endpoint requires as bearer keys."),
         ("requires_proxy_auth", bool, "--proxy-auth/--no-proxy-auth",
          "Also require Modal's proxy-auth headers."),
     ],
@@ -277,8 +280,12 @@ def deploy_modal(
         typer.echo("Modal printed the endpoint URL above; `infinity-cloud status modal` shows it again.")
         return
     typer.echo(f"endpoint: {deployment.url}\n")
-    protected = bool(spec.modal.secrets)
-    typer.echo(usage_examples(deployment.url, spec.models[0].name, api_key=protected))
+    typer.echo(
+        usage_examples(
+            deployment.url, spec.models[0].name, url_prefix=spec.server.url_prefix,
+            api_key=spec.modal.api_key_secret is not None,
+        )
+    )
 
 
 @status_app.command("modal")

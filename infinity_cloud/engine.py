@@ -70,6 +70,18 @@ class Engine:
             if model.state == "loading":
                 model.load()
 
+    @classmethod
+    def loaded(cls, spec: DeploymentSpec) -> Engine:
+        """An engine with every model loaded now, for a process that serves only once all
+        are ready; on a failure the models already loaded are stopped and the error raised."""
+        engine = cls(spec)
+        try:
+            engine.load()
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
     def close(self) -> None:
         for model in self.models.values():
             model.stop()

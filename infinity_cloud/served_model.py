@@ -12,6 +12,7 @@ import numpy as np
 
 from infinity_cloud.backend_choice import open_backend
 from infinity_cloud.backends import Backend, ModelInputs
+from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.config import ModelSpec
@@ -33,6 +34,12 @@ class _Loaded:
     backend: Backend
     normalize: bool
     worker: BatchWorker
+
+
+def max_batch_size(spec: ModelSpec, backend: str) -> int:
+    """Inputs per batch: the spec's, else the backend's default, never past the largest static
+    batch shape."""
+    return min((spec.max_batch_size or default_batch_size(backend), *spec.batch_buckets[-1:]))
 
 
 def bucket(size: int, buckets: Sequence[int]) -> int:
@@ -85,7 +92,7 @@ class ServedModel:
         normalize = info.normalize if spec.normalize is None else spec.normalize
         head = head_for(info, pooling, normalize)
         backend = open_backend(info, spec, tokenizer, head)
-        max_batch = min((spec.max_batch_size or backend.preferred_batch_size, *spec.batch_buckets[-1:]))
+        max_batch = max_batch_size(spec, backend.name)
         queue = BatchQueue(
             spec.queue_size, spec.batch_tokens, max_batch, fill_wait_s=spec.batch_wait_ms / 1000,
             padded_length=lambda n: bucket(n, spec.length_buckets),

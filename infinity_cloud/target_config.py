@@ -62,7 +62,10 @@ class ModalSpec(BaseModel):
     target_inputs: int | None = Field(
         None, ge=1, description="requests per container the autoscaler aims for (default: from the batcher)"
     )
-    timeout_s: int = Field(600, ge=1, le=MAX_TIMEOUT_S, description="longest a request may run")
+    timeout_s: int = Field(
+        600, ge=1, le=MAX_TIMEOUT_S,
+        description="longest a container may work on one request (Modal redirects web requests past 150 s)",
+    )
     startup_timeout_s: int = Field(
         1200, ge=1, le=MAX_TIMEOUT_S, description="longest a container may take to load its models"
     )
@@ -70,7 +73,10 @@ class ModalSpec(BaseModel):
         False, description="snapshot the loaded engine so later cold starts restore it (GPU: alpha)"
     )
     secrets: tuple[str, ...] = Field(
-        (), description="Modal secrets to attach (HF_TOKEN for gated models, INFINITY_CLOUD_API_KEY)"
+        (), description="Modal secrets for the image build and the containers (HF_TOKEN for gated models)"
+    )
+    api_key_secret: str | None = Field(
+        None, description="Modal secret whose INFINITY_CLOUD_ENDPOINT_KEYS protect the endpoint"
     )
     requires_proxy_auth: bool = Field(False, description="also require Modal's proxy-auth headers")
 
@@ -92,7 +98,7 @@ class ModalSpec(BaseModel):
             raise ValueError(f"a GPU is listed twice in {', '.join(gpus)}")
         return gpus
 
-    @field_validator("app_name", "environment", "secrets")
+    @field_validator("app_name", "environment", "secrets", "api_key_secret")
     @classmethod
     def _modal_names(cls, value: Any) -> Any:
         for name in [value] if isinstance(value, str) else value or ():

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
 from infinity_cloud.config import DeploymentSpec
+
+
+def configure_logging(level: str) -> None:
+    """One log format for every process a target runs (local server, container)."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
 
 
 class Target(Protocol):

@@ -1,7 +1,7 @@
 """Embed and rerank against a deployed Modal app, with the same clients as the local server.
 
     export INFINITY_CLOUD_URL=https://<workspace>--rag-models-server-serve.modal.run
-    export INFINITY_CLOUD_API_KEY=...   # the key in the `rag-api-keys` Modal secret
+    export INFINITY_CLOUD_ENDPOINT_KEY=...   # a key from the `rag-api-keys` Modal secret
     python examples/modal/query.py
 """
 
@@ -11,7 +11,7 @@ import httpx
 from openai import OpenAI
 
 url = os.environ.get("INFINITY_CLOUD_URL", "http://127.0.0.1:7997")
-key = os.environ.get("INFINITY_CLOUD_API_KEY", "unused")
+key = os.environ.get("INFINITY_CLOUD_ENDPOINT_KEY", "unused")
 
 documents = [
     "Modal bakes the model weights into the image at build time.",

@@ -62,8 +62,6 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
-    # Inputs per batch when the spec does not say; the fastest measured for the backend.
-    preferred_batch_size: ClassVar[int] = 64
 
     def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
         self.info = info

@@ -29,9 +29,6 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 class OpenVinoBackend(Backend):
     name = "openvino"
-    # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
-    # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
-    preferred_batch_size = 16
 
     def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
         super().__init__(info, spec)

@@ -1,20 +1,11 @@
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec
-from targets.base import copy_source, render_templates, spec_yaml
+from targets.base import configure_logging, copy_source, render_templates, spec_yaml
 
 TORCH_VERSION = "2.13.0"
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
 
 
 class LocalTarget:
@@ -29,14 +20,9 @@ class LocalTarget:
         from infinity_cloud.server import create_app
 
         configure_logging(spec.server.log_level)
-        engine = Engine(spec)
-        names = ", ".join(engine.models)
+        names = ", ".join(m.name for m in spec.models)
         with Console(stderr=True).status(f"loading {names}"):
-            try:
-                engine.load()
-            except BaseException:
-                engine.close()
-                raise
+            engine = Engine.loaded(spec)
         app = create_app(engine)
         uvicorn.run(app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level)
 

@@ -6,19 +6,17 @@ the image carries as local source, so what runs on Modal is the code the tests r
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec, build_spec
 from infinity_cloud.engine import Engine
+from targets.base import configure_logging
 
-log = logging.getLogger(__name__)
-
-# The Modal secret a user attaches to protect the endpoint holds this variable; several keys
-# are separated by spaces, as for the CLI's --api-key given through the environment.
-API_KEY_ENV = "INFINITY_CLOUD_API_KEY"
+# The variable a Modal secret sets to protect the endpoint: one key, or several separated by
+# spaces. Not the CLI's INFINITY_CLOUD_API_KEY, which a deploying shell may hold for itself.
+ENDPOINT_KEYS_ENV = "INFINITY_CLOUD_ENDPOINT_KEYS"
 
 
 def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) -> DeploymentSpec:
@@ -39,21 +37,15 @@ def bake_models(spec: DeploymentSpec) -> None:
     """The image build step: fetch every model and build its exports on the target's hardware."""
     from infinity_cloud.served_model import prepare_model
 
-    logging.basicConfig(level=logging.INFO)
+    configure_logging(spec.server.log_level)
     for model in spec.models:
         print(prepare_model(model), flush=True)
 
 
 def start_engine(spec: DeploymentSpec) -> Engine:
     """Load every model before the container takes requests (a failure stops the container)."""
-    logging.basicConfig(level=spec.server.log_level.upper())
-    engine = Engine(spec)
-    try:
-        engine.load()
-    except BaseException:
-        engine.close()
-        raise
-    return engine
+    configure_logging(spec.server.log_level)
+    return Engine.loaded(spec)
 
 
 def http_app(engine: Engine) -> Any:
@@ -62,7 +54,7 @@ def http_app(engine: Engine) -> Any:
     from infinity_cloud.server import create_app
 
     server = engine.spec.server
-    keys = tuple(os.environ.get(API_KEY_ENV, "").split())
+    keys = tuple(os.environ.get(ENDPOINT_KEYS_ENV, "").split())
     if keys:
         server = server.model_copy(update={"api_keys": keys})
     # The container, not the app, owns the engine: Modal's exit hook closes it.

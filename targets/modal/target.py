@@ -13,11 +13,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.backends.registry import auto_order, backend_extra
+from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.model_source import local_model_dir
+from infinity_cloud.served_model import max_batch_size
 from targets.base import render_templates, spec_yaml
-from targets.modal.entry import API_KEY_ENV
+from targets.modal.entry import ENDPOINT_KEYS_ENV
 
 APP_FILE = "modal_app.py"
 CLASS_NAME = "Server"
@@ -25,9 +27,11 @@ WEB_METHOD = "serve"
 # Where local model folders go in the image, and the hub cache the build step fills.
 IMAGE_MODELS = "/models"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# A batch of this many inputs when the spec leaves the size to the backend (the torch
-# backend's default on a GPU).
-DEFAULT_BATCH = 64
+# What the image can run on a GPU: their pip packages bring CUDA. ONNX Runtime (which would
+# need onnxruntime-gpu) and OpenVINO are packaged for the CPU variant only.
+GPU_BACKENDS = ("torch", "ctranslate2")
+# Client-side variable in the printed examples, for the key the endpoint checks.
+CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 
 
 class ModalError(InfinityCloudError):
@@ -56,17 +60,34 @@ def require_credentials() -> None:
         raise ModalError(NO_CREDENTIALS)
 
 
+def serving_backend(model: ModelSpec, gpu: bool) -> str:
+    """The backend a container will run `model` with: `auto` resolves to its first choice,
+    which the image installs."""
+    return auto_order(gpu)[0] if model.backend == "auto" else model.backend
+
+
+def image_extras(spec: DeploymentSpec) -> tuple[str, ...]:
+    """The package extras the image needs: torch (to export models at build time, and to
+    serve on a GPU) and each model's backend."""
+    extras = {"torch"}
+    for model in spec.models:
+        extra = backend_extra(serving_backend(model, bool(spec.modal.gpu)))
+        if extra:
+            extras.add(extra)
+    return tuple(sorted(extras))
+
+
 def concurrency(spec: DeploymentSpec) -> tuple[int, int]:
     """(max_inputs, target_inputs) for `@modal.concurrent`, from the batcher's limits.
 
-    The autoscaler aims for two batches' worth of requests per container (one running, one
-    forming: beyond that, requests only wait) and lets a container queue eight while new
-    ones start, never more than its queue holds.
+    Sized for query traffic (a few inputs per request): the autoscaler aims for two batches'
+    worth of requests per container (one running, one forming; beyond that requests only
+    wait), and a container takes up to eight batches' worth while new ones start.
     """
-    batch = max(m.max_batch_size or DEFAULT_BATCH for m in spec.models)
-    queue = min(m.queue_size for m in spec.models)
+    gpu = bool(spec.modal.gpu)
+    batch = max(max_batch_size(m, serving_backend(m, gpu)) for m in spec.models)
     given_limit, given_target = spec.modal.max_inputs, spec.modal.target_inputs
-    limit = given_limit or max(given_target or 0, min(queue, 8 * batch))
+    limit = given_limit or max(given_target or 0, 8 * batch)
     # Both given and crossed is refused by the spec; one given bounds the other's default.
     target = given_target or min(2 * batch, limit)
     return limit, target
@@ -77,8 +98,15 @@ def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
     here, so the image runs the versions the tests ran; a missing one keeps its range."""
     from packaging.requirements import Requirement
 
+    try:
+        requirements = importlib.metadata.requires("infinity-cloud") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModalError(
+            "infinity-cloud is not installed as a package here, so its pinned dependencies are "
+            "unknown: pip install . (or -e .) first"
+        ) from None
     pins = []
-    for line in importlib.metadata.requires("infinity-cloud") or []:
+    for line in requirements:
         req = Requirement(line)
         if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
             continue
@@ -118,8 +146,16 @@ def check_deployable(spec: DeploymentSpec) -> None:
     if spec.server.api_keys:
         raise ConfigError(
             "API keys given in the spec would be written into the Modal app file; put them in a "
-            f"Modal secret instead (modal secret create NAME {API_KEY_ENV}=KEY) and pass --secret NAME"
+            f"Modal secret instead (modal secret create NAME {ENDPOINT_KEYS_ENV}=KEY) and pass "
+            "--api-key-secret NAME"
         )
+    if spec.modal.gpu:
+        for model in spec.models:
+            if serving_backend(model, gpu=True) not in GPU_BACKENDS:
+                raise ConfigError(
+                    f"model {model.name}: the {model.backend} backend is packaged for Modal's CPU "
+                    f"containers only; on a GPU use --backend {' or '.join(GPU_BACKENDS)} (or auto)"
+                )
     local_model_dirs(spec)  # a path-like model id that is not a folder raises here
 
 
@@ -131,7 +167,6 @@ def render_context(spec: DeploymentSpec) -> dict[str, Any]:
     modal_spec = spec.modal
     gpu = list(modal_spec.gpu)
     max_inputs, target_inputs = concurrency(spec)
-    extras = ("torch",) if gpu else ("torch", "openvino")
     # The container's copy of the spec: what it serves, not how it is deployed.
     served = spec.model_dump(mode="json", exclude_defaults=True, exclude={"modal"})
     model_dirs = local_model_dirs(spec)
@@ -142,10 +177,14 @@ def render_context(spec: DeploymentSpec) -> dict[str, Any]:
         "model_dirs_literal": python_literal(model_dirs),
         "model_dirs_items": list(model_dirs.items()),
         "gpu_literal": repr(gpu[0] if len(gpu) == 1 else gpu or None),
+        # One GPU of the first type builds the exports: the fallbacks share its software.
+        "build_gpu_literal": repr(gpu[0].split(":")[0] if gpu else None),
+        "secrets": list(modal_spec.secrets),
+        "serving_secrets": [*modal_spec.secrets, *filter(None, [modal_spec.api_key_secret])],
         "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
         "torch": torch_requirement(),
         "torch_index": None if gpu else TORCH_CPU_INDEX,
-        "requirements": pinned_requirements(extras),
+        "requirements": pinned_requirements(image_extras(spec)),
         "max_inputs": max_inputs,
         "target_inputs": target_inputs,
         # GPUs are only reachable during a snapshot with Modal's GPU snapshots (alpha).
@@ -157,15 +196,22 @@ def render_context(spec: DeploymentSpec) -> dict[str, Any]:
 
 
 def load_app_module(path: Path) -> ModuleType:
-    """Import a rendered app file with the real Modal client (which validates it)."""
+    """Import a rendered app file with the real Modal client (which validates it).
+
+    It is imported under its file's name and registered in `sys.modules`, as `modal deploy`
+    does: Modal then ships the file itself and imports it by that name in the container,
+    instead of pickling the class.
+    """
     import_modal()
-    name = f"infinity_cloud_modal_app_{abs(hash(str(path.resolve())))}"
+    name = path.stem
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:
+        del sys.modules[name]
         raise ModalError(f"the rendered Modal app {path} does not load: {type(exc).__name__}: {exc}") from exc
     return module
 
@@ -177,17 +223,18 @@ class Deployment:
     url: str | None
 
 
-def usage_examples(url: str, model: str, *, api_key: bool) -> str:
+def usage_examples(url: str, model: str, *, url_prefix: str = "", api_key: bool = False) -> str:
     """A ready `curl` and `openai` call against a deployed endpoint."""
-    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if api_key else ""
-    key = f'os.environ["{API_KEY_ENV}"]' if api_key else '"unused"'
-    return f"""curl {url}/embeddings{auth} -H "Content-Type: application/json" \\
+    base = url.rstrip("/") + url_prefix
+    auth = f' -H "Authorization: Bearer ${CLIENT_KEY_ENV}"' if api_key else ""
+    key = f'os.environ["{CLIENT_KEY_ENV}"]' if api_key else '"unused"'
+    return f"""curl {base}/embeddings{auth} -H "Content-Type: application/json" \\
   -d '{{"model": "{model}", "input": ["Hello from Modal"]}}'
 
 python - <<'PY'
 import os
 from openai import OpenAI
-client = OpenAI(base_url="{url}", api_key={key})
+client = OpenAI(base_url="{base}", api_key={key})
 result = client.embeddings.create(model="{model}", input=["Hello from Modal"])
 print(len(result.data[0].embedding))
 PY"""
@@ -219,11 +266,12 @@ class ModalTarget:
         try:
             with modal.enable_output():
                 module.app.deploy(name=spec.modal.app_name, environment_name=spec.modal.environment)
+            url = _deployed_url(module)
         except modal.exception.AuthError:
             raise ModalError(NO_CREDENTIALS) from None
         except modal.exception.Error as exc:
             raise ModalError(f"Modal refused the deployment: {exc}") from exc
-        return Deployment(spec.modal.app_name, spec.modal.environment, _deployed_url(module))
+        return Deployment(spec.modal.app_name, spec.modal.environment, url)
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The deployed app's state and endpoint URL, from Modal."""
