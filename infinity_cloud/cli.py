@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -155,6 +156,15 @@ TARGET_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
 }
 
 
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """A domain error ends the command with its message (exit 2), not a traceback."""
+    try:
+        yield
+    except InfinityCloudError as exc:
+        raise fail(exc.message) from None
+
+
 def fail(message: str) -> typer.Exit:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     return typer.Exit(2)
@@ -174,10 +184,8 @@ def with_spec(fn: Callable[..., Any] | None = None, *, sections: tuple[str, ...]
             for section in sections:
                 options[section] = {name: kwargs.pop(f"{section}_{name}") for name in TARGET_OPTIONS[section]}
             config = options.pop("config")
-            try:
+            with reported_errors():
                 spec = load_spec(config, **options)
-            except InfinityCloudError as exc:
-                raise fail(exc.message) from None
             return fn(spec=spec, **kwargs)
 
         params = own + [
@@ -198,10 +206,8 @@ def serve(spec: DeploymentSpec) -> None:
     """Serve the models over HTTP (the OpenAI-compatible API) on this machine."""
     from targets.local.target import LocalTarget
 
-    try:
+    with reported_errors():
         LocalTarget().serve(spec)
-    except InfinityCloudError as exc:
-        raise fail(exc.message) from None
 
 
 class Format(str, Enum):
@@ -249,11 +255,9 @@ def build_modal(spec: DeploymentSpec, out: Annotated[Path, _OUT_MODAL] = Path("b
     """Render a Modal app (modal_app.py) and the spec it was made from."""
     from targets.modal.target import ModalTarget
 
-    try:
+    with reported_errors():
         for path in ModalTarget().build(spec, out):
             typer.echo(str(path))
-    except InfinityCloudError as exc:
-        raise fail(exc.message) from None
 
 
 @deploy_app.command("modal")
@@ -268,10 +272,8 @@ def deploy_modal(
     """Build the Modal app and deploy it: an autoscaling endpoint with the models baked in."""
     from targets.modal.target import ModalTarget, usage_examples
 
-    try:
+    with reported_errors():
         deployment = ModalTarget().deploy(spec, out, dry_run=dry_run)
-    except InfinityCloudError as exc:
-        raise fail(exc.message) from None
     if deployment is None:
         typer.echo(f"{out / 'modal_app.py'} loads with the Modal client; nothing deployed (--dry-run)")
         return
@@ -294,10 +296,8 @@ def status_modal(spec: DeploymentSpec) -> None:
     """The deployed Modal app's state and endpoint URL."""
     from targets.modal.target import ModalTarget
 
-    try:
+    with reported_errors():
         facts = ModalTarget().status(spec)
-    except InfinityCloudError as exc:
-        raise fail(exc.message) from None
     for key, value in facts.items():
         typer.echo(f"{key}: {value}")
 
@@ -313,10 +313,8 @@ def delete_modal(
 
     if not yes:
         typer.confirm(f"Stop the Modal app {spec.modal.app_name!r}?", abort=True)
-    try:
+    with reported_errors():
         ModalTarget().delete(spec)
-    except InfinityCloudError as exc:
-        raise fail(exc.message) from None
     typer.echo(f"stopped Modal app {spec.modal.app_name!r}")
 
 
@@ -333,10 +331,8 @@ def download(
     from infinity_cloud.served_model import prepare_model
 
     for model in spec.models:
-        try:
+        with reported_errors():
             typer.echo(prepare_model(model, build_exports=not files_only))
-        except InfinityCloudError as exc:
-            raise fail(exc.message) from None
 
 
 @app.command()

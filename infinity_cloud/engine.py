@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -20,6 +19,7 @@ import numpy as np
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import ModelNotFoundError, UnsupportedError
+from infinity_cloud.hardware import usable_cores
 from infinity_cloud.model_files import Capability
 from infinity_cloud.results import ClassifyResult, EmbeddingResult, RankedDocument, RerankResult
 from infinity_cloud.served_model import ServedModel
@@ -59,7 +59,7 @@ class Engine:
         self.observers: list[Observer] = list(observers)
         self.models: dict[str, ServedModel] = {m.name: ServedModel(m, self.observers) for m in spec.models}
         self._tokenize_pool = ThreadPoolExecutor(
-            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="tokenize"
+            max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
 
     # -- lifecycle -------------------------------------------------------------------

@@ -45,6 +45,7 @@ class ModelInfo:
     max_length: int
     hidden_size: int
     vocab_size: int | None
+    pad_token: str | None = None  # the tokenizer config's, when it names one
     pooling: str = "mean"
     normalize: bool = False
     dense: tuple[DenseLayer, ...] = ()
@@ -142,9 +143,8 @@ def _sentence_transformers_head(path: Path, modules: list[dict[str, Any]]) -> di
     return head
 
 
-def _max_length(path: Path, config: dict[str, Any]) -> int:
+def _max_length(path: Path, config: dict[str, Any], tok_config: dict[str, Any]) -> int:
     st_config = _read_json(path / "sentence_bert_config.json") or {}
-    tok_config = _read_json(path / "tokenizer_config.json") or {}
     positions = int(config.get("max_position_embeddings") or 0)
     if config.get("model_type") in {"roberta", "xlm-roberta", "camembert", "longformer"}:
         positions -= 2  # these offset positions by the padding index
@@ -170,13 +170,16 @@ def read_model_info(path: Path) -> ModelInfo:
             f"{path.name} is an image or audio model ({model_type}); this version serves text models only"
         )
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    pad = tok_config.get("pad_token")
     common = {
         "path": path,
         "model_type": model_type,
         "architectures": architectures,
-        "max_length": _max_length(path, config),
+        "max_length": _max_length(path, config, tok_config),
         "hidden_size": int(text.get("hidden_size") or text.get("d_model") or text.get("dim") or 0),
         "vocab_size": text.get("vocab_size"),
+        "pad_token": pad.get("content") if isinstance(pad, dict) else pad,
         "raw": config,
     }
     if any(a.endswith("ForSequenceClassification") for a in architectures):

@@ -87,7 +87,7 @@ class ServedModel:
         max_length = min(info.max_length, spec.max_length or info.max_length)
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
-        tokenizer = TextTokenizer.load(path, max_length, info.vocab_size)
+        tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
         pooling = spec.pooling or info.pooling
         normalize = info.normalize if spec.normalize is None else spec.normalize
         head = head_for(info, pooling, normalize)
@@ -158,8 +158,6 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         """Facts for /models and /health."""
         out: dict[str, Any] = {"id": self.name, "state": self.state, "backend": self.spec.backend}
-        if self._loaded is not None:
-            out["backend"] = self._loaded.backend.name
         if self.error:
             out["error"] = self.error
         if self._loaded is None:
@@ -167,6 +165,7 @@ class ServedModel:
         loaded = self._loaded
         worker = loaded.worker
         out.update(
+            backend=loaded.backend.name,  # `auto` resolved
             capabilities=[loaded.info.capability.value],
             dtype=loaded.backend.dtype,
             device=loaded.backend.device,
@@ -185,7 +184,6 @@ class ServedModel:
         if worker.death:
             out["error"] = worker.death
         return out
-
 
 
 def prepare_model(spec: ModelSpec, *, build_exports: bool = True) -> str:

@@ -6,7 +6,6 @@ tokens here is what makes `usage` real.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,12 +69,9 @@ class TextTokenizer:
         self._prefix, self._suffix = _special_tokens_around(tokenizer)
 
     @classmethod
-    def load(cls, path: Path, max_length: int, vocab_size: int | None = None) -> TextTokenizer:
-        pad_token = None
-        config_file = path / "tokenizer_config.json"
-        if config_file.is_file():
-            pad = json.loads(config_file.read_text()).get("pad_token")
-            pad_token = pad.get("content") if isinstance(pad, dict) else pad
+    def load(
+        cls, path: Path, max_length: int, vocab_size: int | None = None, pad_token: str | None = None
+    ) -> TextTokenizer:
         return cls(_load_fast_tokenizer(path), max_length, vocab_size, pad_token)
 
     @staticmethod

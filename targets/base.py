@@ -10,6 +10,25 @@ from typing import Any, Protocol
 
 from infinity_cloud.config import DeploymentSpec
 
+# The torch release the tests ran on; an image pins the installed one, or this without it.
+TESTED_TORCH = "2.13.0"
+
+
+def installed_version(package: str) -> str | None:
+    """A package's version here, less any local build label (torch's +cpu), so an image's own
+    index picks the build for its hardware; None when it is not installed."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package).split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_version() -> str:
+    """The torch version an image installs: this machine's, else the tested one."""
+    return installed_version("torch") or TESTED_TORCH
+
 
 def configure_logging(level: str) -> None:
     """One log format for every process a target runs (local server, container)."""

@@ -14,19 +14,24 @@ from infinity_cloud.hardware import has_nvidia_gpu
 class _Entry(NamedTuple):
     module: str
     cls: str
-    extra: str | None
+    extra: str | None  # the pip extra that installs it
+    runtime: str | None  # the module whose presence means it is installed
     # Inputs per batch when the spec does not say: the fastest measured for the backend.
     batch_size: int = 64
 
 
 _BACKENDS: dict[str, _Entry] = {
-    "torch": _Entry("infinity_cloud.backends.torch_backend", "TorchBackend", "torch"),
-    "onnx": _Entry("infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnx"),
+    "torch": _Entry("infinity_cloud.backends.torch_backend", "TorchBackend", "torch", "torch"),
+    "onnx": _Entry("infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnx", "onnxruntime"),
     # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
     # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
-    "openvino": _Entry("infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino", 16),
-    "ctranslate2": _Entry("infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2"),
-    "fake": _Entry("infinity_cloud.backends.fake", "FakeBackend", None),
+    "openvino": _Entry(
+        "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino", "openvino", 16
+    ),
+    "ctranslate2": _Entry(
+        "infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2", "ctranslate2"
+    ),
+    "fake": _Entry("infinity_cloud.backends.fake", "FakeBackend", None, None),
 }
 # What `backend auto` tries, fastest first. On a GPU that is torch (bf16/fp16, SDPA); on
 # CPU OpenVINO (bf16 on AMX, parallel streams; measured fastest here), then ONNX Runtime,
@@ -73,8 +78,8 @@ def auto_order(gpu: bool) -> tuple[str, ...]:
 
 def installed(name: str) -> bool:
     """Whether a backend's runtime is installed, without importing it."""
-    module = {"torch": "torch", "onnx": "onnxruntime", "openvino": "openvino", "ctranslate2": "ctranslate2"}
-    return importlib.util.find_spec(module.get(name, name)) is not None
+    runtime = _entry(name).runtime
+    return runtime is None or importlib.util.find_spec(runtime) is not None
 
 
 def auto_backends(device: str) -> list[str]:

@@ -71,7 +71,7 @@ class TorchBackend(Backend):
         if device.type == "cpu":
             torch.set_num_threads(int(spec.backend_options.get("threads", usable_cores())))
         model = load_model(info, spec, dtype, attention="sdpa")
-        self.model = model.eval().to(device)
+        self.model = model.to(device)
         self._device = device
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")

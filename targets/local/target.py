@@ -3,9 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec
-from targets.base import configure_logging, copy_source, render_templates, spec_yaml
-
-TORCH_VERSION = "2.13.0"
+from targets.base import configure_logging, copy_source, render_templates, spec_yaml, torch_version
 
 
 class LocalTarget:
@@ -39,7 +37,7 @@ class LocalTarget:
             out_dir,
             {
                 "spec": container_spec,
-                "torch_version": TORCH_VERSION,
+                "torch_version": torch_version(),
                 "from_source": source is not None,
             },
         )

@@ -18,7 +18,7 @@ from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.model_source import local_model_dir
 from infinity_cloud.served_model import max_batch_size
-from targets.base import render_templates, spec_yaml
+from targets.base import installed_version, render_templates, spec_yaml, torch_version
 from targets.modal.entry import ENDPOINT_KEYS_ENV
 
 APP_FILE = "modal_app.py"
@@ -112,24 +112,13 @@ def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
             continue
         if req.name == "torch":
             continue  # installed on its own, from the index that fits the hardware
-        try:
-            version = importlib.metadata.version(req.name).split("+")[0]
-        except importlib.metadata.PackageNotFoundError:
-            pins.append(f"{req.name}{_extras(req)}{req.specifier}")
-            continue
-        pins.append(f"{req.name}{_extras(req)}=={version}")
+        version = installed_version(req.name)
+        pins.append(f"{req.name}{_extras(req)}" + (f"=={version}" if version else str(req.specifier)))
     return pins
 
 
 def _extras(req: Any) -> str:
     return f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-
-
-def torch_requirement() -> str:
-    try:
-        return "torch==" + importlib.metadata.version("torch").split("+")[0]
-    except importlib.metadata.PackageNotFoundError:
-        return "torch"
 
 
 def local_model_dirs(spec: DeploymentSpec) -> dict[str, str]:
@@ -182,7 +171,7 @@ def render_context(spec: DeploymentSpec) -> dict[str, Any]:
         "secrets": list(modal_spec.secrets),
         "serving_secrets": [*modal_spec.secrets, *filter(None, [modal_spec.api_key_secret])],
         "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "torch": torch_requirement(),
+        "torch": f"torch=={torch_version()}",
         "torch_index": None if gpu else TORCH_CPU_INDEX,
         "requirements": pinned_requirements(image_extras(spec)),
         "max_inputs": max_inputs,

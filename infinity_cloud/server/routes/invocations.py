@@ -50,7 +50,7 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
     model = engine.model(data.get("model") if isinstance(data.get("model"), str) else None)
     if "input" in data:
         return "classify" if model.capability is Capability.CLASSIFY else "embeddings"
-    return _BY_CAPABILITY.get(model.loaded.info.capability, "embeddings")
+    return _BY_CAPABILITY.get(model.capability, "embeddings")
 
 
 @router.post("/invocations", summary="SageMaker entry point: embeddings, rerank or classify")
