@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import model_factory
+import numpy as np
 import pytest
 
 from infinity_cloud.config import DeploymentSpec, ModelSpec
@@ -96,22 +97,51 @@ async def wait_healthy(client: httpx.AsyncClient, timeout: float = 120.0) -> Non
 
 
 @asynccontextmanager
-async def serve_in_process(
-    spec: DeploymentSpec | Engine, headers: dict[str, str] | None = None
+async def unwaited(
+    spec: DeploymentSpec | Engine, headers: dict[str, str] | None = None, base_url: str = "http://testserver"
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The real app over ASGI, its lifespan run, models loaded; yields an httpx client."""
+    """The real app over ASGI with its lifespan running, models maybe still loading."""
     app = create_app(spec)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://testserver", headers=headers or {}, timeout=60
+            transport=transport, base_url=base_url, headers=headers or {}, timeout=60
         ) as client:
-            await wait_healthy(client)
             yield client
+
+
+@asynccontextmanager
+async def serve_in_process(
+    spec: DeploymentSpec | Engine, headers: dict[str, str] | None = None, base_url: str = "http://testserver"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app over ASGI, its lifespan run, models loaded; yields an httpx client."""
+    async with unwaited(spec, headers, base_url) as client:
+        await wait_healthy(client)
+        yield client
+
+
+async def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.005) -> None:
+    """Poll `condition` until it holds; a hang fails the test after `timeout`."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(interval)
+
+    await asyncio.wait_for(poll(), timeout)
 
 
 def spec_of(*models: ModelSpec, **server: Any) -> DeploymentSpec:
     return DeploymentSpec(models=models, server=server)
+
+
+def fake(path: Path, name: str, **options: Any) -> ModelSpec:
+    """A model served by the deterministic fake backend over a tiny model's files."""
+    return ModelSpec(model_id=str(path), served_model_name=name, backend="fake", **options)
+
+
+def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity."""
+    return (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
 
 
 def free_port() -> int:

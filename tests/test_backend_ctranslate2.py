@@ -22,6 +22,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 import model_factory  # noqa: E402 - after the skip: it imports torch
 import torch  # noqa: E402
+from conftest import cosines  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, XLMRobertaConfig  # noqa: E402
 
@@ -135,10 +136,6 @@ async def embed(path: Path, dtype: str = "float32", texts: list[str] = TEXTS) ->
     async with Engine(ModelSpec(model_id=str(path), backend="ctranslate2", device="cpu", dtype=dtype)) as e:
         result = await e.embed(texts)
         return result.embeddings, e.describe()[0]["dtype"]
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def assert_close(ours: np.ndarray, ref: np.ndarray, min_cosine: float) -> None:

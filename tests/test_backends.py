@@ -23,16 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from conftest import serve_in_process, spec_of
+from conftest import cosines, serve_in_process, spec_of, unwaited
 
 from infinity_cloud import Engine, ModelSpec, backend_choice, fidelity
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
-from infinity_cloud.server import create_app
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
 TEXTS = [
@@ -103,8 +101,8 @@ def assert_close(got: np.ndarray, want: np.ndarray, capability: str, dtype: str)
     assert got.shape == want.shape
     assert np.isfinite(got).all()
     if capability == "embed":
-        cosines = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
-        assert 1 - cosines.min() <= COSINE_GAP[dtype], cosines
+        cos = cosines(got, want)
+        assert 1 - cos.min() <= COSINE_GAP[dtype], cos
     else:
         spread = float(np.ptp(want))
         assert spread > 0.1, want  # scores that differ between inputs, or nothing is compared
@@ -589,10 +587,8 @@ async def test_a_bad_combination_is_a_config_error(
         assert options["backend"] in raised.value.message
 
     # Over HTTP: the model fails to load, /health says why, its requests get a 503.
-    app = create_app(spec_of(ModelSpec(model_id=str(models["bert"]), served_model_name="emb", **options)))
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60
-    ) as client:
+    spec = spec_of(ModelSpec(model_id=str(models["bert"]), served_model_name="emb", **options))
+    async with unwaited(spec) as client:
         deadline = time.monotonic() + 30
         while (health := await client.get("/health")).json()["models"][0]["state"] == "loading":
             assert time.monotonic() < deadline, health.text

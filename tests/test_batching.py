@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from conftest import wait_until
 
 from infinity_cloud.batching import BatchQueue, BatchReport, BatchWorker, WorkItem
 from infinity_cloud.errors import BatchFailedError, ModelNotReadyError, PayloadTooLargeError, QueueFullError
@@ -203,14 +204,6 @@ def make_worker(
 
 async def submit(worker: BatchWorker, payloads: list[Any], lengths: list[int]) -> list[Any]:
     return await asyncio.wait_for(worker.submit(payloads, lengths), HANG_GUARD_S)
-
-
-async def wait_until(condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), HANG_GUARD_S)
 
 
 async def test_results_come_back_in_input_order() -> None:

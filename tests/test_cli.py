@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT, server_process
 from typer.testing import CliRunner
 
+from infinity_cloud.backends import exports
 from infinity_cloud.cli import app
 from infinity_cloud.config import DEFAULT_MODEL_ID
 
@@ -125,7 +126,7 @@ def test_the_wheel_ships_the_templates(tmp_path):
 
 def test_download_builds_the_backend_exports_ahead_of_serving(tiny_embedder, tmp_path, monkeypatch):
     cache = tmp_path / "exports"
-    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(cache))
+    monkeypatch.setenv(exports.CACHE_ENV, str(cache))
     args = ["download", "--model-id", str(tiny_embedder), "--backend", "onnx", "--dtype", "float32"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import cosines
 
 cohere = pytest.importorskip("cohere")
 openai = pytest.importorskip("openai")
@@ -95,7 +96,7 @@ def reference_embeddings(reference, texts: list[str]) -> np.ndarray:
 def assert_same_vectors(got, want: np.ndarray) -> None:
     got = np.asarray(got, dtype=np.float64)
     assert got.shape == want.shape
-    cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    cosine = cosines(got, want)
     assert cosine.min() >= 0.9999, cosine
 
 
@@ -299,12 +300,11 @@ async def test_langchain_infinity_embeddings_async(live_server: str, minilm_refe
     assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS))
 
 
-def test_langchain_infinity_rerank(live_server: str, reranker_reference: np.ndarray) -> None:
+def test_langchain_infinity_rerank(infinity, reranker_reference: np.ndarray) -> None:
     compressors = pytest.importorskip("langchain_community.document_compressors")
     from langchain_core.documents import Document
 
-    client = InfinityClient(base_url=live_server)
-    reranker = compressors.InfinityRerank(client=client, model="reranker", top_n=2)
+    reranker = compressors.InfinityRerank(client=infinity, model="reranker", top_n=2)
     ranked = reranker.rerank(DOCUMENTS, QUERY)
     check_top_two([type("R", (), r)() for r in ranked], reranker_reference)
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import serve_in_process, server_process, spec_of
+from conftest import cosines, serve_in_process, server_process, spec_of, wait_until
 from tokenizers import Tokenizer
 
 from infinity_cloud.backends import ModelInputs
@@ -37,14 +37,6 @@ def random_text(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n)) + rng.choice(["", ".", "!", "?"])
 
 
-async def wait_until(condition: Callable[[], Any]) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(poll(), HANG_GUARD_S)
-
-
 def metric(text: str, name: str, **labels: str) -> float:
     """One sample's value from Prometheus text, whatever the order of its labels."""
     for line in text.splitlines():
@@ -52,10 +44,6 @@ def metric(text: str, name: str, **labels: str) -> float:
         if sample.split("{")[0] == name and all(f'{k}="{v}"' in sample for k, v in labels.items()):
             return float(value)
     return 0.0
-
-
-def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    return (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
 
 
 # -- many requests at once against the real MiniLM -----------------------------------------
@@ -232,10 +220,10 @@ async def test_cancelled_request_inputs_never_reach_the_backend(tiny_embedder: P
         monkeypatch.setattr(loaded.backend, "forward", gated)
         try:
             first = asyncio.ensure_future(client.post("/embeddings", json={"input": ["first"]}))
-            await wait_until(entered.is_set)
+            await wait_until(entered.is_set, HANG_GUARD_S)
             leaving = client.post("/embeddings", json={"input": ["gone one", "gone two"]})
             leaver = asyncio.ensure_future(leaving)
-            await wait_until(lambda: queue.depth == 2)
+            await wait_until(lambda: queue.depth == 2, HANG_GUARD_S)
             leaver.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await leaver
@@ -253,11 +241,7 @@ def _stats(url: str) -> dict[str, Any]:
 
 
 def _poll(condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.02)
-
-    asyncio.run(asyncio.wait_for(poll(), HANG_GUARD_S))
+    asyncio.run(wait_until(condition, HANG_GUARD_S, interval=0.02))
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import cosines
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from transformers import (
     AutoConfig,
@@ -148,10 +149,6 @@ def embedder(build_model: Callable[..., Path], widen: Callable[[Path], Path]) ->
 
 def reference_embeddings(path: Path, texts: list[str]) -> np.ndarray:
     return sentence_transformer(path).encode(texts, batch_size=8, convert_to_numpy=True)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 def assert_embeddings_match(ours: np.ndarray, ref: np.ndarray, normalized: bool) -> None:

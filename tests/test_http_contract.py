@@ -7,24 +7,16 @@ import base64
 import math
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import serve_in_process, spec_of, wait_healthy
+from conftest import fake, serve_in_process, spec_of
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.server import create_app
-
 DOCS = ["a cat sat on the mat", "the weather is fine today", "dogs and cats", "stock markets fell"]
 LABELS = {"negative", "neutral", "positive"}
-
-
-def fake(path: Path, name: str, **options: object) -> ModelSpec:
-    return ModelSpec(model_id=str(path), served_model_name=name, backend="fake", **options)
 
 
 @pytest.fixture(scope="module")
@@ -400,11 +392,7 @@ async def test_url_prefix_moves_every_route(tiny_embedder, tiny_reranker):
     spec = spec_of(fake(tiny_embedder, "emb"), fake(tiny_reranker, "rr"), url_prefix="api/")
     rerank = {"model": "rr", "query": "q", "documents": ["a", "b"]}
     embed = {"model": "emb", "input": "x"}
-    app = create_app(spec)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://testserver/api"
-    ) as c:
-        await wait_healthy(c)  # GET /api/health
+    async with serve_in_process(spec, base_url="http://testserver/api") as c:  # GET /api/health
         for method, route, body in [
             ("POST", "/embeddings", embed), ("POST", "/v1/embeddings", embed),
             ("POST", "/classify", embed), ("POST", "/v1/classify", embed),

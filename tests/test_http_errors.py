@@ -7,18 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import serve_in_process, spec_of, wait_healthy
+from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy
 from tokenizers import Tokenizer
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.engine import Engine
-from infinity_cloud.server import create_app
 
 MAX_BYTES = 4096
 MAX_INPUTS = 128
@@ -35,20 +31,6 @@ GOOD = {
     "/classify": {"model": "cl", "input": ["fine"]},
     "/invocations": {"model": "emb", "input": ["fine"]},
 }
-
-
-def fake(path: Path, name: str, **options: Any) -> ModelSpec:
-    return ModelSpec(model_id=str(path), served_model_name=name, backend="fake", **options)
-
-
-@asynccontextmanager
-async def unwaited(spec: DeploymentSpec) -> AsyncIterator[httpx.AsyncClient]:
-    """The app with its lifespan running, without waiting for the models to load."""
-    app = create_app(spec)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://testserver", timeout=60
-    ) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,11 @@ import httpx
 import modal
 import numpy as np
 import pytest
+from conftest import cosines
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from typer.testing import CliRunner
 
+from infinity_cloud.backends import exports
 from infinity_cloud.cli import app as cli
 from targets.modal.entry import ENDPOINT_KEYS_ENV, bake_models, container_spec
 from targets.modal.target import CLIENT_KEY_ENV, load_app_module, usage_examples
@@ -186,8 +188,7 @@ async def test_local_asgi_app_serves_embeddings_rerank_and_health(
         ours = np.array([d["embedding"] for d in embedded.json()["data"]])
         st = SentenceTransformer(str(tiny_embedder), device="cpu")
         reference = st.encode(TEXTS, normalize_embeddings=True)
-        cosine = np.sum(ours * reference, axis=1) / np.linalg.norm(ours, axis=1)
-        assert cosine.min() > 0.999
+        assert cosines(ours, reference).min() > 0.999
 
         body = {"model": "reranker", "query": "cold start", "documents": TEXTS, "return_documents": True}
         ranked = await client.post("/rerank", json=body, headers=auth)
@@ -204,7 +205,7 @@ def test_the_image_build_step_fetches_and_exports_each_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_embedder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What `bake_models` runs in the image build, here against this machine's CPU."""
-    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "exports"))
+    monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "exports"))
     module, _ = build(tmp_path / "app", "--model-id", str(tiny_embedder), "--backend", "onnx")
     bake_models(container_spec(module.SPEC, {}))
     assert "ready for onnx" in capsys.readouterr().out

@@ -10,7 +10,6 @@ import pytest
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends.torch_backend import TorchBackend
-from infinity_cloud.config import ModelSpec as Spec
 from infinity_cloud.config import build_spec
 from infinity_cloud.errors import ConfigError
 
@@ -47,7 +46,7 @@ async def test_inputs_are_truncated_to_the_largest_length_bucket(tiny_embedder: 
 
 
 def test_buckets_parse_from_a_flag_string_sorted_and_unique() -> None:
-    assert Spec(length_buckets="512, 128,256,128").length_buckets == (128, 256, 512)
+    assert ModelSpec(length_buckets="512, 128,256,128").length_buckets == (128, 256, 512)
 
 
 def test_a_non_positive_bucket_is_a_config_error() -> None:
