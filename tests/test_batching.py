@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -285,138 +286,141 @@ async def test_one_failing_input_fails_the_whole_request() -> None:
         worker.stop()
 
 
+class Gate:
+    """Holds a batch inside the worker (one holding `trigger`, or any) until opened, so a
+    test can queue more behind it."""
+
+    def __init__(self, trigger: str | None = None) -> None:
+        self.trigger = trigger
+        self.entered = threading.Event()
+        self._open = threading.Event()
+
+    def hold(self, payloads: Sequence[Any]) -> bool:
+        """Called from the worker thread; True when this batch was held."""
+        if self.trigger is not None and self.trigger not in payloads:
+            return False
+        self.entered.set()
+        self._open.wait(HANG_GUARD_S)
+        return True
+
+    def open(self) -> None:
+        self._open.set()
+
+
+@asynccontextmanager
+async def gated(worker: BatchWorker, gate: Gate, first: list[str]) -> AsyncIterator[asyncio.Future[Any]]:
+    """Submit `first` and wait until the gate holds it; on exit open the gate and stop."""
+    try:
+        held = asyncio.ensure_future(submit(worker, first, [100] * len(first)))
+        await wait_until(gate.entered.is_set)
+        yield held
+    finally:
+        gate.open()
+        worker.stop()
+
+
 async def test_base_exception_in_run_kills_the_worker_and_fails_every_waiter() -> None:
-    gate, entered = threading.Event(), threading.Event()
+    gate = Gate("fatal")
 
     def run(payloads: list[str]) -> list[str]:
-        if "fatal" in payloads:
-            entered.set()
-            gate.wait(HANG_GUARD_S)
+        if gate.hold(payloads):
             raise Fatal("the backend pulled the plug")
         return payloads
 
     worker = make_worker(run)
-    try:
-        in_flight = asyncio.ensure_future(submit(worker, ["fatal"], [100]))
-        await wait_until(entered.is_set)
+    async with gated(worker, gate, ["fatal"]) as in_flight:
         queued = [asyncio.ensure_future(submit(worker, [f"q{i}"], [5])) for i in range(3)]
         await wait_until(lambda: worker.queue.depth == 3)
-        gate.set()
+        gate.open()
         outcomes = await asyncio.gather(in_flight, *queued, return_exceptions=True)
         assert all(isinstance(o, ModelNotReadyError) for o in outcomes), outcomes
         assert not worker.alive  # dead before anyone got an answer
         assert "Fatal" in (worker.death or "")
         with pytest.raises(ModelNotReadyError, match="not serving"):
             await submit(worker, ["late"], [5])
-    finally:
-        gate.set()
-        worker.stop()
 
 
 async def test_base_exception_in_finish_kills_the_worker_and_fails_every_waiter() -> None:
-    gate, entered = threading.Event(), threading.Event()
+    gate = Gate("fatal")
 
     def finish(output: list[str], _: list[str]) -> list[str]:
-        if "fatal" in output:
-            entered.set()
-            gate.wait(HANG_GUARD_S)
+        if gate.hold(output):
             raise Fatal("postprocessing pulled the plug")
         return output
 
     worker = make_worker(lambda payloads: payloads, finish)
-    try:
-        in_finish = asyncio.ensure_future(submit(worker, ["fatal"], [100]))
-        await wait_until(entered.is_set)
+    async with gated(worker, gate, ["fatal"]) as in_finish:
         # The next batches run and wait for the finisher (one in the hand-off, maybe one more).
         behind = [asyncio.ensure_future(submit(worker, [f"b{i}"], [100])) for i in range(4)]
         await wait_until(lambda: worker.queue.depth <= 2)
-        gate.set()
+        gate.open()
         outcomes = await asyncio.gather(in_finish, *behind, return_exceptions=True)
         assert all(isinstance(o, ModelNotReadyError) for o in outcomes), outcomes
         assert not worker.alive  # dead before anyone got an answer
         assert "Fatal" in (worker.death or "")
-    finally:
-        gate.set()
-        worker.stop()
 
 
 async def test_stop_finishes_the_running_batch_and_fails_the_queued_ones() -> None:
-    gate, entered = threading.Event(), threading.Event()
+    gate = Gate("slow")
 
     def run(payloads: list[str]) -> list[str]:
-        if "slow" in payloads:
-            entered.set()
-            gate.wait(HANG_GUARD_S)
+        gate.hold(payloads)
         return payloads
 
     worker = make_worker(run)
-    running = asyncio.ensure_future(submit(worker, ["slow"], [100]))
-    await wait_until(entered.is_set)
-    queued = asyncio.ensure_future(submit(worker, ["q"], [5]))
-    await wait_until(lambda: worker.queue.depth == 1)
-    stopper = asyncio.ensure_future(asyncio.to_thread(worker.stop, HANG_GUARD_S))
-    await wait_until(lambda: worker.queue.closed)
-    gate.set()
-    await asyncio.wait_for(stopper, HANG_GUARD_S)
-    assert await running == ["slow"]
-    with pytest.raises(ModelNotReadyError, match="shutting down"):
-        await queued
-    assert not worker.alive
+    async with gated(worker, gate, ["slow"]) as running:
+        queued = asyncio.ensure_future(submit(worker, ["q"], [5]))
+        await wait_until(lambda: worker.queue.depth == 1)
+        stopper = asyncio.ensure_future(asyncio.to_thread(worker.stop, HANG_GUARD_S))
+        await wait_until(lambda: worker.queue.closed)
+        gate.open()
+        await asyncio.wait_for(stopper, HANG_GUARD_S)
+        assert await running == ["slow"]
+        with pytest.raises(ModelNotReadyError, match="shutting down"):
+            await queued
+        assert not worker.alive
 
 
 async def test_a_cancelled_submit_drops_its_queued_inputs() -> None:
-    gate, entered = threading.Event(), threading.Event()
+    gate = Gate("slow")
     seen: list[str] = []
 
     def run(payloads: list[str]) -> list[str]:
         seen.extend(payloads)
-        if "slow" in payloads:
-            entered.set()
-            gate.wait(HANG_GUARD_S)
+        gate.hold(payloads)
         return payloads
 
     worker = make_worker(run)
-    try:
-        running = asyncio.ensure_future(submit(worker, ["slow"], [100]))
-        await wait_until(entered.is_set)
+    async with gated(worker, gate, ["slow"]) as running:
         leaver = asyncio.ensure_future(worker.submit(["gone1", "gone2"], [5, 5]))
         await wait_until(lambda: worker.queue.depth == 2)
         leaver.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leaver
-        gate.set()
+        gate.open()
         assert await running == ["slow"]
         assert await submit(worker, ["after"], [5]) == ["after"]
         assert seen == ["slow", "after"]
-    finally:
-        gate.set()
-        worker.stop()
 
 
 async def test_a_full_queue_refuses_a_request_whole() -> None:
-    gate, entered = threading.Event(), threading.Event()
+    gate = Gate()  # holds every batch until opened
 
     def run(payloads: list[str]) -> list[str]:
-        entered.set()
-        gate.wait(HANG_GUARD_S)
+        gate.hold(payloads)
         return payloads
 
     worker = make_worker(run, capacity=3)
-    try:
-        running = asyncio.ensure_future(submit(worker, ["first"], [100]))
-        await wait_until(entered.is_set)
+    async with gated(worker, gate, ["first"]) as running:
         waiting = asyncio.ensure_future(submit(worker, ["x", "y"], [1, 1]))
         await wait_until(lambda: worker.queue.depth == 2)
         with pytest.raises(QueueFullError):
             await submit(worker, ["a", "b"], [1, 1])
         assert worker.queue.depth == 2  # nothing of the refused request was queued
-        gate.set()
+        gate.open()
         assert await running == ["first"]
         assert await waiting == ["x", "y"]
         assert await submit(worker, ["a", "b", "c"], [1, 1, 1]) == ["a", "b", "c"]
-    finally:
-        gate.set()
-        worker.stop()
 
 
 async def test_a_failing_observer_neither_fails_the_batch_nor_the_worker() -> None:
