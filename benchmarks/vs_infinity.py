@@ -436,15 +436,25 @@ def git_revision() -> str | None:
 
 
 def infinity_versions(python: Path) -> dict[str, str]:
+    # "-" for a package that is not installed there (optimum is optional).
     code = (
-        "import importlib.metadata as m; print(*(m.version(d) for d in ('infinity-emb', 'torch', 'optimum')))"
+        "import importlib.metadata as m\n"
+        "def v(d):\n"
+        "    try:\n        return m.version(d)\n"
+        "    except m.PackageNotFoundError:\n        return '-'\n"
+        "print(*(v(d) for d in ('infinity-emb', 'torch', 'optimum', 'transformers')))"
     )
     try:
         out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
-        infinity, torch, optimum = out.stdout.split()
+        infinity, torch, optimum, transformers = out.stdout.split()
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return {}
-    return {"infinity_emb": infinity, "infinity_torch": torch, "infinity_optimum": optimum}
+    return {
+        "infinity_emb": infinity,
+        "infinity_torch": torch,
+        "infinity_optimum": optimum,
+        "infinity_transformers": transformers,
+    }
 
 
 def machine_info(infinity_python: Path) -> dict[str, Any]:

@@ -32,7 +32,10 @@ def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, hea
         # A ConfigError too: one backend lacking the dtype or device (int8 on OpenVINO) is
         # no reason to stop before another that has it.
         except (ModelLoadError, ConfigError) as exc:
-            log.warning("backend %s cannot serve %s (%s); trying the next one", name, info.path, exc)
+            # Loud: the next backend in the order is slower, and the message names the fix.
+            log.warning(
+                "backend %s cannot serve %s, so a slower one is tried next: %s", name, info.path, exc
+            )
             failures.append((name, exc))
     reasons = "; ".join(f"{name}: {exc}" for name, exc in failures)
     # Every backend refused the configuration (or is not installed): keep that error class.

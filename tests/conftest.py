@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,20 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(*args: str, env: dict[str, str] | None = None, timeout: float = 180.0) -> Iterator[str]:
-    """`python -m infinity_cloud serve ARGS` as a real process on a free port; yields its URL."""
+def server_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+    program: Sequence[str] = (sys.executable, "-m", "infinity_cloud"),
+    log_path: Path | None = None,
+) -> Iterator[str]:
+    """`PROGRAM serve ARGS` (this venv's package by default) as a real process on a free port;
+    yields its URL once /health answers. The log goes to `log_path`."""
     port = free_port()
-    log_path = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"infinity-cloud-{port}.log"
+    log_path = log_path or Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"infinity-cloud-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infinity_cloud", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        [*program, "serve", "--host", "127.0.0.1", "--port", str(port), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,

@@ -411,11 +411,12 @@ async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path
     for backend in ("onnx", "openvino"):  # no export and no torch: say what to install
         kind, message = out[f"{backend}-error"]
         assert kind == "BackendUnavailableError", message
-        assert "pip install 'infinity-cloud[torch]'" in message and "model.onnx" in message, message
+        # The backend's own extra brings the converter (torch, transformers, onnx) too.
+        assert f"pip install 'infinity-cloud[{backend}]'" in message and "model.onnx" in message, message
         assert str(uncached) in message
     kind, message = out["auto-error"]  # every installed backend said the same
     assert kind == "BackendUnavailableError", message
-    assert "infinity-cloud[torch]" in message, message
+    assert "infinity-cloud[openvino]" in message, message
     assert not (uncached / ".infinity-cloud").exists() or not any((uncached / ".infinity-cloud").iterdir())
 
 
@@ -477,6 +478,47 @@ async def test_auto_falls_back_when_the_onnx_export_fails(
     assert "backend openvino cannot serve" in warned and "backend onnx cannot serve" in warned
     assert "unsupported op" in warned
     assert_close(got, await reference("qwen2"), "embed", "float32")
+
+
+async def test_a_failed_export_is_not_tried_again_at_the_next_start(
+    models, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversion that failed fails fast at later starts, until the packages change."""
+    calls: list[Any] = []
+
+    def failing(info: Any, *_: Any) -> None:
+        calls.append(info)
+        raise RuntimeError("TracerWarning: unsupported op Frobnicate")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", failing)
+    for _ in range(2):
+        with pytest.raises(ModelLoadError, match="Frobnicate"):
+            await run(models["bert"], backend="openvino", dtype="float32")
+    assert len(calls) == 1
+    with pytest.raises(ModelLoadError, match="delete it to try again"):
+        await run(models["bert"], backend="onnx", dtype="float32")  # the same ONNX export
+    assert len(calls) == 1
+    # Other package versions (say, a converter upgraded) deserve a new try.
+    monkeypatch.setattr(exports, "export_environment", lambda: {"onnx": "another version"})
+    with pytest.raises(ModelLoadError, match="Frobnicate"):
+        await run(models["bert"], backend="openvino", dtype="float32")
+    assert len(calls) == 2
+
+
+async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
+    models, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `onnx`, torch.onnx fails only after the weights load; we refuse up front and
+    name the extra that brings it, not a slower backend."""
+    from infinity_cloud.backends import torch_backend
+    from infinity_cloud.errors import BackendUnavailableError
+
+    loads = counting(monkeypatch, torch_backend, "load_model")
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    fix = r"onnx is not installed\): pip install 'infinity-cloud\[openvino\]'"
+    with pytest.raises(BackendUnavailableError, match=fix):
+        await run(models["bert"], backend="openvino", dtype="float32")
+    assert loads == []
 
 
 @pytest.mark.parametrize("step", ["convert", "compile"])

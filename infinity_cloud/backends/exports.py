@@ -96,6 +96,12 @@ def cached_export(
     target = export_dir(model_path, kind, options)
     if verify(target):
         return target
+    failure = _failure_record(target)
+    recorded = _read_json(failure)
+    if recorded and recorded.get("environment") == export_environment():
+        # The same files, options and packages failed before: converting again at every start
+        # would only fail again, slowly.
+        raise ModelLoadError(f"{recorded['message']} (recorded in {failure}; delete it to try again)")
     if target.exists():
         log.warning("the cached %s export at %s is incomplete or corrupt; rebuilding it", kind, target)
         remove(target)
@@ -105,10 +111,15 @@ def cached_export(
         with slow_step(f"{description} (once; cached at {target})"):
             try:
                 metadata = build(scratch) or {}
+            except ModelLoadError as exc:
+                _record_failure(failure, exc.message)
+                raise
             except InfinityCloudError:
                 raise
             except Exception as exc:  # a converter's own error: the model cannot be served this way
-                raise ModelLoadError(f"{description} failed: {type(exc).__name__}: {exc}") from exc
+                message = f"{description} failed: {type(exc).__name__}: {exc}"
+                _record_failure(failure, message)
+                raise ModelLoadError(message) from exc
         _write_manifest(scratch, kind, options, metadata)
         try:
             scratch.rename(target)
@@ -116,10 +127,47 @@ def cached_export(
             if not verify(target):
                 raise
             remove(scratch)
+        failure.unlink(missing_ok=True)
     except BaseException:
         remove(scratch)
         raise
     return target
+
+
+# The packages whose versions decide whether a conversion can succeed: a failure recorded
+# under other versions (say, before `onnx` was installed) is tried again.
+_CONVERTERS = ("infinity-cloud", "torch", "transformers", "onnx", "onnxruntime", "openvino", "ctranslate2")
+
+
+@functools.cache
+def export_environment() -> dict[str, str | None]:
+    import importlib.metadata
+
+    versions: dict[str, str | None] = {}
+    for name in _CONVERTERS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _failure_record(target: Path) -> Path:
+    return target.with_name(f"{target.name}.failed.json")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _record_failure(path: Path, message: str) -> None:
+    try:
+        path.write_text(json.dumps({"message": message, "environment": export_environment()}, indent=1))
+    except OSError as exc:  # a read-only cache only loses the shortcut
+        log.debug("could not record the failed export at %s: %s", path, exc)
 
 
 def load_cached(make: Callable[[], Path], load: Callable[[Path], T]) -> T:

@@ -7,6 +7,7 @@ export) is served without them.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from infinity_cloud.model_files import Capability, ModelInfo
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 EXPORT_FILE = "model.onnx"
 _OPSET = 17
+# What torch.onnx needs to write an ONNX file: without `onnx` it fails after the weights load.
+EXPORT_MODULES = ("torch", "transformers", "onnx")
 
 
 def own_onnx(info: ModelInfo) -> Path | None:
@@ -52,16 +55,17 @@ def onnx_file(info: ModelInfo, trust_remote_code: bool, backend: str) -> Path:
 
 def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend: str) -> dict[str, Any]:
     """Trace the transformers model to ONNX with dynamic batch and sequence axes, in float32."""
-    try:
-        import torch
-
-        from infinity_cloud.backends.torch_backend import load_model, takes_token_types
-    except ImportError as exc:
+    missing = next((name for name in EXPORT_MODULES if importlib.util.find_spec(name) is None), None)
+    if missing is not None:
+        # Checked before loading any weights, so a missing package costs nothing at each start.
         raise BackendUnavailableError(
-            f"backend {backend!r} needs a one-time ONNX export of {info.path}, which needs torch and "
-            f"transformers (pip install 'infinity-cloud[torch]'), or a model folder that holds "
-            f"model.onnx ({exc.name or exc} is not installed)"
-        ) from exc
+            f"backend {backend!r} needs a one-time ONNX export of {info.path}, which needs torch, "
+            f"transformers and onnx ({missing} is not installed): pip install 'infinity-cloud[{backend}]', "
+            "or give a model folder that holds model.onnx"
+        )
+    import torch
+
+    from infinity_cloud.backends.torch_backend import load_model, takes_token_types
     from infinity_cloud.config import ModelSpec
 
     spec = ModelSpec(model_id=str(info.path), trust_remote_code=trust_remote_code)
@@ -96,6 +100,6 @@ def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend:
     except Exception as exc:
         raise ModelLoadError(
             f"exporting {info.path} ({info.model_type}) to ONNX failed: {type(exc).__name__}: {exc}; "
-            f"serve it with --backend torch instead"
+            "serve it with --backend torch instead"
         ) from exc
     return {"inputs": names, "output": output}

@@ -37,7 +37,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "int8":
         raise ConfigError("the torch backend has no int8 mode; use --backend onnx --dtype int8")
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        # Native bf16 needs compute capability 8.0 (Ampere); is_bf16_supported() also counts
+        # the T4's (7.5) slow emulation, where float16 runs on its tensor cores.
+        return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
     # The engine checks a reduced-precision choice against float32 at load and falls back.
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 

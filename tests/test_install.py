@@ -1,0 +1,96 @@
+"""The README's own set-up command, run as written in a fresh venv on a copy of this tree (a
+non-editable install, as a user gets it): the server it installs serves a model it has
+never seen on the backend the README promises, and the installed package brings its
+targets and templates inside its own namespace.
+
+Slow (a venv and its installs, about a minute or two from pip's cache), so all of it runs
+in one module-scoped venv.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ROOT, server_process
+
+pytestmark = pytest.mark.slow
+
+SERVE = "HF_HUB_OFFLINE=1 .venv/bin/infinity-cloud serve"
+
+
+def readme_setup_command() -> str:
+    """The README's first command, less its final `serve`: exactly what a user runs to set up."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1]
+    command = re.search(r"```bash\n(.+?)\n```", section, re.S).group(1).strip()
+    assert command.endswith(SERVE), f"the README's first command no longer ends with {SERVE!r}: {command}"
+    return command.removesuffix(SERVE).strip().removesuffix("&&").strip()
+
+
+def copy_tree(dest: Path) -> Path:
+    """The files a clone would hold (tracked, plus new files not ignored), without any venv."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def readme_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The venv the README's set-up command makes, in a copy of this tree."""
+    tree = copy_tree(tmp_path_factory.mktemp("clone"))
+    done = subprocess.run(
+        ["bash", "-c", readme_setup_command()], cwd=tree, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return tree / ".venv"
+
+
+@pytest.fixture(scope="module")
+def elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working folder outside the source tree, so only the installed package is importable."""
+    return tmp_path_factory.mktemp("elsewhere")
+
+
+@pytest.fixture(scope="module")
+def unseen_minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of MiniLM with no export cached anywhere."""
+    copy = tmp_path_factory.mktemp("unseen") / "minilm"
+    shutil.copytree(minilm_dir, copy, ignore=shutil.ignore_patterns(".infinity-cloud"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def readme_server(
+    readme_venv: Path, unseen_minilm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    log = tmp_path_factory.mktemp("logs") / "serve.log"
+    cache = tmp_path_factory.mktemp("fresh-export-cache")
+    with server_process(
+        "--model-id", str(unseen_minilm), "--served-model-name", "minilm",
+        program=[str(readme_venv / "bin" / "infinity-cloud")],
+        env={"INFINITY_CLOUD_CACHE": str(cache)}, log_path=log, timeout=300,
+    ) as url:
+        yield url, log
+
+
+def test_readme_install_serves_an_unseen_model_on_openvino(readme_server: tuple[str, Path]) -> None:
+    url, log = readme_server
+    model = httpx.get(f"{url}/models").json()["data"][0]
+    assert model["backend"] == "openvino", log.read_text()[-3000:]
+    assert "cannot serve" not in log.read_text()  # no backend was tried and dropped on the way
+    answer = httpx.post(f"{url}/embeddings", json={"input": ["hello", "world"]}, timeout=60).json()
+    assert [len(d["embedding"]) for d in answer["data"]] == [384, 384]
+
