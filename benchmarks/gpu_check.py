@@ -158,26 +158,30 @@ def fidelity(args: argparse.Namespace) -> int:
         print(f"[fidelity] {name} done in {time.perf_counter() - started:.1f} s", flush=True)
         return result
 
+    st_devices = [args.device] + (["cpu"] if args.device != "cpu" else [])
+    pairs = [(f"ours-{d}", "ours-float32") for d in args.dtypes if d != "float32"]
+    pairs += [(f"ours-{d}", f"st-float32-{args.device}") for d in args.dtypes]
+    if args.device != "cpu":
+        pairs.append((f"st-float32-{args.device}", "st-float32-cpu"))
+
+    def update() -> None:  # after every step, so a run cut short keeps its comparisons
+        for a, b in pairs:
+            if a in vectors and b in vectors:
+                report["comparisons"][f"{a} vs {b}"] = compare(vectors[a], vectors[b], kinds)
+        save()
+
     for dtype in args.dtypes:
         got = step(f"ours-{dtype}", lambda d=dtype: asyncio.run(
             ours(args.model, args.device, d, texts, passages, args.throughput_texts)))
         if got is not None:
             report["engines"][f"ours-{dtype}"], vectors[f"ours-{dtype}"] = got
             print(f"  {report['engines'][f'ours-{dtype}']}", flush=True)
-        save()
-    st_devices = [args.device] + (["cpu"] if args.device != "cpu" else [])
+        update()
     for dev in st_devices:
         got = step(f"st-float32-{dev}", lambda d=dev: st_vectors(args.model, d, texts))
         if got is not None:
             vectors[f"st-float32-{dev}"] = got
-    pairs = [(f"ours-{d}", "ours-float32") for d in args.dtypes if d != "float32"]
-    pairs += [(f"ours-{d}", f"st-float32-{args.device}") for d in args.dtypes]
-    if args.device != "cpu":
-        pairs.append((f"st-float32-{args.device}", "st-float32-cpu"))
-    for a, b in pairs:
-        if a in vectors and b in vectors:
-            report["comparisons"][f"{a} vs {b}"] = compare(vectors[a], vectors[b], kinds)
-    save()
+        update()
     text = fidelity_markdown(report)
     print(text, flush=True)
     if args.markdown:

@@ -30,8 +30,8 @@ CONCURRENCY=${GPU_CHECK_CONCURRENCY:-32}
 PER_REQUEST=${GPU_CHECK_PER_REQUEST:-32}
 THROUGHPUT_TEXTS=${GPU_CHECK_THROUGHPUT_TEXTS:-1024}
 FID_TEXTS=${GPU_CHECK_FID_TEXTS:-128}
-FID_TIMEOUT=${GPU_CHECK_FID_TIMEOUT:-110}
-HTTP_TIMEOUT=${GPU_CHECK_HTTP_TIMEOUT:-230}
+FID_TIMEOUT=${GPU_CHECK_FID_TIMEOUT:-90}
+HTTP_TIMEOUT=${GPU_CHECK_HTTP_TIMEOUT:-240}
 STARTUP_TIMEOUT=${GPU_CHECK_STARTUP_TIMEOUT:-90}
 MODEL=$PWD/.gpu/model
 CORPUS=$PWD/.gpu/corpus.jsonl
@@ -43,7 +43,7 @@ T0=$(date +%s)
 stamp() { echo "=== [$(($(date +%s) - T0)) s] $*"; }
 
 main() {
-    stamp "gpu_check on $(hostname), device $DEVICE, python $PY, out $OUT"
+    stamp "gpu_check on $(uname -n), device $DEVICE, python $PY, out $OUT"
     du -sh .gpu .whl "$WHEELS" 2>/dev/null | sort -u
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm \
         --format=csv
@@ -51,12 +51,23 @@ main() {
     stamp "install wheels into $SITE, Infinity's site into $INFSITE"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$WHEELS"/*.whl || { echo "wheel install failed"; return 1; }
-    export PYTHONPATH=$SITE:$PWD
-    rm -rf "$INFSITE" && mkdir -p "$INFSITE" && tar -xJf .gpu/infsite.tar.xz -C "$INFSITE" \
-        || { echo "infsite unpack failed"; return 1; }
+    # Our package as pip installs it (targets/ and templates/ map into infinity_cloud/), from
+    # this tree, with the machine's own setuptools.
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
+        --target "$WORK/ours" . || {
+        echo "WARNING: pip could not install our package; laying it out by hand"
+        rm -rf "$WORK/ours" && mkdir -p "$WORK/ours" && cp -r infinity_cloud "$WORK/ours/" &&
+            cp -r targets templates "$WORK/ours/infinity_cloud/" || return 1
+    }
+    export PYTHONPATH=$SITE:$WORK/ours
+    rm -rf "$INFSITE" && mkdir -p "$INFSITE"
+    tar -xJf .gpu/infsite.tar.xz -C "$INFSITE" 2>/dev/null || "$PY" -c "import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" \
+        .gpu/infsite.tar.xz "$INFSITE" || { echo "infsite unpack failed"; return 1; }
     # Our CLI (vs_infinity.py looks for `infinity-cloud` next to sys.executable, then on PATH),
     # and Infinity's Python: the same interpreter, its own transformers 4 / sentence-transformers 3 first.
-    printf '#!/bin/sh\nexec "%s" -m infinity_cloud "$@"\n' "$PY" >"$WORK/bin/infinity-cloud"
+    # -P: not the source tree in the working folder (its targets/ are not inside the package).
+    printf '#!/bin/sh\nexec "%s" -P -m infinity_cloud "$@"\n' "$PY" >"$WORK/bin/infinity-cloud"
     printf '#!/bin/sh\nPYTHONPATH="%s:%s" exec "%s" "$@"\n' "$INFSITE" "$SITE" "$PY" >"$WORK/bin/infinity-python"
     chmod +x "$WORK/bin/infinity-cloud" "$WORK/bin/infinity-python"
     export PATH=$WORK/bin:$PATH
@@ -70,10 +81,11 @@ print('ours: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'tran
 print('infinity: torch', torch.__version__, 'transformers', transformers.__version__, 'st',
       sentence_transformers.__version__, 'numpy', numpy.__version__, 'infinity_emb', infinity_emb.__version__)" \
         || echo "WARNING: Infinity's side does not import"
+    "$WORK/bin/infinity-cloud" serve --help >/dev/null || echo "WARNING: our CLI does not start"
 
     stamp "fidelity (timeout ${FID_TIMEOUT} s)"
     timeout -k 10 "$FID_TIMEOUT" "$PY" benchmarks/gpu_check.py fidelity --model "$MODEL" --corpus "$CORPUS" \
-        --device "$DEVICE" --texts "$FID_TEXTS" --throughput-texts "$THROUGHPUT_TEXTS" \
+        --device "$DEVICE" --dtypes float16 bfloat16 float32 --texts "$FID_TEXTS" --throughput-texts "$THROUGHPUT_TEXTS" \
         --out "$OUT/fidelity.json" --markdown "$OUT/fidelity.md"
     echo "fidelity exit code $?"
 
@@ -85,6 +97,7 @@ print('infinity: torch', torch.__version__, 'transformers', transformers.__versi
                 "infinity-fp16:--engine torch --device $DEVICE --dtype float16" \
                 "ours-bf16:--backend torch --device $DEVICE --dtype bfloat16" \
                 "infinity-default:--engine torch --device $DEVICE" \
+                "ours-fp32:--backend torch --device $DEVICE --dtype float32" \
         --concurrency "$CONCURRENCY" --per-request "$PER_REQUEST" --seconds "$SECONDS_PER_CELL" \
         --rounds "$ROUNDS" --warmup-seconds "$WARMUP" --startup-timeout "$STARTUP_TIMEOUT" \
         --no-in-process --keep-logs --out "$OUT/vs_infinity.json" --markdown "$OUT/vs_infinity.md"
@@ -93,7 +106,7 @@ print('infinity: torch', torch.__version__, 'transformers', transformers.__versi
 
     stamp "summary"
     "$PY" benchmarks/gpu_check.py summary --fidelity "$OUT/fidelity.json" --http "$OUT/vs_infinity.json" \
-        --pair ours-fp16=infinity-fp16 --pair ours-bf16=infinity-default --pair ours-fp16=infinity-default \
+        --pair ours-fp16=infinity-fp16 --pair ours-bf16=infinity-default --pair ours-fp16=infinity-default --pair ours-fp32=infinity-default \
         --markdown "$OUT/summary.md"
     stamp "done"
 }

@@ -1,10 +1,12 @@
-"""The `infinity-cloud` command: serve, show the merged spec, build deployment files."""
+"""The `infinity-cloud` command: serve, show the merged spec, download models, and for each
+registered target the verbs it offers (`build|deploy|invoke|status|delete TARGET`), with
+flags made from its spec section."""
 
-from __future__ import annotations
 
 import functools
 import inspect
 import sys
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -13,28 +15,20 @@ from typing import Annotated, Any
 
 import typer
 
+from infinity_cloud import target_registry
 from infinity_cloud.config import DEFAULT_MODEL_ID, DeploymentSpec, load_spec
 from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.targets.base import CLIENT_KEY_ENV, VERBS, Deployment, usage_examples
 
-app = typer.Typer(
-    name="infinity-cloud",
-    help="Serve embedding, reranking and classification models behind one OpenAI-compatible "
+APP_HELP = (
+    "Serve embedding, reranking and classification models behind one OpenAI-compatible "
     "API, locally or in the cloud. Every option can also be set as an INFINITY_CLOUD_* "
-    "environment variable or in a YAML file given with --config (flags win, then env, then file).",
-    no_args_is_help=True,
-    rich_markup_mode="rich",
-    pretty_exceptions_enable=False,
+    "environment variable or in a YAML file given with --config (flags win, then env, then file)."
 )
+# The commands every installation has; `build_cli` adds the target verbs to them.
+_base = typer.Typer()
 config_app = typer.Typer(help="Inspect the deployment spec.", no_args_is_help=True)
-build_app = typer.Typer(help="Render deployment files for a target.", no_args_is_help=True)
-deploy_app = typer.Typer(help="Render and deploy to a cloud target.", no_args_is_help=True)
-status_app = typer.Typer(help="Show a deployment's state and URL.", no_args_is_help=True)
-delete_app = typer.Typer(help="Stop a deployment.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-app.add_typer(build_app, name="build")
-app.add_typer(deploy_app, name="deploy")
-app.add_typer(status_app, name="status")
-app.add_typer(delete_app, name="delete")
+_base.add_typer(config_app, name="config")
 
 _M = "Models (repeat --model-id to serve several; give other model options once for all, or once per model)"
 _S = "Server"
@@ -109,53 +103,6 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-# Per-target options: (field, type, flag, help). In a command's signature each is named
-# `<section>_<field>`; its variable is INFINITY_CLOUD_<SECTION>_<FLAG>.
-_TARGET_FLAGS: dict[str, list[tuple[str, Any, str, str]]] = {
-    "modal": [
-        ("app_name", str, "--app-name", "Modal app name (default: infinity-cloud)."),
-        ("environment", str, "--environment", "Modal environment (default: the profile's)."),
-        ("gpu", list[str], "--gpu", "GPU: L4, A10G, A100-80GB, H100, 'H100:2', ...; repeat (or L4,A10G) "
-         "for a fallback list. None: CPU only."),
-        ("cpu", float, "--cpu", "CPU cores per container."),
-        ("memory_mib", int, "--memory", "Memory per container, MiB."),
-        ("min_containers", int, "--min-containers", "Containers kept warm (default: 0)."),
-        ("max_containers", int, "--max-containers", "Cap on containers."),
-        ("buffer_containers", int, "--buffer-containers", "Idle containers kept ready under load."),
-        ("scaledown_window", int, "--scaledown-window", "Idle seconds before a container stops, 2-3600 "
-         "(default: 300)."),
-        ("max_inputs", int, "--max-inputs", "Requests one container takes at once "
-         "(default: from the batcher)."),
-        ("target_inputs", int, "--target-inputs", "Requests per container the autoscaler aims for "
-         "(default: two batches)."),
-        ("timeout_s", int, "--timeout", "Longest a container works on one request, s (default: 600; "
-         "Modal redirects web requests past 150 s)."),
-        ("startup_timeout_s", int, "--startup-timeout", "Longest model loading may take, s (default: 1200)."),
-        ("memory_snapshot", bool, "--memory-snapshot/--no-memory-snapshot",
-         "Snapshot the loaded engine for fast cold starts."),
-        ("secrets", list[str], "--secret", "Modal secret for the image build and the containers "
-         "(e.g. one holding HF_TOKEN); repeatable."),
-        ("api_key_secret", str, "--api-key-secret", "Modal secret whose INFINITY_CLOUD_ENDPOINT_KEYS "
-         "(space-separated) the endpoint requires as bearer keys."),
-        ("requires_proxy_auth", bool, "--proxy-auth/--no-proxy-auth",
-         "Also require Modal's proxy-auth headers."),
-    ],
-}
-TARGET_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
-    section: {
-        field: (
-            hint | None,
-            _opt(
-                f"{section.upper()}_" + flag.split("/")[0].removeprefix("--").replace("-", "_").upper(),
-                help, section.capitalize(), flag,
-            ),
-        )
-        for field, hint, flag, help in flags
-    }
-    for section, flags in _TARGET_FLAGS.items()
-}
-
-
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """A domain error ends the command with its message (exit 2), not a traceback."""
@@ -170,29 +117,33 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def with_spec(fn: Callable[..., Any] | None = None, *, sections: tuple[str, ...] = ()) -> Any:
-    """Give a command the spec options (and those of the target `sections`); it receives the
-    merged `spec` instead."""
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None) -> Any:
+    """Give a command the spec options (and the flags of `target`'s spec section); it
+    receives the merged `spec` instead."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
-        extra = {f"{s}_{name}": option for s in sections for name, option in TARGET_OPTIONS[s].items()}
+        section = section_options(target) if target else {}
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
             options = {name: kwargs.pop(name) for name in SPEC_OPTIONS}
-            for section in sections:
-                options[section] = {name: kwargs.pop(f"{section}_{name}") for name in TARGET_OPTIONS[section]}
+            if target:
+                given = {field: kwargs.pop(param) for param, (field, _, _) in section.items()}
+                options["sections"] = {target: given}
             config = options.pop("config")
             with reported_errors():
                 spec = load_spec(config, **options)
             return fn(spec=spec, **kwargs)
 
+        flags = [(name, hint, option) for name, (hint, option) in SPEC_OPTIONS.items()]
+        flags += [(name, hint, option) for name, (_, hint, option) in section.items()]
         params = own + [
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[hint, option]
-            )
-            for name, (hint, option) in {**SPEC_OPTIONS, **extra}.items()
+            inspect.Parameter(name, KEYWORD, default=None, annotation=Annotated[hint, option])
+            for name, hint, option in flags
         ]
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         return command
@@ -200,11 +151,56 @@ def with_spec(fn: Callable[..., Any] | None = None, *, sections: tuple[str, ...]
     return decorate(fn) if fn is not None else decorate
 
 
-@app.command()
+def section_options(target: str) -> dict[str, tuple[str, Any, Any]]:
+    """A target's spec section as CLI options: parameter name -> (field, type, typer option).
+
+    The flag is `--field-name` (or the field's `flag`), booleans get `--x/--no-x`, the help is
+    the field's description and its default, and the variable INFINITY_CLOUD_<TARGET>_<FIELD>.
+    """
+    section = target_registry.section_class(target)
+    if section is None:
+        return {}
+    options = {}
+    for field, info in section.model_fields.items():
+        hint = _cli_type(info.annotation)
+        flag = (info.json_schema_extra or {}).get("flag") or f"--{field.replace('_', '-')}"  # type: ignore[union-attr]
+        decls = (f"{flag}/--no-{flag.removeprefix('--')}",) if hint is bool else (str(flag),)
+        default = info.get_default(call_default_factory=True)
+        shown = "" if default in (None, (), "") else f" (default: {_shown(default)})"
+        option = typer.Option(
+            *decls, envvar=f"INFINITY_CLOUD_{target.upper()}_{field.upper()}",
+            help=(info.description or "") + shown, rich_help_panel=target.capitalize(), show_default=False,
+        )
+        options[f"{target}__{field}"] = (field, hint | None, option)
+    return options
+
+
+def _cli_type(annotation: Any) -> Any:
+    """The type typer parses a field's flag as; pydantic then validates the value."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (tuple, list):
+        return list[str]
+    if args and origin is not typing.Literal:  # Optional[X] / X | None
+        return _cli_type(args[0])
+    if origin is typing.Literal or annotation not in (bool, int, float):
+        return str
+    return annotation
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+@_base.command()
 @with_spec
 def serve(spec: DeploymentSpec) -> None:
     """Serve the models over HTTP (the OpenAI-compatible API) on this machine."""
-    from targets.local.target import LocalTarget
+    from infinity_cloud.targets.local.target import LocalTarget
 
     with reported_errors():
         LocalTarget().serve(spec)
@@ -233,92 +229,120 @@ def config_show(
         typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
-@build_app.command("local")
-@with_spec
-def build_local(
-    spec: DeploymentSpec,
-    out: Annotated[Path, typer.Option("--out", help="Folder to write the files into.")] = Path("build/local"),
-) -> None:
-    """Write a Dockerfile, a compose file and the spec for running the server in a container."""
-    from targets.local.target import LocalTarget
+# -- the target verbs: one command family each, one command per target that offers it -------
 
-    for path in LocalTarget().build(spec, out):
-        typer.echo(str(path))
+_OUT = "Folder to write the files into (created if missing; default: build/TARGET)."
 
 
-_OUT_MODAL = typer.Option("--out", help="Folder to write the app into.")
+def target_commands(name: str) -> dict[str, Callable[..., Any]]:
+    """The commands of one target, by verb, each with the spec's and the section's flags."""
+    cls = target_registry.target_class(name)
+    default_out = Path("build") / name
+    out_option = Annotated[Path, typer.Option("--out", help=_OUT)]
+
+    def build(spec: DeploymentSpec, out: out_option = default_out) -> None:
+        with reported_errors():
+            for path in cls().build(spec, out):
+                typer.echo(str(path))
+
+    def deploy(
+        spec: DeploymentSpec,
+        out: out_option = default_out,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Render and check; deploy nothing.")] = False,
+    ) -> None:
+        with reported_errors():
+            deployment = cls().deploy(spec, out, dry_run=dry_run)
+        if deployment is None:
+            typer.echo(f"rendered {out}; nothing deployed (--dry-run)")
+            return
+        report_deployment(deployment, spec)
+
+    def invoke(
+        spec: DeploymentSpec,
+        input: Annotated[list[str] | None, typer.Option("--input", help="A text to send; repeatable.")]
+        = None,
+        query: Annotated[str | None, typer.Option("--query", help="Rerank the inputs against it.")] = None,
+        key: Annotated[str | None, typer.Option(
+            "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
+        )] = None,
+    ) -> None:
+        body: dict[str, Any] = {"input": input or ["Hello from infinity-cloud"]}
+        if query is not None:
+            body = {"query": query, "documents": body["input"]}
+        with reported_errors():
+            answer = cls().invoke(spec, body, api_key=key)
+        import json
+
+        typer.echo(json.dumps(answer, indent=1))
+
+    def status(spec: DeploymentSpec) -> None:
+        with reported_errors():
+            for field, value in cls().status(spec).items():
+                typer.echo(f"{field}: {value}")
+
+    def delete(
+        spec: DeploymentSpec,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    ) -> None:
+        target = cls()
+        if not yes:
+            typer.confirm(f"Stop {target.describe(spec)}?", abort=True)
+        with reported_errors():
+            target.delete(spec)
+        typer.echo(f"stopped {target.describe(spec)}")
+
+    verbs = {"build": build, "deploy": deploy, "invoke": invoke, "status": status, "delete": delete}
+    commands = {}
+    for verb in cls.verbs:
+        command = verbs[verb]
+        command.__doc__ = _verb_help(cls, verb)
+        command.__name__ = f"{verb}_{name}"
+        commands[verb] = with_spec(command, target=name)
+    return commands
 
 
-@build_app.command("modal")
-@with_spec(sections=("modal",))
-def build_modal(spec: DeploymentSpec, out: Annotated[Path, _OUT_MODAL] = Path("build/modal")) -> None:
-    """Render a Modal app (modal_app.py) and the spec it was made from."""
-    from targets.modal.target import ModalTarget
-
-    with reported_errors():
-        for path in ModalTarget().build(spec, out):
-            typer.echo(str(path))
+def _verb_help(cls: type[Any], verb: str) -> str:
+    method = getattr(cls, verb, None)
+    doc = inspect.getdoc(method) if method is not None else None
+    return doc or VERBS[verb]
 
 
-@deploy_app.command("modal")
-@with_spec(sections=("modal",))
-def deploy_modal(
-    spec: DeploymentSpec,
-    out: Annotated[Path, _OUT_MODAL] = Path("build/modal"),
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Render and load the app with Modal; deploy nothing.")
-    ] = False,
-) -> None:
-    """Build the Modal app and deploy it: an autoscaling endpoint with the models baked in."""
-    from targets.modal.target import ModalTarget, usage_examples
-
-    with reported_errors():
-        deployment = ModalTarget().deploy(spec, out, dry_run=dry_run)
-    if deployment is None:
-        typer.echo(f"{out / 'modal_app.py'} loads with the Modal client; nothing deployed (--dry-run)")
-        return
-    typer.secho(f"deployed Modal app {deployment.app_name!r}", fg=typer.colors.GREEN)
+def report_deployment(deployment: Deployment, spec: DeploymentSpec) -> None:
+    typer.secho(f"deployed {deployment.target} {deployment.name!r}", fg=typer.colors.GREEN)
+    for note in deployment.notes:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW)
     if deployment.url is None:
-        typer.echo("Modal printed the endpoint URL above; `infinity-cloud status modal` shows it again.")
+        typer.echo(f"the URL is printed above; `infinity-cloud status {deployment.target}` shows it again")
         return
     typer.echo(f"endpoint: {deployment.url}\n")
-    typer.echo(
-        usage_examples(
-            deployment.url, spec.models[0].name, url_prefix=spec.server.url_prefix,
-            api_key=spec.modal.api_key_secret is not None,
-        )
+    typer.echo(usage_examples(
+        deployment.url, spec.models[0].name, api_key=deployment.api_key, headers=deployment.headers
+    ))
+
+
+def build_cli() -> typer.Typer:
+    """The `infinity-cloud` command, with a VERB TARGET command for each verb every known
+    target offers. Made anew after a target is registered at run time."""
+    cli = typer.Typer(
+        name="infinity-cloud",
+        help=APP_HELP,
+        no_args_is_help=True,
+        rich_markup_mode="rich",
+        pretty_exceptions_enable=False,
     )
+    cli.registered_commands.extend(_base.registered_commands)
+    cli.registered_groups.extend(_base.registered_groups)
+    families = {verb: typer.Typer(help=text, no_args_is_help=True) for verb, text in VERBS.items()}
+    for name in target_registry.target_names():
+        for verb, command in target_commands(name).items():
+            families[verb].command(name)(command)
+    for verb, family in families.items():
+        if family.registered_commands:
+            cli.add_typer(family, name=verb)
+    return cli
 
 
-@status_app.command("modal")
-@with_spec(sections=("modal",))
-def status_modal(spec: DeploymentSpec) -> None:
-    """The deployed Modal app's state and endpoint URL."""
-    from targets.modal.target import ModalTarget
-
-    with reported_errors():
-        facts = ModalTarget().status(spec)
-    for key, value in facts.items():
-        typer.echo(f"{key}: {value}")
-
-
-@delete_app.command("modal")
-@with_spec(sections=("modal",))
-def delete_modal(
-    spec: DeploymentSpec,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-) -> None:
-    """Stop the deployed Modal app (its containers end; its URL stops answering)."""
-    from targets.modal.target import ModalTarget
-
-    if not yes:
-        typer.confirm(f"Stop the Modal app {spec.modal.app_name!r}?", abort=True)
-    with reported_errors():
-        ModalTarget().delete(spec)
-    typer.echo(f"stopped Modal app {spec.modal.app_name!r}")
-
-
-@app.command()
+@_base.command()
 @with_spec
 def download(
     spec: DeploymentSpec,
@@ -335,12 +359,15 @@ def download(
             typer.echo(prepare_model(model, build_exports=not files_only))
 
 
-@app.command()
+@_base.command()
 def version() -> None:
     """Print the version."""
     from infinity_cloud import __version__
 
     typer.echo(__version__)
+
+
+app = build_cli()
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.target_config import ModalSpec
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
@@ -108,11 +107,58 @@ class ServerSpec(_Frozen):
 
 class DeploymentSpec(_Frozen):
     """Everything a target needs to know: the models, the server around them, and how each
-    cloud target packages them."""
+    target packages them. Each target's settings are a section of its own (`<target>:` in a
+    file), whose model the target registry gives (`section()` reads one); no target is named
+    here."""
+
+    # Sections are the only extra keys allowed: `_target_sections` refuses any other.
+    model_config = ConfigDict(frozen=True, extra="allow")
 
     models: tuple[ModelSpec, ...] = (ModelSpec(),)
     server: ServerSpec = ServerSpec()
-    modal: ModalSpec = ModalSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_sections(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        from infinity_cloud import target_registry
+
+        data = dict(data)
+        for key in set(data) - set(cls.model_fields):
+            try:
+                section = target_registry.section_class(key)
+            except ConfigError:
+                raise ValueError(
+                    f"unknown key {key!r}; a spec holds models, server and target sections "
+                    f"({', '.join(target_registry.target_names())})"
+                ) from None
+            if section is None:
+                raise ValueError(f"target {key!r} has no settings of its own")
+            value = data[key]
+            if not isinstance(value, section):
+                try:
+                    value = section.model_validate(value or {})
+                except ValidationError as exc:  # keep the section in each place named
+                    raise ValueError("; ".join(error_lines(exc, prefix=(key,)))) from None
+            data[key] = value
+        return data
+
+    def section(self, target: str) -> BaseModel:
+        """A target's settings: as given, or its defaults."""
+        given = (self.model_extra or {}).get(target)
+        if given is not None:
+            return given
+        from infinity_cloud import target_registry
+
+        section = target_registry.section_class(target)
+        if section is None:
+            raise ConfigError(f"target {target!r} has no settings of its own")
+        return section()
+
+    def sections(self) -> dict[str, BaseModel]:
+        """The target sections given (by the file, env or flags)."""
+        return dict(self.model_extra or {})
 
     @model_validator(mode="after")
     def _unique_names(self) -> DeploymentSpec:
@@ -134,8 +180,6 @@ MODEL_OPTIONS = (
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)
-# Target sections: a flat source gives each as a dict of that section's options.
-TARGET_SECTIONS = ("modal",)
 
 
 def _given(value: Any) -> bool:
@@ -173,10 +217,11 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     """Lay flat options (CLI flags or env, `None` meaning "not given") over a spec dict.
 
     `model_id` replaces the file's model list; other per-model options apply to every model
-    when given once, or pairwise with the model ids when given once per model. A target
-    section (`modal`) comes as a dict of its own options, laid over the file's.
+    when given once, or pairwise with the model ids when given once per model. A target's
+    section comes as `sections={TARGET: {...}}`, each laid over the file's.
     """
-    given = {k: v for k, v in overrides.items() if _given(v)}
+    sections = overrides.get("sections") or {}
+    given = {k: v for k, v in overrides.items() if k != "sections" and _given(v)}
     data = {k: v for k, v in base.items()}
     models = [dict(m) for m in data.get("models") or [{}]]
     if "model_id" in given:
@@ -199,9 +244,9 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     if limits:
         server["limits"] = limits
     data["server"] = server
-    for section in TARGET_SECTIONS:
-        if section in given:
-            options = {k: v for k, v in given.pop(section).items() if _given(v)}
+    for section, options in sections.items():
+        options = {k: v for k, v in options.items() if _given(v)}
+        if options:
             data[section] = {**(data.get(section) or {}), **options}
     if given:
         raise ConfigError(f"unknown options: {', '.join(sorted(given))}")
@@ -213,11 +258,17 @@ def build_spec(data: dict[str, Any]) -> DeploymentSpec:
     try:
         return DeploymentSpec.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "spec"
-            lines.append(f"  {where}: {err['msg']}")
+        lines = [f"  {line}" for line in error_lines(exc)]
         raise ConfigError("invalid deployment spec:\n" + "\n".join(lines)) from None
+
+
+def error_lines(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    """"where: what" for each of pydantic's errors."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (*prefix, *err["loc"])) or "spec"
+        lines.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+    return lines
 
 
 def load_spec(config_file: str | Path | None = None, **overrides: Any) -> DeploymentSpec:

@@ -1,33 +1,114 @@
-"""What every target offers, and the template rendering they share."""
+"""What every target is (a name, a spec section, the verbs it offers) and what they share:
+template rendering, the spec file they write, logging, and calling a deployed endpoint."""
 
 from __future__ import annotations
 
 import logging
-import shutil
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
 
 from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import InfinityCloudError
 
-# The torch release the tests ran on; an image pins the installed one, or this without it.
-TESTED_TORCH = "2.13.0"
+# The verbs a target may offer, each a CLI command family (`infinity-cloud VERB TARGET`).
+VERBS = {
+    "build": "Render deployment files for a target.",
+    "deploy": "Render and deploy to a target.",
+    "invoke": "Send a request to a deployed endpoint and print the answer.",
+    "status": "Show a deployment's state and URL.",
+    "delete": "Stop a deployment.",
+}
+# The client-side variable holding the key an endpoint checks (its bearer token).
+CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
+# The variable a platform secret sets in a container to protect its endpoint: one key, or
+# several separated by spaces. Not the CLI's INFINITY_CLOUD_API_KEY, which a deploying
+# shell may hold for itself.
+ENDPOINT_KEYS_ENV = "INFINITY_CLOUD_ENDPOINT_KEYS"
 
 
-def installed_version(package: str) -> str | None:
-    """A package's version here, less any local build label (torch's +cpu), so an image's own
-    index picks the build for its hardware; None when it is not installed."""
-    import importlib.metadata
+class TargetError(InfinityCloudError):
+    """A target's platform is missing, not logged in, refused a call, or did not answer."""
 
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where a deploy went: `url` when the platform told us, and whether calls need a key."""
+
+    target: str
+    name: str
+    url: str | None
+    api_key: bool = False
+    notes: tuple[str, ...] = ()
+    # Headers the platform itself checks, as shell text for the printed examples.
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Target:
+    """A deployment target. Subclasses set `name`, `spec_class` (their spec section, or
+    None) and `verbs`, and implement those verbs; `register_target` or the
+    `infinity_cloud.targets` entry-point group makes them known to the spec and the CLI."""
+
+    name: ClassVar[str]
+    spec_class: ClassVar[type[BaseModel] | None] = None
+    verbs: ClassVar[tuple[str, ...]] = ()
+    default_out: ClassVar[str | None] = None  # where `build` writes by default: build/<name>
+
+    def settings(self, spec: DeploymentSpec) -> Any:
+        """This target's section of the spec."""
+        return spec.section(self.name)
+
+    def describe(self, spec: DeploymentSpec) -> str:
+        """How messages name a deployment ("Modal app 'rag'")."""
+        return f"{self.name} deployment"
+
+    def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
+        """Render the target's files from the spec; return the paths written."""
+        raise NotImplementedError
+
+    def deploy(self, spec: DeploymentSpec, out_dir: Path, *, dry_run: bool = False) -> Deployment | None:
+        raise NotImplementedError
+
+    def status(self, spec: DeploymentSpec) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def delete(self, spec: DeploymentSpec) -> None:
+        raise NotImplementedError
+
+    def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:
+        """The deployed endpoint's base URL (with the spec's prefix) and auth headers."""
+        raise NotImplementedError
+
+    def invoke(self, spec: DeploymentSpec, body: dict[str, Any], *, api_key: str | None = None) -> Any:
+        """POST `body` to the endpoint's /invocations, which routes it by its shape (or the
+        model's capability), as SageMaker's runtime does; returns the decoded answer."""
+        import httpx
+
+        endpoint = self.endpoint(spec, api_key)
+        url = f"{endpoint.url.rstrip('/')}/invocations"
+        try:
+            response = httpx.post(url, json=body, headers=endpoint.headers, timeout=120)
+        except httpx.HTTPError as exc:
+            raise TargetError(f"could not reach {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise TargetError(f"{url} answered {response.status_code}: {_error_message(response)}")
+        return response.json()
+
+
+def _error_message(response: Any) -> str:
     try:
-        return importlib.metadata.version(package).split("+")[0]
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def torch_version() -> str:
-    """The torch version an image installs: this machine's, else the tested one."""
-    return installed_version("torch") or TESTED_TORCH
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500]
 
 
 def configure_logging(level: str) -> None:
@@ -39,19 +120,11 @@ def configure_logging(level: str) -> None:
     )
 
 
-class Target(Protocol):
-    name: str
-
-    def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
-        """Render the target's files from the spec; return the paths written."""
-        ...
-
-
 def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> list[Path]:
     """Render templates/<target>/*.j2 into out_dir (dropping .j2); copy other files as they are."""
     import jinja2
 
-    root = resources.files("templates").joinpath(target)
+    root = resources.files("infinity_cloud.templates").joinpath(target)
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
         undefined=jinja2.StrictUndefined,
@@ -72,29 +145,35 @@ def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> lis
     return written
 
 
-def project_source() -> Path | None:
-    """The project's source tree when running from a checkout (pyproject.toml beside it)."""
-    root = Path(__file__).resolve().parent.parent
-    return root if (root / "pyproject.toml").is_file() and (root / "infinity_cloud").is_dir() else None
-
-
-def copy_source(out_dir: Path) -> Path | None:
-    """Copy the package's source into out_dir/src, so an image runs exactly this code."""
-    root = project_source()
-    if root is None:
-        return None
-    dest = out_dir / "src"
-    if dest.exists():
-        shutil.rmtree(dest)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("infinity_cloud", "targets", "templates"):
-        shutil.copytree(root / name, dest / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(root / name, dest / name)
-    return dest
-
-
 def spec_yaml(spec: DeploymentSpec) -> str:
+    """The spec as a YAML file: only what differs from the defaults, sections included."""
     import yaml
 
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+
+
+def usage_examples(
+    url: str, model: str, *, api_key: bool = False, headers: dict[str, str] | None = None
+) -> str:
+    """A ready `curl` and `openai` call against a deployed endpoint (`url` with its prefix)."""
+    base = url.rstrip("/")
+    extra = {**(headers or {})}
+    if api_key:
+        extra["Authorization"] = f"Bearer ${CLIENT_KEY_ENV}"
+    curl_headers = "".join(f' -H "{k}: {v}"' for k, v in extra.items())
+    key = f'os.environ["{CLIENT_KEY_ENV}"]' if api_key else '"unused"'
+    other = {k: v for k, v in extra.items() if k != "Authorization"}
+    default_headers = (
+        ", default_headers={" + ", ".join(f'"{k}": os.path.expandvars("{v}")' for k, v in other.items()) + "}"
+        if other else ""
+    )
+    return f"""curl {base}/embeddings{curl_headers} -H "Content-Type: application/json" \\
+  -d '{{"model": "{model}", "input": ["Hello from the cloud"]}}'
+
+python - <<'PY'
+import os
+from openai import OpenAI
+client = OpenAI(base_url="{base}", api_key={key}{default_headers})
+result = client.embeddings.create(model="{model}", input=["Hello from the cloud"])
+print(len(result.data[0].embedding))
+PY"""

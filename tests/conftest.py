@@ -134,9 +134,14 @@ def spec_of(*models: ModelSpec, **server: Any) -> DeploymentSpec:
     return DeploymentSpec(models=models, server=server)
 
 
+# The deterministic fake backend, named by import path: it ships in the package for tests
+# but is not offered to users (`--backend` choices, `auto`).
+FAKE = "infinity_cloud.backends.fake:FakeBackend"
+
+
 def fake(path: Path, name: str, **options: Any) -> ModelSpec:
     """A model served by the deterministic fake backend over a tiny model's files."""
-    return ModelSpec(model_id=str(path), served_model_name=name, backend="fake", **options)
+    return ModelSpec(model_id=str(path), served_model_name=name, backend=FAKE, **options)
 
 
 def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 import yaml
 from conftest import ROOT, server_process
 from typer.testing import CliRunner
@@ -88,13 +89,50 @@ def test_build_local_renders_dockerfile_compose_and_spec(tmp_path):
     )
     assert result.exit_code == 0, result.output
     dockerfile = (out / "Dockerfile").read_text()
-    assert "COPY src /src" in dockerfile and "infinity-cloud download" in dockerfile
     assert "EXPOSE 8080" in dockerfile
     assert '"8080:8080"' in (out / "compose.yaml").read_text()
     spec = yaml.safe_load((out / "infinity-cloud.yaml").read_text())
     assert spec["models"][0]["model_id"] == "BAAI/bge-small-en-v1.5"
     assert spec["server"]["host"] == "0.0.0.0"
-    assert (out / "src" / "infinity_cloud" / "engine.py").is_file()
+    # The package as installed (targets and templates inside it), not a pip install from an index.
+    assert (out / "infinity_cloud" / "engine.py").is_file()
+    assert (out / "infinity_cloud" / "targets" / "runtime.py").is_file()
+    assert (out / "infinity_cloud" / "templates" / "local" / "Dockerfile.j2").is_file()
+    assert "pip install --no-cache-dir -r /opt/infinity-cloud/requirements.txt" in dockerfile
+    # Weights are fetched before the code is copied, so a code change does not fetch them again.
+    fetch = dockerfile.index("snapshot_download")
+    assert fetch < dockerfile.index("COPY infinity_cloud") < dockerfile.index("infinity_cloud download")
+
+
+@pytest.mark.parametrize(
+    ("backend", "runtime"), [("auto", "openvino"), ("onnx", "onnxruntime"), ("ctranslate2", "ctranslate2")]
+)
+def test_build_local_installs_the_serving_backends_runtime(tmp_path, backend: str, runtime: str):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["build", "local", "--out", str(out), "--backend", backend])
+    assert result.exit_code == 0, result.output
+    pins = (out / "requirements.txt").read_text().splitlines()
+    names = {line.split("==")[0].split("[")[0] for line in pins}
+    assert runtime in names and "transformers" in names  # the runtime and its converter
+    assert all("==" in line for line in pins if line.split("==")[0] in {runtime, "fastapi"})
+
+
+def test_build_local_copies_local_model_folders_into_the_image(tmp_path, tiny_embedder):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["build", "local", "--out", str(out), "--model-id", str(tiny_embedder)])
+    assert result.exit_code == 0, result.output
+    spec = yaml.safe_load((out / "infinity-cloud.yaml").read_text())
+    image_path = spec["models"][0]["model_id"]
+    assert spec["models"][0]["served_model_name"] == str(tiny_embedder)  # what clients know it by
+    copy = out / "models" / image_path.rsplit("/", 1)[1]
+    assert (copy / "config.json").is_file() and not (copy / ".infinity-cloud").exists()
+    assert f"COPY models/{copy.name} {image_path}" in (out / "Dockerfile").read_text()
+
+
+def test_build_local_refuses_api_keys_in_the_spec(tmp_path):
+    result = runner.invoke(app, ["build", "local", "--out", str(tmp_path / "out"), "--api-key", "s3cret"])
+    assert result.exit_code == 2 and "INFINITY_CLOUD_API_KEY" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_wheel_ships_the_templates(tmp_path):
@@ -118,10 +156,18 @@ def test_the_wheel_ships_the_templates(tmp_path):
 
     (wheel,) = tmp_path.glob("infinity_cloud-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "templates/local/Dockerfile.j2" in names
-    assert "templates/modal/modal_app.py.j2" in names and "targets/modal/entry.py" in names
-    assert "targets/local/target.py" in names
+    assert "infinity_cloud/templates/local/Dockerfile.j2" in names
+    assert "infinity_cloud/templates/modal/modal_app.py.j2" in names
+    assert "infinity_cloud/targets/local/target.py" in names and "infinity_cloud/targets/runtime.py" in names
     assert "infinity_cloud/server/app.py" in names
+    # Nothing lands under a generic top-level name.
+    top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top_level == {"infinity_cloud"}
+    # Every package of the tree is in the wheel (pyproject lists them by hand).
+    for init in [*ROOT.glob("infinity_cloud/**/__init__.py"), *ROOT.glob("targets/**/__init__.py")]:
+        rel = init.relative_to(ROOT).as_posix()
+        installed = rel if rel.startswith("infinity_cloud/") else f"infinity_cloud/{rel}"
+        assert installed in names, f"{rel} is missing from the wheel: add its package to pyproject.toml"
 
 
 def test_download_builds_the_backend_exports_ahead_of_serving(tiny_embedder, tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import FAKE, ROOT
 
 HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub"]
 
@@ -40,7 +40,7 @@ sys.modules['torch'] = None
 sys.modules['transformers'] = None
 from infinity_cloud import Engine, ModelSpec
 async def main():
-    async with Engine(ModelSpec(model_id={str(tiny_embedder)!r}, backend='fake')) as e:
+    async with Engine(ModelSpec(model_id={str(tiny_embedder)!r}, backend={FAKE!r})) as e:
         r = await e.embed(['hello'])
         print(r.embeddings.shape)
 asyncio.run(main())

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import cosines, serve_in_process, server_process, spec_of, wait_until
+from conftest import FAKE, cosines, serve_in_process, server_process, spec_of, wait_until
 from tokenizers import Tokenizer
 
 from infinity_cloud.backends import ModelInputs
@@ -170,7 +170,7 @@ async def test_failing_torch_batch_fails_only_its_requests(tiny_embedder: Path, 
 async def test_fake_backend_fail_token_fails_only_its_requests(tiny_embedder: Path) -> None:
     options = {"fail_token_id": marker_id(tiny_embedder)}
     # No warm-up: the tiny vocabulary maps parts of the warm-up texts to the marker too.
-    spec = fault_spec(tiny_embedder, backend="fake", backend_options=options, warmup=False)
+    spec = fault_spec(tiny_embedder, backend=FAKE, backend_options=options, warmup=False)
     async with serve_in_process(spec) as client:
         await check_fault_isolation(client)
 
@@ -181,7 +181,7 @@ async def test_a_dead_worker_answers_503_and_fails_health(tiny_embedder: Path, m
     class Crash(BaseException):
         pass
 
-    engine = Engine(fault_spec(tiny_embedder, backend="fake"))
+    engine = Engine(fault_spec(tiny_embedder, backend=FAKE))
     async with serve_in_process(engine) as client:
         backend = engine.models["tiny"].loaded.backend
         patched = raise_on_marker(backend.forward, marker_id(tiny_embedder), Crash)
@@ -204,7 +204,7 @@ async def test_a_dead_worker_answers_503_and_fails_health(tiny_embedder: Path, m
 async def test_cancelled_request_inputs_never_reach_the_backend(tiny_embedder: Path, monkeypatch) -> None:
     """In process, a client that gives up cancels the request's task (as servers that cancel
     on disconnect do): its inputs still queued must be dropped, not run."""
-    engine = Engine(fault_spec(tiny_embedder, backend="fake", max_batch_size=1))
+    engine = Engine(fault_spec(tiny_embedder, backend=FAKE, max_batch_size=1))
     async with serve_in_process(engine) as client:
         loaded = engine.models["tiny"].loaded
         forward, queue = loaded.backend.forward, loaded.worker.queue
@@ -252,7 +252,7 @@ def test_disconnected_client_inputs_are_dropped_by_a_real_server(tiny_embedder: 
         "models:\n"
         f"  - model_id: {tiny_embedder}\n"
         "    served_model_name: tiny\n"
-        "    backend: fake\n"
+        f"    backend: {FAKE}\n"
         "    max_batch_size: 1\n"
         "    backend_options: {delay_s: 0.5}\n"
         "server:\n"

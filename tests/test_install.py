@@ -94,3 +94,31 @@ def test_readme_install_serves_an_unseen_model_on_openvino(readme_server: tuple[
     answer = httpx.post(f"{url}/embeddings", json={"input": ["hello", "world"]}, timeout=60).json()
     assert [len(d["embedding"]) for d in answer["data"]] == [384, 384]
 
+
+def run_installed(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+def test_build_local_finds_its_templates_in_a_new_folder(readme_venv: Path, elsewhere: Path) -> None:
+    out = elsewhere / "not" / "yet" / "there"
+    done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "local", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "Dockerfile").is_file() and (out / "compose.yaml").is_file()
+
+
+def test_build_modal_finds_its_templates(readme_venv: Path, elsewhere: Path) -> None:
+    out = elsewhere / "modal-app"
+    done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "modal", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "app = modal.App" in (out / "modal_app.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["targets", "templates"])
+def test_no_generic_top_level_names_are_installed(readme_venv: Path, elsewhere: Path, name: str) -> None:
+    python = str(readme_venv / "bin" / "python")
+    done = run_installed(readme_venv, elsewhere, python, "-c", f"import {name}")
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+    done = run_installed(readme_venv, elsewhere, python, "-c", f"import infinity_cloud.{name}")
+    assert done.returncode == 0, done.stderr
+

@@ -1,12 +1,14 @@
-"""The Modal target, offline, against the real `modal` client: the rendered app imports and
-its functions report the spec's settings; its class runs here (`.local()`) with the enter
-hook loading the engine, and its ASGI app answers over HTTP; bad settings and missing
-credentials are refused before anything is deployed. Only `App.deploy` is faked."""
+"""The Modal target, offline, against the real `modal` client: the rendered app (a Modal
+Server) imports and reports the spec's settings; its class runs here through Modal's own
+lifecycle hooks, serving on a real port; bad settings and missing or rejected credentials
+are refused with one clear line. Only `App.deploy` and the calls that need Modal's servers
+are faked."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +16,27 @@ import httpx
 import modal
 import numpy as np
 import pytest
-from conftest import cosines
+from conftest import cosines, free_port
+from modal._partial_function import _find_callables_for_obj, _PartialFunctionFlags
 from sentence_transformers import CrossEncoder, SentenceTransformer
 from typer.testing import CliRunner
 
 from infinity_cloud.backends import exports
 from infinity_cloud.cli import app as cli
-from targets.modal.entry import ENDPOINT_KEYS_ENV, bake_models, container_spec
-from targets.modal.target import CLIENT_KEY_ENV, load_app_module, usage_examples
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.targets.base import CLIENT_KEY_ENV, ENDPOINT_KEYS_ENV, usage_examples
+from infinity_cloud.targets.modal.target import ModalTarget, load_app_module
+from infinity_cloud.targets.runtime import bake_models, container_spec
 
 runner = CliRunner()
 TEXTS = ["a cold start should download nothing", "modal keeps the weights in the image", "short"]
 NO_MODAL_TOKEN = {"MODAL_TOKEN_ID": None, "MODAL_TOKEN_SECRET": None}
 A_MODAL_TOKEN = {"MODAL_TOKEN_ID": "ak-test", "MODAL_TOKEN_SECRET": "as-test"}
 GPU_APP = shlex.split(
-    "--gpu l4 --gpu A100-80GB:2 --min-containers 1 --max-containers 3 --scaledown-window 120 "
-    "--timeout 90 --startup-timeout 700 --memory-snapshot --secret hf-token --api-key-secret api-keys "
-    "--app-name rag-embed --served-model-name embedder --served-model-name reranker"
+    "--gpu l4 --gpu A100-80GB --min-containers 1 --max-containers 3 --scaledown-window 120 "
+    "--exit-grace-period 45 --startup-timeout 700 --memory-snapshot --secret hf-token "
+    "--api-key-secret api-keys --app-name rag-embed --served-model-name embedder --served-model-name reranker"
 )
 
 
@@ -62,15 +68,19 @@ def gpu_app(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_
 # -- what the rendered app declares ------------------------------------------------------
 
 
-def test_info_reports_the_spec_gpu_timeouts_and_concurrency(gpu_app: tuple[Any, str]) -> None:
-    module, _ = gpu_app
-    info = module.Server().serve.info()
-    assert info.gpus == [("L4", 1), ("A100-80GB", 2)]  # the fallback list, in order
-    assert info.timeout == 90 and info.startup_timeout == 700
-    # Sized from the batcher: two 64-input batches per container, eight to queue.
-    assert (info.concurrency_info.max_inputs, info.concurrency_info.target_inputs) == (512, 128)
-    assert info.secrets == ["modal.Secret.from_name('hf-token')", "modal.Secret.from_name('api-keys')"]
-    assert info.method_details["serve"].unauthenticated  # a public web endpoint; our keys guard it
+def test_info_reports_the_server_port_auth_grace_period_and_resources(gpu_app: tuple[Any, str]) -> None:
+    module, source = gpu_app
+    info = module.Server.info()
+    assert info.gpus == [("L4", 1), ("A100-80GB", 1)]  # the fallback list, in order
+    assert (info.port, info.exit_grace_period, info.startup_timeout) == (8000, 45, 700)
+    assert (info.cpu, info.memory_mib) == (4.0, 8192)  # reserved, not Modal's 0.125 core / 128 MiB
+    # The API-key secret guards the endpoint, so Modal's proxy auth is not also required.
+    assert info.unauthenticated
+    assert info.secrets[0] == "modal.Secret.from_name('hf-token')" and "api-keys" in info.secrets[1]
+    # Sized from the batcher (GPU torch batches of 64): two batches per container, eight to queue.
+    # (Modal keeps a Server's target in its autoscaler settings, which .info() does not show.)
+    assert module.Server._get_service_function().info().concurrency_info.max_inputs == 512
+    assert module.TARGET_CONCURRENCY == 128 and "target_concurrency=TARGET_CONCURRENCY" in source
     assert module.app.name == "rag-embed"
 
 
@@ -79,28 +89,64 @@ def test_modal_ships_the_app_file_rather_than_pickling_it(gpu_app: tuple[Any, st
     from modal._utils.function_utils import FunctionSourceInfo
 
     module, _ = gpu_app
-    source = FunctionSourceInfo(module.bake_models)
-    assert not source.is_serialized() and source.module_name == "modal_app"
-    assert list(source.get_entrypoint_mount()) == ["modal_app"]
+    for step in (module.fetch_weights, module.build_exports):
+        source = FunctionSourceInfo(step)
+        assert not source.is_serialized() and source.module_name == "modal_app"
+
+
+def test_layers_put_the_weights_before_the_code(gpu_app: tuple[Any, str]) -> None:
+    """A source edit rebuilds only the layers after the package copy: the weights stay."""
+    _, source = gpu_app
+    order = [
+        source.index(".pip_install("),
+        source.index(".add_local_dir("),  # the local model folders
+        source.index(".run_function(fetch_weights"),
+        source.index(".add_local_dir(PACKAGE_DIR"),
+        source.index(".run_function(build_exports"),
+        source.index('.env({"HF_HUB_OFFLINE": "1"})'),
+    ]
+    assert order == sorted(order)
+    # fetch_weights names no package code, so editing the package cannot change its layer.
+    fetch = source[source.index("def fetch_weights"):source.index("def build_exports")]
+    assert "infinity_cloud" not in fetch
+    # The exports are built on one GPU of the first type, with the HF secret only.
+    assert ".run_function(build_exports, secrets=SECRETS, gpu='L4')" in source
+
+
+def test_the_api_key_secret_is_required_and_fails_closed(gpu_app: tuple[Any, str]) -> None:
+    module, source = gpu_app
+    assert f'modal.Secret.from_name("api-keys", required_keys=["{ENDPOINT_KEYS_ENV}"])' in source
+    assert module.REQUIRE_KEYS is True
+    assert 'SECRETS = [modal.Secret.from_name(name) for name in ["hf-token"]]' in source  # not the build's
 
 
 def test_settings_modal_cannot_report_offline_are_in_the_source(gpu_app: tuple[Any, str]) -> None:
     _, source = gpu_app
     for setting in ("min_containers=1", "max_containers=3", "scaledown_window=120"):
         assert setting in source
-    assert "MEMORY_SNAPSHOT = True" in source and "@modal.enter(snap=MEMORY_SNAPSHOT)" in source
+    assert "MEMORY_SNAPSHOT = True" in source and "@modal.enter(snap=True)" in source
     assert '"enable_gpu_snapshot": True' in source  # CUDA during the snapshot needs it
-    # The weights are fetched by a build step on one GPU of the first type, then the hub is
-    # cut off; the build gets the HF secret, not the endpoint's keys.
-    assert "image.run_function(bake_models, secrets=SECRETS, gpu='L4')" in source
-    assert 'for name in ["hf-token"]]' in source and 'for name in ["hf-token", "api-keys"]]' in source
-    assert '"HF_HUB_OFFLINE": "1"' in source
-    # Every dependency is pinned; the package comes from this source tree.
     installs = re.findall(r"\.pip_install\((.*?)\)\n", source, flags=re.S)
     requirements = [r for block in installs for r in re.findall(r'"([^"]+)"', block)]
     assert len(requirements) > 10 and all("==" in r for r in requirements), requirements
     assert any(r.startswith("transformers==") for r in requirements)
-    assert 'add_local_python_source("infinity_cloud", "targets", copy=True)' in source
+
+
+def test_the_package_ships_beside_the_app_with_its_targets_and_templates(gpu_app: tuple[Any, str]) -> None:
+    module, _ = gpu_app
+    package = Path(module.__file__).parent / "infinity_cloud"
+    assert (package / "engine.py").is_file() and (package / "targets" / "runtime.py").is_file()
+    assert (package / "templates" / "modal" / "modal_app.py.j2").is_file()
+    assert not list(package.rglob("__pycache__"))
+
+
+def test_the_engine_queue_is_sized_for_every_admitted_request(gpu_app: tuple[Any, str]) -> None:
+    """Modal counts requests: the engine must not answer 429 to bulk requests before Modal's
+    own limit does, or the app would reject instead of scaling out."""
+    module, _ = gpu_app
+    spec = container_spec(module.SPEC, {})
+    per_request = spec.server.limits.max_inputs_per_request
+    assert all(m.queue_size >= module.MAX_CONCURRENCY * per_request for m in spec.models)
 
 
 def test_the_spec_file_beside_the_app_renders_the_same_app(gpu_app: tuple[Any, str], tmp_path: Path) -> None:
@@ -114,7 +160,8 @@ def test_the_example_spec_renders_two_models_in_one_app(tmp_path: Path) -> None:
 
     module, _ = build(tmp_path, "--config", str(ROOT / "examples/modal/infinity-cloud.yaml"))
     assert [m["served_model_name"] for m in module.SPEC["models"]] == ["bge-m3", "reranker"]
-    assert module.Server().serve.info().gpus == [("L4", 1), ("A10G", 1)]
+    assert module.Server.info().gpus == [("L4", 1), ("A10G", 1)]
+    assert module.HUB_MODELS == [("BAAI/bge-m3", None), ("BAAI/bge-reranker-v2-m3", None)]
 
 
 def test_the_container_sees_local_folders_at_their_image_copies(gpu_app: Any, tiny_embedder: Path) -> None:
@@ -124,6 +171,7 @@ def test_the_container_sees_local_folders_at_their_image_copies(gpu_app: Any, ti
     assert spec.models[0].model_id.startswith("/models/local/")
     assert spec.models[0].name == "embedder"
     assert "modal" not in module.SPEC  # the container's copy holds what it serves, not how
+    assert module.HUB_MODELS == []  # nothing to fetch from the hub
 
 
 def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_embedder: Path) -> None:
@@ -131,14 +179,30 @@ def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_em
     assert container_spec(module.SPEC, module.MODEL_DIRS).models[0].name == str(tiny_embedder)
 
 
-def test_cpu_variant_has_no_gpu_and_installs_cpu_torch(tmp_path: Path, tiny_embedder: Path) -> None:
-    module, source = build(tmp_path, "--model-id", str(tiny_embedder), "--cpu", "2", "--memory", "2048")
-    info = module.Server().serve.info()
-    assert info.gpus == [] and info.cpu == 2 and info.memory_mib == 2048
-    # OpenVINO serves CPU containers, in batches of 16.
-    assert (info.concurrency_info.max_inputs, info.concurrency_info.target_inputs) == (128, 32)
-    assert "download.pytorch.org/whl/cpu" in source and '"openvino==' in source
+def test_defaults_are_safe(tmp_path: Path, tiny_embedder: Path) -> None:
+    """No flags: proxy auth required, a container cap, CPU and memory reserved, OpenVINO on a
+    CPU torch build, sized for its batches of 16."""
+    module, source = build(tmp_path, "--model-id", str(tiny_embedder))
+    info = module.Server.info()
+    assert not info.unauthenticated
+    assert "max_containers=2," in source
+    assert info.gpus == [] and (info.cpu, info.memory_mib) == (4.0, 8192)
+    assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (128, 32)
+    assert "download.pytorch.org/whl/cpu" in source and '"openvino==' in source and '"onnx==' in source
     assert "enable_gpu_snapshot" not in source and "MEMORY_SNAPSHOT = False" in source
+    assert module.REQUIRE_KEYS is False
+
+
+@pytest.mark.parametrize("field", [name for name, f in ModalTarget.spec_class.model_fields.items()])
+def test_every_setting_shows_its_default_in_help(field: str) -> None:
+    help_text = runner.invoke(cli, ["deploy", "modal", "--help"], env={"COLUMNS": "250"}).output
+    info = ModalTarget.spec_class.model_fields[field]
+    flag = (info.json_schema_extra or {}).get("flag") or f"--{field.replace('_', '-')}"
+    assert flag in help_text
+    default = info.get_default(call_default_factory=True)
+    if default not in (None, (), ""):
+        shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
+        assert f"(default: {shown})" in help_text, field
 
 
 @pytest.mark.parametrize(("backend", "package"), [("onnx", "onnxruntime"), ("ctranslate2", "ctranslate2")])
@@ -148,63 +212,87 @@ def test_the_image_installs_each_models_backend(tmp_path: Path, tiny_embedder: P
 
 
 def test_one_concurrency_bound_given_bounds_the_others_default(tmp_path: Path, tiny_embedder: Path) -> None:
-    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--gpu", "T4", "--max-inputs", "5")
-    info = module.Server().serve.info().concurrency_info
-    assert (info.max_inputs, info.target_inputs) == (5, 5)
-    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--gpu", "T4", "--target-inputs", "1000")
-    info = module.Server().serve.info().concurrency_info
-    assert (info.max_inputs, info.target_inputs) == (1000, 1000)
+    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--gpu", "T4", "--max-concurrency", "5")
+    assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (5, 5)
+    args = ["--model-id", str(tiny_embedder), "--gpu", "T4"]
+    module, _ = build(tmp_path, *args, "--target-concurrency", "1000")
+    assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (1000, 1000)
 
 
 # -- the class, run here as Modal runs it in a container ---------------------------------
 
 
+def lifecycle(obj: Any, *flags: int) -> None:
+    """Call the hooks Modal's container calls, in its order (pre-snapshot, post-snapshot)."""
+    for flag in flags:
+        for hook in _find_callables_for_obj(obj, flag).values():
+            hook()
+
+
 @pytest.fixture(scope="module")
-def local_server(gpu_app: tuple[Any, str]) -> Any:
-    """`@enter`, then `@asgi_app`, with the keys a Modal secret would set."""
-    module, _ = gpu_app
-    server = module.Server()
+def running_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path
+) -> Iterator[str]:
+    """The Server class's enter hooks (engine, then HTTP on its port), with the keys a Modal
+    secret would set; its exit hook at the end."""
+    port = free_port()
+    out = tmp_path_factory.mktemp("modal-run")
+    models = ["--model-id", str(tiny_embedder), "--model-id", str(tiny_reranker)]
+    module, _ = build(out, *models, *GPU_APP, "--port", str(port))
+    server = module.Server._get_user_cls()()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENDPOINT_KEYS_ENV, "key-one key-two")
-        asgi = server.serve.local()
-    yield server, asgi
-    server.engine.close()
+        lifecycle(server, _PartialFunctionFlags.ENTER_PRE_SNAPSHOT, _PartialFunctionFlags.ENTER_POST_SNAPSHOT)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        lifecycle(server, _PartialFunctionFlags.EXIT)
+    assert all(m.state == "stopped" for m in server.engine.models.values())
 
 
-async def test_local_asgi_app_serves_embeddings_rerank_and_health(
-    local_server: Any, tiny_embedder: Path, tiny_reranker: Path
-) -> None:
-    server, asgi = local_server
-    assert all(m.state == "ready" for m in server.engine.models.values())  # @enter ran
+def test_the_server_answers_on_its_port(running_server: str, tiny_embedder: Path, tiny_reranker: Path):
+    url = running_server
     auth = {"Authorization": "Bearer key-two"}
     embed = {"model": "embedder", "input": TEXTS}
-    transport = httpx.ASGITransport(app=asgi)
-    async with httpx.AsyncClient(transport=transport, base_url="http://modal") as client:
-        health = await client.get("/health")
-        assert health.status_code == 200 and health.json()["status"] == "ok"
-        assert (await client.post("/embeddings", json=embed)).status_code == 401
-        embedded = await client.post("/embeddings", json=embed, headers=auth)
-        assert embedded.status_code == 200, embedded.text
-        ours = np.array([d["embedding"] for d in embedded.json()["data"]])
-        st = SentenceTransformer(str(tiny_embedder), device="cpu")
-        reference = st.encode(TEXTS, normalize_embeddings=True)
-        assert cosines(ours, reference).min() > 0.999
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert httpx.post(f"{url}/embeddings", json=embed).status_code == 401
+    embedded = httpx.post(f"{url}/embeddings", json=embed, headers=auth)
+    assert embedded.status_code == 200, embedded.text
+    ours = np.array([d["embedding"] for d in embedded.json()["data"]])
+    reference = SentenceTransformer(str(tiny_embedder), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    assert cosines(ours, reference).min() > 0.999
 
-        body = {"model": "reranker", "query": "cold start", "documents": TEXTS, "return_documents": True}
-        ranked = await client.post("/rerank", json=body, headers=auth)
-        assert ranked.status_code == 200, ranked.text
-        scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
-        expected = CrossEncoder(str(tiny_reranker), device="cpu").predict([("cold start", t) for t in TEXTS])
-        np.testing.assert_allclose([scores[i] for i in range(len(TEXTS))], expected, atol=2e-3)
-
-        models = await client.get("/models", headers=auth)
-        assert [m["id"] for m in models.json()["data"]] == ["embedder", "reranker"]
+    body = {"model": "reranker", "query": "cold start", "documents": TEXTS, "return_documents": True}
+    ranked = httpx.post(f"{url}/rerank", json=body, headers=auth)
+    assert ranked.status_code == 200, ranked.text
+    scores = {r["index"]: r["relevance_score"] for r in ranked.json()["results"]}
+    expected = CrossEncoder(str(tiny_reranker), device="cpu").predict([("cold start", t) for t in TEXTS])
+    np.testing.assert_allclose([scores[i] for i in range(len(TEXTS))], expected, atol=2e-3)
+    models = httpx.get(f"{url}/models", headers=auth)
+    assert [m["id"] for m in models.json()["data"]] == ["embedder", "reranker"]
 
 
-def test_the_image_build_step_fetches_and_exports_each_model(
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_a_container_without_its_keys_refuses_to_serve(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    module, _ = build(tmp_path, "--model-id", str(tiny_embedder), "--api-key-secret", "keys",
+                      "--port", str(free_port()))
+    if value is None:
+        monkeypatch.delenv(ENDPOINT_KEYS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENDPOINT_KEYS_ENV, value)
+    server = module.Server._get_user_cls()()
+    with pytest.raises(ConfigError, match="refusing to serve an open endpoint"):
+        lifecycle(server, _PartialFunctionFlags.ENTER_PRE_SNAPSHOT, _PartialFunctionFlags.ENTER_POST_SNAPSHOT)
+    lifecycle(server, _PartialFunctionFlags.EXIT)  # survives the failed start
+
+
+def test_the_image_build_step_exports_each_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_embedder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """What `bake_models` runs in the image build, here against this machine's CPU."""
+    """What `build_exports` runs in the image build, here against this machine's CPU."""
     monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "exports"))
     module, _ = build(tmp_path / "app", "--model-id", str(tiny_embedder), "--backend", "onnx")
     bake_models(container_spec(module.SPEC, {}))
@@ -219,12 +307,14 @@ def test_the_image_build_step_fetches_and_exports_each_model(
     ("args", "message"),
     [
         (["--gpu", "H1000"], "unknown GPU 'H1000'"),
-        (["--gpu", "A10G:5"], "must be 1 to 4"),
+        (["--gpu", "H100:2"], "a container serves on one GPU"),
         (["--min-containers", "3", "--max-containers", "2"], "min_containers (3) exceeds max_containers (2)"),
         (["--scaledown-window", "1"], "scaledown_window"),
         (["--scaledown-window", "3601"], "less than or equal to 3600"),
-        (["--target-inputs", "10", "--max-inputs", "5"], "target_inputs (10) exceeds max_inputs (5)"),
-        (["--gpu", "L4", "--backend", "onnx"], "packaged for Modal's CPU containers only"),
+        (["--target-concurrency", "10", "--max-concurrency", "5"], "target_concurrency (10) exceeds"),
+        (["--gpu", "L4", "--backend", "onnx"], "packaged for cpu containers only"),
+        (["--gpu", "L4", "--backend", "openvino"], "packaged for cpu containers only"),
+        (["--backend", "onnx", "--dtype", "bfloat16"], "the onnx backend takes float32, float16, int8"),
         (["--model-id", "./no-such-model"], "model folder ./no-such-model does not exist"),
         (["--secret", "bad name!"], "is not a Modal name"),
         (["--api-key", "plain"], "--api-key-secret"),
@@ -249,15 +339,52 @@ def test_the_clis_own_api_key_variable_is_refused_too(tmp_path: Path) -> None:
     assert result.exit_code == 2 and ENDPOINT_KEYS_ENV in result.output
 
 
-def test_deploy_without_credentials_says_how_to_log_in(tmp_path: Path, monkeypatch) -> None:
+COMMANDS = [["deploy", "modal"], ["status", "modal"], ["delete", "modal", "--yes"], ["invoke", "modal"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_without_credentials_every_command_says_how_to_log_in(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(modal.App, "deploy", must_not_deploy)
-    result = runner.invoke(cli, ["deploy", "modal", "--out", str(tmp_path / "out")], env=NO_MODAL_TOKEN)
-    assert result.exit_code != 0
-    assert "modal token new" in result.output and "MODAL_TOKEN_ID" in result.output
-    assert not (tmp_path / "out").exists()
-    for command in (["status", "modal"], ["delete", "modal", "--yes"]):
-        result = runner.invoke(cli, command, env=NO_MODAL_TOKEN)
-        assert result.exit_code != 0 and "modal token new" in result.output
+    out = ["--out", str(tmp_path / "out")] if command[0] == "deploy" else []
+    result = runner.invoke(cli, [*command, *out], env=NO_MODAL_TOKEN)
+    assert result.exit_code == 2
+    assert "no Modal credentials" in result.output and "modal token new" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def raising(error: BaseException) -> Any:
+    def call(*_: Any, **__: Any) -> Any:
+        raise error
+
+    return call
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (modal.exception.AuthError("Token ID is malformed"), "Modal rejected this machine's token"),
+        (modal.exception.NotFoundError("App not found"), "no Modal app named 'infinity-cloud'"),
+        (modal.exception.InvalidError("bad request"), "Modal refused to"),
+        (ConnectionResetError("peer went away"), "ConnectionResetError: peer went away"),
+    ],
+)
+def test_every_modal_failure_is_one_clear_line(
+    command: list[str], error: BaseException, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_embedder: Path,
+) -> None:
+    """The same message for the same failure, whichever command met it; never a traceback."""
+    monkeypatch.setattr(modal.App, "deploy", raising(error))
+    monkeypatch.setattr(modal.App, "lookup", raising(error))
+    deploying = command[0] == "deploy"
+    extra = ["--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder)] if deploying else []
+    result = runner.invoke(cli, [*command, *extra], env=A_MODAL_TOKEN)
+    assert result.exit_code == 2, result.output
+    assert line in result.output, result.output
+    assert "Traceback" not in result.output
+    assert len([ln for ln in result.output.splitlines() if ln.startswith("error:")]) == 1
 
 
 def test_dry_run_renders_and_loads_without_credentials(tmp_path: Path, monkeypatch, tiny_embedder) -> None:
@@ -278,18 +405,35 @@ def test_deploy_calls_app_deploy_with_output_enabled(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(modal.App, "deploy", fake_deploy)
     args = shlex.split(f"deploy modal --out {tmp_path} --model-id {tiny_embedder} --gpu H100")
+    args.append("--no-proxy-auth")
     args += ["--app-name", "my-embedder", "--environment", "staging"]
     result = runner.invoke(cli, args, env=A_MODAL_TOKEN)
     assert result.exit_code == 0, result.output
     expected = {"name": "my-embedder", "environment_name": "staging", "app": "my-embedder", "output": True}
     assert calls == [expected]
-    assert "deployed Modal app 'my-embedder'" in result.output
+    assert "deployed modal 'my-embedder'" in result.output
+    assert "this endpoint is public" in result.output  # no proxy auth and no key secret: said out loud
     assert "infinity-cloud status modal" in result.output  # the fake hydrates nothing, so no URL
 
 
-def test_usage_examples_name_the_endpoint_prefix_model_and_key() -> None:
-    url = "https://ws--app-server-serve.modal.run"
-    text = usage_examples(url, "BAAI/bge-m3", url_prefix="/api", api_key=True)
-    assert f"curl {url}/api/embeddings" in text and f'OpenAI(base_url="{url}/api"' in text
+def test_invoke_sends_the_proxy_auth_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint `invoke` calls carries Modal's proxy-auth headers from the environment."""
+    spec = DeploymentSpec()
+    monkeypatch.setattr(ModalTarget, "status", lambda self, spec: {"url": "https://ws--app-server.modal.run"})
+    monkeypatch.delenv("MODAL_KEY", raising=False)
+    with pytest.raises(Exception, match="MODAL_KEY and MODAL_SECRET"):
+        ModalTarget().endpoint(spec, None)
+    monkeypatch.setenv("MODAL_KEY", "wk-1")
+    monkeypatch.setenv("MODAL_SECRET", "ws-1")
+    endpoint = ModalTarget().endpoint(spec, "k")
+    assert endpoint.url == "https://ws--app-server.modal.run"
+    assert endpoint.headers == {"Modal-Key": "wk-1", "Modal-Secret": "ws-1", "Authorization": "Bearer k"}
+
+
+def test_usage_examples_name_the_endpoint_model_key_and_headers() -> None:
+    url = "https://ws--app-server.modal.run/api"
+    text = usage_examples(url, "BAAI/bge-m3", api_key=True, headers={"Modal-Key": "$MODAL_KEY"})
+    assert f"curl {url}/embeddings" in text and f'OpenAI(base_url="{url}"' in text
     assert f"Bearer ${CLIENT_KEY_ENV}" in text and '"model": "BAAI/bge-m3"' in text
+    assert '-H "Modal-Key: $MODAL_KEY"' in text and 'default_headers={"Modal-Key"' in text
     assert CLIENT_KEY_ENV not in usage_examples(url, "m")

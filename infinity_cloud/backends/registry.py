@@ -1,85 +1,142 @@
-"""Backend names to lazily imported classes; a missing dependency names its pip extra."""
+"""Backend names to lazily imported classes, with every fact the rest of the system needs
+about a backend (devices, dtypes, the pip extra that installs it on each device, batch size,
+`auto` order) declared here once. A missing dependency names its pip extra.
+
+A backend may also be named by import path (`package.module:Class`, a `Backend` subclass):
+that is how the tests use the deterministic fake backend, and how a user plugs in their own,
+without either being offered by `--backend` or picked by `auto`.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import NamedTuple
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.errors import BackendUnavailableError, ConfigError
 from infinity_cloud.hardware import has_nvidia_gpu
 
+DEFAULT_BATCH_SIZE = 64
 
-class _Entry(NamedTuple):
+
+@dataclass(frozen=True)
+class BackendEntry:
     module: str
     cls: str
-    extra: str | None  # the pip extra that installs it
-    runtime: str | None  # the module whose presence means it is installed
+    runtime: str  # the module whose presence means it is installed
+    dtypes: tuple[str, ...]  # besides `auto`
+    # Device ("cpu", "cuda") -> the pip extra that installs everything it needs there; a
+    # device missing here is one the backend does not run on, or that no extra packages.
+    extras: Mapping[str, str] = field(default_factory=dict)
     # Inputs per batch when the spec does not say: the fastest measured for the backend.
-    batch_size: int = 64
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(self.extras)
 
 
-_BACKENDS: dict[str, _Entry] = {
-    "torch": _Entry("infinity_cloud.backends.torch_backend", "TorchBackend", "torch", "torch"),
-    "onnx": _Entry("infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnx", "onnxruntime"),
+_BACKENDS: dict[str, BackendEntry] = {
+    "torch": BackendEntry(
+        "infinity_cloud.backends.torch_backend", "TorchBackend", "torch",
+        ("float32", "bfloat16", "float16"), {"cpu": "torch", "cuda": "torch"},
+    ),
+    # On CUDA ONNX Runtime needs onnxruntime-gpu built for the image's CUDA, which no extra
+    # installs yet; it runs there when the user installs it.
+    "onnx": BackendEntry(
+        "infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnxruntime",
+        ("float32", "float16", "int8"), {"cpu": "onnx"},
+    ),
     # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
     # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
-    "openvino": _Entry(
-        "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino", "openvino", 16
+    "openvino": BackendEntry(
+        "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino",
+        ("float32", "bfloat16", "float16"), {"cpu": "openvino"}, batch_size=16,
     ),
-    "ctranslate2": _Entry(
-        "infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2", "ctranslate2"
+    "ctranslate2": BackendEntry(
+        "infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2",
+        ("float32", "float16", "bfloat16", "int8"), {"cpu": "ctranslate2", "cuda": "ctranslate2"},
     ),
-    "fake": _Entry("infinity_cloud.backends.fake", "FakeBackend", None, None),
 }
 # What `backend auto` tries, fastest first. On a GPU that is torch (bf16/fp16, SDPA); on
 # CPU OpenVINO (bf16 on AMX, parallel streams; measured fastest here), then ONNX Runtime,
 # then torch. The ONNX-based two also start without importing torch once their export is cached.
-_AUTO_ORDER = {"gpu": ("torch", "onnx"), "cpu": ("openvino", "onnx", "torch")}
+_AUTO_ORDER = {"cuda": ("torch", "onnx"), "cpu": ("openvino", "onnx", "torch")}
 
 
 def available_backends() -> list[str]:
+    """What `--backend` offers."""
     return ["auto", *sorted(_BACKENDS)]
 
 
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
 def backend_class(name: str) -> type[Backend]:
-    entry = _entry(name)
+    if is_import_path(name):
+        return _custom_class(name)
+    entry = backend_entry(name)
     try:
         module = importlib.import_module(entry.module)
     except ImportError as exc:
-        hint = f" (pip install 'infinity-cloud[{entry.extra}]')" if entry.extra else ""
+        extra = next(iter(entry.extras.values()), None)
+        hint = f" (pip install 'infinity-cloud[{extra}]')" if extra else ""
         raise BackendUnavailableError(
             f"backend {name!r} cannot be used: {exc.name or exc} is not installed{hint}"
         ) from exc
     return getattr(module, entry.cls)
 
 
-def _entry(name: str) -> _Entry:
+def _custom_class(path: str) -> type[Backend]:
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"backend {path!r} cannot be imported: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"backend {path!r} is not a subclass of infinity_cloud.backends.Backend")
+    return cls
+
+
+def backend_entry(name: str) -> BackendEntry:
     entry = _BACKENDS.get(name)
     if entry is None:
         raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(available_backends())}")
     return entry
 
 
-def backend_extra(name: str) -> str | None:
-    """The pip extra that installs a backend's runtime."""
-    return _entry(name).extra
+def device_kind(device: str) -> str:
+    """"cuda:1" -> "cuda"; "cpu" -> "cpu"."""
+    return device.partition(":")[0]
+
+
+def backend_extra(name: str, device: str) -> str | None:
+    """The pip extra that installs everything `name` needs on `device`; None when no extra
+    packages it there (the backend does not run there, or needs a hand-installed runtime)."""
+    return backend_entry(name).extras.get(device_kind(device))
 
 
 def default_batch_size(name: str) -> int:
-    return _entry(name).batch_size
+    return DEFAULT_BATCH_SIZE if is_import_path(name) or name not in _BACKENDS else _BACKENDS[name].batch_size
 
 
 def auto_order(gpu: bool) -> tuple[str, ...]:
     """The backends `auto` tries on a GPU or a CPU, fastest first, installed or not."""
-    return _AUTO_ORDER["gpu" if gpu else "cpu"]
+    return _AUTO_ORDER["cuda" if gpu else "cpu"]
+
+
+def resolve_auto(backend: str, gpu: bool) -> str:
+    """The backend a model will run with where everything is installed (an image built for
+    it): `auto` is its first choice there."""
+    return auto_order(gpu)[0] if backend == "auto" else backend
 
 
 def installed(name: str) -> bool:
     """Whether a backend's runtime is installed, without importing it."""
-    runtime = _entry(name).runtime
-    return runtime is None or importlib.util.find_spec(runtime) is not None
+    return importlib.util.find_spec(backend_entry(name).runtime) is not None
 
 
 def auto_backends(device: str) -> list[str]:

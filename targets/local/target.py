@@ -1,13 +1,40 @@
+"""The local target: `infinity-cloud serve` on this machine, `build local` for a Docker image
+of the same server with its models baked in, and `invoke local` against a running one."""
+
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec
-from targets.base import configure_logging, copy_source, render_templates, spec_yaml, torch_version
+from infinity_cloud.targets import container
+from infinity_cloud.targets.base import (
+    CLIENT_KEY_ENV,
+    Endpoint,
+    Target,
+    configure_logging,
+    render_templates,
+    spec_yaml,
+)
+from infinity_cloud.targets.local.spec import LocalSpec
+
+IMAGE_MODELS = "/models"
+SPEC_FILE = "infinity-cloud.yaml"
+# The variable `infinity-cloud serve` reads its API keys from.
+SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
 
 
-class LocalTarget:
+class LocalTarget(Target):
     name = "local"
+    spec_class = LocalSpec
+    verbs = ("build", "invoke")
+
+    def settings(self, spec: DeploymentSpec) -> LocalSpec:
+        return spec.section(self.name)  # type: ignore[return-value]
+
+    def describe(self, spec: DeploymentSpec) -> str:
+        return f"the server at {self.endpoint(spec, None).url}"
 
     def serve(self, spec: DeploymentSpec) -> None:
         """Load every model (a failure stops here), then serve until interrupted."""
@@ -25,20 +52,48 @@ class LocalTarget:
         uvicorn.run(app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level)
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
-        """A Dockerfile, a compose file and the spec; the image bakes the weights in."""
+        """A Dockerfile, a compose file, the pinned requirements, the package, the spec the
+        container serves, and copies of local model folders; the image bakes the weights in."""
+        settings = self.settings(spec)
+        container.refuse_spec_keys(spec, f"pass it at run time: docker run -e {SERVE_KEY_ENV}=KEY")
+        container.check_backends(spec, settings.gpu, "this image")
         out_dir = Path(out_dir)
-        source = copy_source(out_dir)
-        container_spec = spec.model_copy(
-            update={"server": spec.server.model_copy(update={"host": "0.0.0.0"})}
-        )
-        (out_dir / "infinity-cloud.yaml").write_text(spec_yaml(container_spec))
-        written = render_templates(
-            "local",
-            out_dir,
-            {
-                "spec": container_spec,
-                "torch_version": torch_version(),
-                "from_source": source is not None,
-            },
-        )
-        return [*written, out_dir / "infinity-cloud.yaml", *([source] if source else [])]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model_dirs = container.local_model_dirs(spec, IMAGE_MODELS)
+        copies = [self._copy_model(model_id, out_dir, path) for model_id, path in model_dirs.items()]
+        from infinity_cloud.targets.runtime import container_spec
+
+        served = container_spec(container.served_spec_data(spec), model_dirs)
+        served = served.model_copy(update={"server": served.server.model_copy(update={"host": "0.0.0.0"})})
+        (out_dir / SPEC_FILE).write_text(spec_yaml(served))
+        requirements = container.write_requirements(out_dir, container.image_extras(spec, settings.gpu))
+        package = container.stage_package(out_dir)
+        written = render_templates("local", out_dir, {
+            "spec": served,
+            "local": settings,
+            "torch": f"torch=={container.torch_version()}",
+            "torch_index": None if settings.gpu else container.TORCH_CPU_INDEX,
+            "hub_models": container.hub_models(spec),
+            "model_copies": [(path.relative_to(out_dir).as_posix(), image) for path, image in copies],
+            "requirements_file": requirements.name,
+            "package_dir": package.name,
+            "spec_file": SPEC_FILE,
+        })
+        return [*written, out_dir / SPEC_FILE, requirements, package, *(path for path, _ in copies)]
+
+    @staticmethod
+    def _copy_model(model_id: str, out_dir: Path, image_path: str) -> tuple[Path, str]:
+        source = Path(model_id).expanduser().resolve()
+        dest = out_dir / "models" / Path(image_path).name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".infinity-cloud"))
+        return dest, image_path
+
+    def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:
+        server = spec.server
+        host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+        key = api_key or os.environ.get(CLIENT_KEY_ENV) or next(iter(server.api_keys), None)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return Endpoint(f"http://{host}:{server.port}{server.url_prefix}", headers)
+

@@ -1,0 +1,192 @@
+"""What every container image needs, written once for every target that builds one (local
+Docker, Modal, and the AWS targets): the backend each model will serve on and the extras
+that install it, the package's dependencies pinned to the tested versions, a copy of the
+package itself, where local model folders go, the refusal of keys that would land in a
+file, and concurrency and queue sizing from the batcher.
+
+This runs on the deploying machine; `runtime.py` is its counterpart inside the container.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import shutil
+from pathlib import Path
+from typing import Any
+
+from infinity_cloud.backends.registry import backend_entry, backend_extra, device_kind, resolve_auto
+from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.model_source import local_model_dir
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV
+
+# The torch release the tests ran on; an image pins the installed one, or this without it.
+TESTED_TORCH = "2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PACKAGE = "infinity_cloud"
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+def installed_version(package: str) -> str | None:
+    """A package's version here, less any local build label (torch's +cpu), so an image's own
+    index picks the build for its hardware; None when it is not installed."""
+    try:
+        return importlib.metadata.version(package).split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_version() -> str:
+    """The torch version an image installs: this machine's, else the tested one."""
+    return installed_version("torch") or TESTED_TORCH
+
+
+def serving_backend(model: ModelSpec, gpu: bool) -> str:
+    """The backend a container will run `model` with: `auto` resolves to its first choice
+    there, which the image installs."""
+    return resolve_auto(model.backend, gpu)
+
+
+def check_backends(spec: DeploymentSpec, gpu: bool, where: str) -> None:
+    """Every model's backend runs on the container's device, takes its dtype, and has an
+    extra that installs it there; refused before anything is built."""
+    device = "cuda" if gpu else "cpu"
+    for model in spec.models:
+        name = serving_backend(model, gpu)
+        entry = backend_entry(name)
+        if model.device != "auto" and device_kind(model.device) != device:
+            raise ConfigError(f"model {model.name}: device {model.device} in a {device} container ({where})")
+        if backend_extra(name, device) is None:
+            runs_on = [d for d in ("cpu", "cuda") if d in entry.devices]
+            raise ConfigError(
+                f"model {model.name}: the {name} backend is packaged for {' and '.join(runs_on)} "
+                f"containers only, and {where} runs on {device}"
+            )
+        if model.dtype != "auto" and model.dtype not in entry.dtypes:
+            raise ConfigError(
+                f"model {model.name}: the {name} backend takes {', '.join(entry.dtypes)} (or auto), "
+                f"not {model.dtype}"
+            )
+
+
+def image_extras(spec: DeploymentSpec, gpu: bool) -> tuple[str, ...]:
+    """The package extras the image needs: each model's serving backend's, on its device.
+    Each brings what its backend needs to convert the model at build time too."""
+    device = "cuda" if gpu else "cpu"
+    return tuple(sorted({backend_extra(serving_backend(m, gpu), device) or "torch" for m in spec.models}))
+
+
+def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
+    """The package's dependencies (core and `extras`), each pinned to the version installed
+    here, so the image runs the versions the tests ran; a missing one keeps its range.
+    torch is left out: it is installed on its own, from the index that fits the hardware."""
+    from packaging.requirements import Requirement
+
+    try:
+        requirements = importlib.metadata.requires("infinity-cloud") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            "infinity-cloud is not installed as a package here, so its pinned dependencies are "
+            "unknown: pip install . (or -e .) first"
+        ) from None
+    pins: dict[str, str] = {}
+    for line in requirements:
+        req = Requirement(line)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
+            continue
+        if req.name == "torch" or req.name in pins:
+            continue
+        version = installed_version(req.name)
+        extras_of = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        pins[req.name] = f"{req.name}{extras_of}" + (f"=={version}" if version else str(req.specifier))
+    return list(pins.values())
+
+
+def write_requirements(out_dir: Path, extras: tuple[str, ...]) -> Path:
+    path = out_dir / REQUIREMENTS_FILE
+    path.write_text("\n".join(pinned_requirements(extras)) + "\n")
+    return path
+
+
+def stage_package(out_dir: Path) -> Path:
+    """Copy the package as it is installed (infinity_cloud/, with its targets and templates
+    inside) to out_dir/infinity_cloud, so an image runs exactly this code. Works from an
+    editable checkout, where targets/ and templates/ sit beside the package, and from a
+    plain install alike."""
+    dest = out_dir / PACKAGE
+    if dest.exists():
+        shutil.rmtree(dest)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    root = Path(importlib.import_module(PACKAGE).__file__).parent  # type: ignore[arg-type]
+    shutil.copytree(root, dest, ignore=ignore)
+    for sub in ("targets", "templates"):
+        folder = Path(importlib.import_module(f"{PACKAGE}.{sub}").__file__).parent  # type: ignore[arg-type]
+        if not (dest / sub).exists():
+            shutil.copytree(folder, dest / sub, ignore=ignore)
+    return dest
+
+
+def local_model_dirs(spec: DeploymentSpec, image_root: str) -> dict[str, str]:
+    """Model ids that are folders on this machine -> where the image holds their copy. A
+    path-like id that is not a folder raises here, before anything is built."""
+    dirs: dict[str, str] = {}
+    for i, model in enumerate(spec.models):
+        path = local_model_dir(model.model_id)
+        if path is not None:
+            dirs[model.model_id] = f"{image_root}/local/{i}-{path.name}"
+    return dirs
+
+
+def hub_models(spec: DeploymentSpec) -> list[tuple[str, str | None]]:
+    """(model id, revision) of each model the image fetches from the hub."""
+    return [(m.model_id, m.revision) for m in spec.models if local_model_dir(m.model_id) is None]
+
+
+def refuse_spec_keys(spec: DeploymentSpec, secret_hint: str) -> None:
+    """API keys in the spec would be written into the rendered files; they belong in the
+    platform's secret store, which sets ENDPOINT_KEYS_ENV in the container."""
+    if spec.server.api_keys:
+        raise ConfigError(
+            "API keys given in the spec would be written into the deployment files; put them in "
+            f"a secret instead ({secret_hint}, holding {ENDPOINT_KEYS_ENV}=KEY)"
+        )
+
+
+def batch_size(spec: DeploymentSpec, gpu: bool) -> int:
+    """The largest batch any model's serving backend cuts."""
+    from infinity_cloud.served_model import max_batch_size
+
+    return max(max_batch_size(m, serving_backend(m, gpu)) for m in spec.models)
+
+
+def concurrency(spec: DeploymentSpec, gpu: bool, limit: int | None, target: int | None) -> tuple[int, int]:
+    """(max, target) concurrent requests per container, from the batcher's limits unless given.
+
+    The autoscaler aims for two batches' worth of requests per container (one running, one
+    forming; beyond that requests only wait), and a container takes up to eight batches'
+    worth while new ones start. One given bounds the other's default.
+    """
+    batch = batch_size(spec, gpu)
+    limit = limit or max(target or 0, 8 * batch)
+    return limit, target or min(2 * batch, limit)
+
+
+def queue_sized_for(spec: DeploymentSpec, max_requests: int) -> DeploymentSpec:
+    """The spec with each model's input queue large enough for every request the platform
+    admits at once, each as large as the server allows.
+
+    A platform counts requests, not inputs: with a smaller queue a few bulk requests would
+    fill it, and the engine would answer 429 while the platform, seeing few requests, never
+    scales out. With this, the platform's own limit is the only one that rejects, and
+    requests that wait raise the count it scales on.
+    """
+    needed = max_requests * spec.server.limits.max_inputs_per_request
+    models = tuple(m.model_copy(update={"queue_size": max(m.queue_size, needed)}) for m in spec.models)
+    return spec.model_copy(update={"models": models})
+
+
+def served_spec_data(spec: DeploymentSpec) -> dict[str, Any]:
+    """The container's copy of the spec: what it serves, not how it is deployed (no target
+    sections), less defaults."""
+    return spec.model_dump(mode="json", exclude_defaults=True, exclude=set(spec.sections()))

@@ -1,0 +1,147 @@
+"""Targets are plugins: a class and a spec model, registered, give the CLI their verbs with
+flags made from the model's fields (help, defaults, variables), and the deployment spec a
+section of their own; the core names no target."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, server_process
+from pydantic import BaseModel, ConfigDict, Field
+from typer.testing import CliRunner
+
+from infinity_cloud import target_registry
+from infinity_cloud.cli import build_cli
+from infinity_cloud.config import DeploymentSpec, load_spec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.targets.base import Target
+
+runner = CliRunner()
+
+
+class ToySpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    region: str = Field("eu-west", description="Where it runs.")
+    replicas: int = Field(1, ge=1, le=9, description="How many copies.")
+    fast: bool = Field(False, description="Go fast.")
+    zones: tuple[str, ...] = Field((), description="Zones, repeatable.")
+    budget_usd: float | None = Field(None, description="Spend cap.", json_schema_extra={"flag": "--budget"})
+
+
+class ToyTarget(Target):
+    name = "toy"
+    spec_class = ToySpec
+    verbs = ("build", "status")
+
+    def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
+        """Write the toy's settings and models."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "toy.json"
+        settings = self.settings(spec).model_dump(mode="json")
+        path.write_text(json.dumps({**settings, "models": [m.name for m in spec.models]}))
+        return [path]
+
+    def status(self, spec: DeploymentSpec) -> dict[str, Any]:
+        return {"region": self.settings(spec).region, "state": "imaginary"}
+
+
+@pytest.fixture
+def toy() -> Iterator[Any]:
+    target_registry.register_target(ToyTarget)
+    try:
+        yield build_cli()
+    finally:
+        target_registry.unregister_target("toy")
+
+
+def test_a_registered_target_gets_its_verbs_and_flags(toy: Any, tmp_path: Path) -> None:
+    args = ["build", "toy", "--out", str(tmp_path), "--region", "us-east", "--replicas", "3", "--fast",
+            "--zones", "a", "--zones", "b", "--budget", "12.5", "--model-id", "some/model"]
+    result = runner.invoke(toy, args)
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "toy.json").read_text())
+    assert written == {
+        "region": "us-east", "replicas": 3, "fast": True, "zones": ["a", "b"], "budget_usd": 12.5,
+        "models": ["some/model"],
+    }
+    status = runner.invoke(toy, ["status", "toy", "--region", "ap-south"])
+    assert status.exit_code == 0, status.output
+    assert "region: ap-south" in status.output and "state: imaginary" in status.output
+    # Verbs it does not offer are not there.
+    assert runner.invoke(toy, ["deploy", "toy"]).exit_code != 0
+
+
+def test_its_help_comes_from_the_field_descriptions_and_defaults(toy: Any) -> None:
+    text = runner.invoke(toy, ["build", "toy", "--help"], env={"COLUMNS": "250"}).output
+    assert "Where it runs. (default: eu-west)" in text
+    assert "How many copies. (default: 1)" in text
+    assert "--fast" in text and "--no-fast" in text and "(default: off)" in text
+    assert "--budget" in text and "INFINITY_CLOUD_TOY_BUDGET_USD" in text
+    assert "Write the toy's settings and models." in text  # the verb's own docstring
+
+
+def test_its_section_comes_from_variables_and_files_with_flags_winning(toy: Any, tmp_path: Path) -> None:
+    config = tmp_path / "infinity-cloud.yaml"
+    config.write_text("toy:\n  region: from-file\n  replicas: 2\n")
+    out = tmp_path / "out"
+    env = {"INFINITY_CLOUD_TOY_REPLICAS": "5", "INFINITY_CLOUD_TOY_ZONES": "z1"}
+    result = runner.invoke(toy, ["build", "toy", "--out", str(out), "--config", str(config)], env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "toy.json").read_text())["region"] == "from-file"
+    assert json.loads((out / "toy.json").read_text())["replicas"] == 5
+    flag = ["--replicas", "7"]
+    result = runner.invoke(toy, ["build", "toy", "--out", str(out), "--config", str(config), *flag], env=env)
+    assert json.loads((out / "toy.json").read_text())["replicas"] == 7
+    shown = runner.invoke(toy, ["config", "show", "--config", str(config)])
+    section = yaml.safe_load(shown.output)["toy"]
+    assert (section["region"], section["replicas"], section["fast"]) == ("from-file", 2, False)
+
+
+def test_its_section_is_validated_by_its_own_model(toy: Any, tmp_path: Path) -> None:
+    result = runner.invoke(toy, ["build", "toy", "--out", str(tmp_path / "o"), "--replicas", "0"])
+    assert result.exit_code == 2 and "toy.replicas" in result.output
+    assert not (tmp_path / "o").exists()
+    config = tmp_path / "bad.yaml"
+    config.write_text("toy:\n  colour: red\n")
+    with pytest.raises(ConfigError, match=r"toy\.colour"):
+        load_spec(config)
+
+
+def test_an_unknown_section_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("lambda_:\n  memory: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'lambda_'.*local, modal"):
+        load_spec(config)
+
+
+def test_a_spec_without_a_section_reads_its_defaults() -> None:
+    spec = DeploymentSpec()
+    assert spec.section("modal").max_containers == 2
+    assert spec.sections() == {}
+
+
+def test_the_core_names_no_target() -> None:
+    """Adding a target adds no line to the CLI or the core spec."""
+    for module in ("infinity_cloud/cli.py", "infinity_cloud/config.py"):
+        text = (ROOT / module).read_text().lower()
+        assert "modal" not in text and "sagemaker" not in text, module
+
+
+def test_invoke_local_calls_a_running_server(tiny_embedder: Path) -> None:
+    from conftest import FAKE
+
+    cli = build_cli()
+    with server_process("--model-id", str(tiny_embedder), "--backend", FAKE, "--api-key", "k1") as url:
+        port = url.rsplit(":", 1)[1]
+        result = runner.invoke(cli, ["invoke", "local", "--port", port, "--input", "hello", "--key", "k1"])
+        assert result.exit_code == 0, result.output
+        answer = json.loads(result.output)
+        assert answer["object"] == "list" and len(answer["data"]) == 1
+        refused = runner.invoke(cli, ["invoke", "local", "--port", port, "--key", "wrong"])
+        assert refused.exit_code == 2 and "answered 401" in refused.output
