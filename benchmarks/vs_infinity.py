@@ -174,7 +174,13 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+# --ours: our program to benchmark (e.g. one installed by the README into its own venv).
+OURS_OVERRIDE: list[Path] = []
+
+
 def ours_script() -> Path:
+    if OURS_OVERRIDE:
+        return OURS_OVERRIDE[0]
     here = Path(sys.executable).parent / "infinity-cloud"
     found = here if here.exists() else shutil.which("infinity-cloud")
     if not found:
@@ -648,6 +654,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=None, help="local sentence-transformers model folder")
     parser.add_argument("--infinity-python", type=Path, default=DEFAULT_INFINITY_PYTHON)
     parser.add_argument(
+        "--ours", type=Path, default=None,
+        help="our infinity-cloud program (default: the one next to this Python), e.g. from a venv "
+        "made by the README's install",
+    )
+    parser.add_argument(
         "--sides",
         nargs="+",
         type=parse_side,
@@ -767,6 +778,8 @@ def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
+    if args.ours:
+        OURS_OVERRIDE.append(args.ours.resolve())
     args.workdir = tempfile.mkdtemp(prefix="vs_infinity_")
     print(f"logs and specs in {args.workdir}", flush=True)
     cells = build_cells(args.concurrency, args.per_request, args.kinds_at_1)

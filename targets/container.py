@@ -19,7 +19,6 @@ from infinity_cloud.backends.registry import backend_entry, backend_extra, devic
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.model_source import local_model_dir
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV
 
 # The torch release the tests ran on; an image pins the installed one, or this without it.
 TESTED_TORCH = "2.13.0"
@@ -74,7 +73,8 @@ def image_extras(spec: DeploymentSpec, gpu: bool) -> tuple[str, ...]:
     """The package extras the image needs: each model's serving backend's, on its device.
     Each brings what its backend needs to convert the model at build time too."""
     device = "cuda" if gpu else "cpu"
-    return tuple(sorted({backend_extra(serving_backend(m, gpu), device) or "torch" for m in spec.models}))
+    extras = (backend_extra(serving_backend(m, gpu), device) for m in spec.models)
+    return tuple(sorted({extra for extra in extras if extra}))
 
 
 def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
@@ -143,14 +143,11 @@ def hub_models(spec: DeploymentSpec) -> list[tuple[str, str | None]]:
     return [(m.model_id, m.revision) for m in spec.models if local_model_dir(m.model_id) is None]
 
 
-def refuse_spec_keys(spec: DeploymentSpec, secret_hint: str) -> None:
-    """API keys in the spec would be written into the rendered files; they belong in the
-    platform's secret store, which sets ENDPOINT_KEYS_ENV in the container."""
+def refuse_spec_keys(spec: DeploymentSpec, instead: str) -> None:
+    """API keys in the spec would be written into the rendered files; `instead` says where
+    this target takes them from (the platform's secret store, the container's environment)."""
     if spec.server.api_keys:
-        raise ConfigError(
-            "API keys given in the spec would be written into the deployment files; put them in "
-            f"a secret instead ({secret_hint}, holding {ENDPOINT_KEYS_ENV}=KEY)"
-        )
+        raise ConfigError(f"API keys given in the spec would be written into the deployment files; {instead}")
 
 
 def batch_size(spec: DeploymentSpec, gpu: bool) -> int:

@@ -55,7 +55,7 @@ class LocalTarget(Target):
         """A Dockerfile, a compose file, the pinned requirements, the package, the spec the
         container serves, and copies of local model folders; the image bakes the weights in."""
         settings = self.settings(spec)
-        container.refuse_spec_keys(spec, f"pass it at run time: docker run -e {SERVE_KEY_ENV}=KEY")
+        container.refuse_spec_keys(spec, f"give them when it runs: docker run -e {SERVE_KEY_ENV}=KEY")
         container.check_backends(spec, settings.gpu, "this image")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

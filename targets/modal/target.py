@@ -160,7 +160,10 @@ class ModalTarget(Target):
         """The Modal app file, the package it ships, and the spec it was made from (for
         reading, or redeploying with --config)."""
         settings = self.settings(spec)
-        container.refuse_spec_keys(spec, "modal secret create NAME, then --api-key-secret NAME")
+        container.refuse_spec_keys(
+            spec, f"put them in a Modal secret instead (modal secret create NAME {ENDPOINT_KEYS_ENV}=KEY) "
+            "and pass --api-key-secret NAME",
+        )
         container.check_backends(spec, bool(settings.gpu), "this Modal app")
         context = render_context(spec, settings)
         out_dir = Path(out_dir)
