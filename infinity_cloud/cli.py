@@ -18,7 +18,7 @@ import typer
 from infinity_cloud import target_registry
 from infinity_cloud.config import DEFAULT_MODEL_ID, DeploymentSpec, load_spec
 from infinity_cloud.errors import InfinityCloudError
-from infinity_cloud.targets.base import CLIENT_KEY_ENV, VERBS, Deployment, usage_examples
+from infinity_cloud.targets.base import CLIENT_KEY_ENV, ROUTES, VERBS, Deployment, usage_examples
 
 APP_HELP = (
     "Serve embedding, reranking and classification models behind one OpenAI-compatible "
@@ -206,6 +206,9 @@ def serve(spec: DeploymentSpec) -> None:
         LocalTarget().serve(spec)
 
 
+Route = Enum("Route", {name: name for name in ROUTES}, type=str)  # type: ignore[misc]
+
+
 class Format(str, Enum):
     yaml = "yaml"
     json = "json"
@@ -262,6 +265,12 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         input: Annotated[list[str] | None, typer.Option("--input", help="A text to send; repeatable.")]
         = None,
         query: Annotated[str | None, typer.Option("--query", help="Rerank the inputs against it.")] = None,
+        model: Annotated[str | None, typer.Option(
+            "--model", help="The served model to call (needed when there are several).",
+        )] = None,
+        route: Annotated[Route | None, typer.Option(
+            "--route", help="embeddings, rerank or classify (default: from the request's shape).",
+        )] = None,
         key: Annotated[str | None, typer.Option(
             "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
         )] = None,
@@ -269,8 +278,10 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         body: dict[str, Any] = {"input": input or ["Hello from infinity-cloud"]}
         if query is not None:
             body = {"query": query, "documents": body["input"]}
+        if model is not None:
+            body["model"] = model
         with reported_errors():
-            answer = cls().invoke(spec, body, api_key=key)
+            answer = cls().invoke(spec, body, api_key=key, route=route.value if route else None)
         import json
 
         typer.echo(json.dumps(answer, indent=1))

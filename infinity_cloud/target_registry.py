@@ -19,6 +19,7 @@ from infinity_cloud.errors import ConfigError
 BUILTIN = {
     "local": "infinity_cloud.targets.local.target:LocalTarget",
     "modal": "infinity_cloud.targets.modal.target:ModalTarget",
+    "sagemaker": "infinity_cloud.targets.sagemaker.target:SageMakerTarget",
 }
 ENTRY_POINT_GROUP = "infinity_cloud.targets"
 _registered: dict[str, type[Any]] = {}

@@ -22,6 +22,9 @@ VERBS = {
     "status": "Show a deployment's state and URL.",
     "delete": "Stop a deployment.",
 }
+# How a caller picks the route of /invocations (SageMaker passes it through as is).
+ROUTE_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
+ROUTES = ("embeddings", "rerank", "classify")
 # The client-side variable holding the key an endpoint checks (its bearer token).
 CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # The variable a platform secret sets in a container to protect its endpoint: one key, or
@@ -88,15 +91,19 @@ class Target:
         """The deployed endpoint's base URL (with the spec's prefix) and auth headers."""
         raise NotImplementedError
 
-    def invoke(self, spec: DeploymentSpec, body: dict[str, Any], *, api_key: str | None = None) -> Any:
-        """POST `body` to the endpoint's /invocations, which routes it by its shape (or the
-        model's capability), as SageMaker's runtime does; returns the decoded answer."""
+    def invoke(
+        self, spec: DeploymentSpec, body: dict[str, Any], *,
+        api_key: str | None = None, route: str | None = None,
+    ) -> Any:
+        """POST `body` to the endpoint's /invocations, which routes it by `route` (SageMaker's
+        custom attribute) or by its shape; returns the decoded answer."""
         import httpx
 
         endpoint = self.endpoint(spec, api_key)
         url = f"{endpoint.url.rstrip('/')}/invocations"
+        headers = {**endpoint.headers, **({ROUTE_HEADER: f"route={route}"} if route else {})}
         try:
-            response = httpx.post(url, json=body, headers=endpoint.headers, timeout=120)
+            response = httpx.post(url, json=body, headers=headers, timeout=120)
         except httpx.HTTPError as exc:
             raise TargetError(f"could not reach {url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:

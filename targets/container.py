@@ -103,9 +103,21 @@ def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
     return list(pins.values())
 
 
-def write_requirements(out_dir: Path, extras: tuple[str, ...]) -> Path:
-    path = out_dir / REQUIREMENTS_FILE
-    path.write_text("\n".join(pinned_requirements(extras)) + "\n")
+def serving_requirements(spec: DeploymentSpec, gpu: bool) -> list[str]:
+    """The pins an image's run stage needs once the exports are built: the core, and only the
+    packages each model's backend serves with (no torch, transformers or onnx for OpenVINO
+    and ONNX Runtime)."""
+    from packaging.requirements import Requirement
+
+    keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, gpu)).serving_packages}
+    core = pinned_requirements(())
+    return core + [pin for pin in pinned_requirements(image_extras(spec, gpu))
+                   if Requirement(pin).name in keep and pin not in core]
+
+
+def write_requirements(out_dir: Path, requirements: list[str], name: str = REQUIREMENTS_FILE) -> Path:
+    path = out_dir / name
+    path.write_text("\n".join(requirements) + "\n")
     return path
 
 
@@ -136,6 +148,32 @@ def local_model_dirs(spec: DeploymentSpec, image_root: str) -> dict[str, str]:
         if path is not None:
             dirs[model.model_id] = f"{image_root}/local/{i}-{path.name}"
     return dirs
+
+
+def copy_local_models(
+    spec: DeploymentSpec, out_dir: Path, image_root: str
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Copy each local model folder (less its exports) into out_dir/models for an image's
+    build context. Returns model id -> image path, and (copy relative to out_dir, image path)."""
+    model_dirs = local_model_dirs(spec, image_root)
+    copies = []
+    for model_id, image_path in model_dirs.items():
+        dest = out_dir / "models" / Path(image_path).name
+        if dest.exists():
+            shutil.rmtree(dest)
+        source = Path(model_id).expanduser().resolve()
+        shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".infinity-cloud"))
+        copies.append((dest.relative_to(out_dir).as_posix(), image_path))
+    return model_dirs, copies
+
+
+def image_spec(spec: DeploymentSpec, model_dirs: dict[str, str], **server: Any) -> DeploymentSpec:
+    """The spec an image serves: no target sections, local folders at their copies in the
+    image, and the server settings given (host, port, limits)."""
+    from infinity_cloud.targets.runtime import container_spec
+
+    served = container_spec(served_spec_data(spec), model_dirs)
+    return served.model_copy(update={"server": served.server.model_copy(update=server)})
 
 
 def hub_models(spec: DeploymentSpec) -> list[tuple[str, str | None]]:

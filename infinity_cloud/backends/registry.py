@@ -32,6 +32,9 @@ class BackendEntry:
     extras: Mapping[str, str] = field(default_factory=dict)
     # Inputs per batch when the spec does not say: the fastest measured for the backend.
     batch_size: int = DEFAULT_BATCH_SIZE
+    # The pip packages it serves with once its exports are built (an image's run stage);
+    # its extra adds the converter (torch, transformers, onnx) on top.
+    serving_packages: tuple[str, ...] = ()
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -42,22 +45,25 @@ _BACKENDS: dict[str, BackendEntry] = {
     "torch": BackendEntry(
         "infinity_cloud.backends.torch_backend", "TorchBackend", "torch",
         ("float32", "bfloat16", "float16"), {"cpu": "torch", "cuda": "torch"},
+        serving_packages=("torch", "transformers"),
     ),
     # On CUDA ONNX Runtime needs onnxruntime-gpu built for the image's CUDA, which no extra
     # installs yet; it runs there when the user installs it.
     "onnx": BackendEntry(
         "infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnxruntime",
-        ("float32", "float16", "int8"), {"cpu": "onnx"},
+        ("float32", "float16", "int8"), {"cpu": "onnx"}, serving_packages=("onnxruntime",),
     ),
     # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
     # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
     "openvino": BackendEntry(
         "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino",
         ("float32", "bfloat16", "float16"), {"cpu": "openvino"}, batch_size=16,
+        serving_packages=("openvino",),
     ),
     "ctranslate2": BackendEntry(
         "infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2",
         ("float32", "float16", "bfloat16", "int8"), {"cpu": "ctranslate2", "cuda": "ctranslate2"},
+        serving_packages=("ctranslate2",),
     ),
 }
 # What `backend auto` tries, fastest first. On a GPU that is torch (bf16/fp16, SDPA); on

@@ -4,7 +4,6 @@ of the same server with its models baked in, and `invoke local` against a runnin
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec
@@ -59,14 +58,11 @@ class LocalTarget(Target):
         container.check_backends(spec, settings.gpu, "this image")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        model_dirs = container.local_model_dirs(spec, IMAGE_MODELS)
-        copies = [self._copy_model(model_id, out_dir, path) for model_id, path in model_dirs.items()]
-        from infinity_cloud.targets.runtime import container_spec
-
-        served = container_spec(container.served_spec_data(spec), model_dirs)
-        served = served.model_copy(update={"server": served.server.model_copy(update={"host": "0.0.0.0"})})
+        model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+        served = container.image_spec(spec, model_dirs, host="0.0.0.0")
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
-        requirements = container.write_requirements(out_dir, container.image_extras(spec, settings.gpu))
+        extras = container.image_extras(spec, settings.gpu)
+        requirements = container.write_requirements(out_dir, container.pinned_requirements(extras))
         package = container.stage_package(out_dir)
         written = render_templates("local", out_dir, {
             "spec": served,
@@ -74,21 +70,12 @@ class LocalTarget(Target):
             "torch": f"torch=={container.torch_version()}",
             "torch_index": None if settings.gpu else container.TORCH_CPU_INDEX,
             "hub_models": container.hub_models(spec),
-            "model_copies": [(path.relative_to(out_dir).as_posix(), image) for path, image in copies],
+            "model_copies": copies,
             "requirements_file": requirements.name,
             "package_dir": package.name,
             "spec_file": SPEC_FILE,
         })
-        return [*written, out_dir / SPEC_FILE, requirements, package, *(path for path, _ in copies)]
-
-    @staticmethod
-    def _copy_model(model_id: str, out_dir: Path, image_path: str) -> tuple[Path, str]:
-        source = Path(model_id).expanduser().resolve()
-        dest = out_dir / "models" / Path(image_path).name
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".infinity-cloud"))
-        return dest, image_path
+        return [*written, out_dir / SPEC_FILE, requirements, package, *(out_dir / copy for copy, _ in copies)]
 
     def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:
         server = spec.server

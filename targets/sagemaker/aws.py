@@ -1,0 +1,239 @@
+"""The SageMaker control and data planes through boto3: the deploy as a plan of API calls
+(printed by --dry-run, run otherwise), waiting for InService, autoscaling, status, delete,
+and invoke_endpoint. Every AWS failure ends in one clear line."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.targets.base import TargetError
+from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
+
+VARIANT = "AllTraffic"
+SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+# How often the deploy asks for the endpoint's state, and for how long at most.
+POLL_S = 15.0
+WAIT_LIMIT_S = 3600.0
+FAILED = ("Failed", "OutOfService")
+NO_CREDENTIALS = (
+    "no AWS credentials: run `aws configure` (or `aws sso login`), or set AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY (and AWS_REGION), then run this again"
+)
+
+
+class SageMakerError(TargetError):
+    """boto3 is missing, has no credentials, AWS refused a call, or the endpoint failed."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One AWS API call: the client (`sagemaker`, `application-autoscaling`), the boto3
+    method and its parameters."""
+
+    service: str
+    operation: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.service}.{self.operation}({json.dumps(self.params, indent=1, sort_keys=True)})"
+
+
+def import_boto3() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise SageMakerError("boto3 is not installed: pip install 'infinity-cloud[aws]'") from None
+    return boto3
+
+
+@contextmanager
+def aws_calls(action: str) -> Iterator[None]:
+    """Map every way an AWS call fails to one line naming what was being done."""
+    import_boto3()
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except NoCredentialsError:
+        raise SageMakerError(NO_CREDENTIALS) from None
+    except NoRegionError:
+        raise SageMakerError("no AWS region: pass --region or set AWS_REGION") from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise SageMakerError(
+            f"AWS refused to {action}: {error.get('Code', 'error')}: {error.get('Message', exc)}"
+        ) from None
+    except (BotoCoreError, OSError) as exc:
+        raise SageMakerError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
+
+
+def clients(settings: SageMakerSpec) -> Callable[[str], Any]:
+    """boto3 clients by service name, one each, in the spec's region."""
+    session = import_boto3().session.Session(region_name=settings.region)
+    made: dict[str, Any] = {}
+
+    def client(service: str) -> Any:
+        if service not in made:
+            made[service] = session.client(service)
+        return made[service]
+
+    return client
+
+
+def stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def resource_id(endpoint: str) -> str:
+    return f"endpoint/{endpoint}/variant/{VARIANT}"
+
+
+def deploy_calls(settings: SageMakerSpec, version: str, update: bool) -> list[Call]:
+    """The calls that deploy the endpoint: a new model and endpoint config (named with
+    `version`, so a redeploy is blue/green), then the endpoint created or moved to the new
+    config, then autoscaling."""
+    if not settings.image_uri or not settings.role:
+        raise ConfigError(
+            "deploy sagemaker needs --image-uri (the image built from `infinity-cloud build sagemaker` "
+            "and pushed to ECR) and --role (the ARN of an execution role SageMaker can assume)"
+        )
+    name = f"{settings.endpoint_name}-{version}"
+    container: dict[str, Any] = {"Image": settings.image_uri}
+    if settings.model_data:
+        container["ModelDataUrl"] = settings.model_data
+    variant: dict[str, Any] = {"VariantName": VARIANT, "ModelName": name}
+    if settings.serverless:
+        variant["ServerlessConfig"] = {
+            "MemorySizeInMB": settings.memory_mb, "MaxConcurrency": settings.max_concurrency,
+        }
+    else:
+        variant.update(
+            InstanceType=settings.instance_type, InitialInstanceCount=settings.instance_count,
+            # Large models take minutes to load; SageMaker's default gives up sooner.
+            ContainerStartupHealthCheckTimeoutInSeconds=settings.startup_timeout_s,
+        )
+    endpoint = {"EndpointName": settings.endpoint_name, "EndpointConfigName": name}
+    calls = [
+        Call("sagemaker", "create_model", {
+            "ModelName": name, "ExecutionRoleArn": settings.role, "PrimaryContainer": container,
+        }),
+        Call("sagemaker", "create_endpoint_config", {
+            "EndpointConfigName": name, "ProductionVariants": [variant],
+        }),
+        Call("sagemaker", "update_endpoint" if update else "create_endpoint", endpoint),
+    ]
+    return calls + scaling_calls(settings)
+
+
+def scaling_calls(settings: SageMakerSpec) -> list[Call]:
+    if settings.scaling is None:
+        return []
+    low, high = settings.scaling
+    target = {
+        "ServiceNamespace": "sagemaker", "ResourceId": resource_id(settings.endpoint_name),
+        "ScalableDimension": SCALABLE_DIMENSION,
+    }
+    policy = {
+        "TargetValue": float(settings.target_invocations),
+        "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+        "ScaleInCooldown": 300, "ScaleOutCooldown": 60,
+    }
+    return [
+        Call("application-autoscaling", "register_scalable_target",
+             {**target, "MinCapacity": low, "MaxCapacity": high}),
+        Call("application-autoscaling", "put_scaling_policy", {
+            **target, "PolicyName": f"{settings.endpoint_name}-invocations",
+            "PolicyType": "TargetTrackingScaling", "TargetTrackingScalingPolicyConfiguration": policy,
+        }),
+    ]
+
+
+def describe_endpoint(client: Callable[[str], Any], name: str) -> dict[str, Any] | None:
+    """The endpoint's description, or None when there is none of that name."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return client("sagemaker").describe_endpoint(EndpointName=name)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ValidationException" and "not find" in error.get("Message", "").lower():
+            return None
+        raise
+
+
+def run(client: Callable[[str], Any], call: Call) -> Any:
+    return getattr(client(call.service), call.operation)(**call.params)
+
+
+def wait_in_service(
+    client: Callable[[str], Any], name: str, report: Callable[[str, float], None]
+) -> dict[str, Any]:
+    """Poll until the endpoint is InService; a failure raises with SageMaker's reason."""
+    started = time.monotonic()
+    while True:
+        endpoint = describe_endpoint(client, name)
+        if endpoint is None:
+            raise SageMakerError(f"endpoint {name!r} disappeared while deploying")
+        status, elapsed = endpoint["EndpointStatus"], time.monotonic() - started
+        report(status, elapsed)
+        if status == "InService":
+            return endpoint
+        if status in FAILED:
+            reason = endpoint.get("FailureReason") or "SageMaker gave no reason"
+            raise SageMakerError(f"endpoint {name!r} is {status}: {reason}")
+        if elapsed > WAIT_LIMIT_S:
+            raise SageMakerError(f"endpoint {name!r} still {status} after {elapsed:.0f} s; ask status later")
+        time.sleep(POLL_S)
+
+
+def resources_of(client: Callable[[str], Any], config_name: str) -> list[Call]:
+    """The delete calls for an endpoint config and the models its variants run."""
+    config = client("sagemaker").describe_endpoint_config(EndpointConfigName=config_name)
+    models = [v["ModelName"] for v in config.get("ProductionVariants", [])]
+    return [
+        Call("sagemaker", "delete_endpoint_config", {"EndpointConfigName": config_name}),
+        *(Call("sagemaker", "delete_model", {"ModelName": m}) for m in models),
+    ]
+
+
+def scaling_registered(client: Callable[[str], Any], endpoint: str) -> bool:
+    found = client("application-autoscaling").describe_scalable_targets(
+        ServiceNamespace="sagemaker", ResourceIds=[resource_id(endpoint)],
+        ScalableDimension=SCALABLE_DIMENSION,
+    )
+    return bool(found.get("ScalableTargets"))
+
+
+def invoke(client: Callable[[str], Any], endpoint: str, body: dict[str, Any], route: str | None) -> Any:
+    """invoke_endpoint with a JSON body; `route` goes in the custom attributes, as
+    /invocations reads it. A container's error answer is raised with its own message."""
+    from botocore.exceptions import ClientError
+
+    extra = {"CustomAttributes": f"route={route}"} if route else {}
+    try:
+        answer = client("sagemaker-runtime").invoke_endpoint(
+            EndpointName=endpoint, ContentType="application/json", Accept="application/json",
+            Body=json.dumps(body).encode(), **extra,
+        )
+    except ClientError as exc:
+        response = exc.response
+        if response.get("Error", {}).get("Code") == "ModelError":
+            status = response.get("OriginalStatusCode", "?")
+            raise SageMakerError(f"the endpoint answered {status}: {_container_message(response)}") from None
+        raise
+    return json.loads(answer["Body"].read())
+
+
+def _container_message(response: dict[str, Any]) -> str:
+    original = response.get("OriginalMessage") or response.get("Error", {}).get("Message", "")
+    try:
+        return json.loads(original)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return str(original)[:500]

@@ -1,0 +1,134 @@
+"""The `sagemaker:` section of the deployment spec: how `infinity-cloud build sagemaker`
+packages the models as a bring-your-own container for a SageMaker endpoint."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Instance families with NVIDIA GPUs (https://aws.amazon.com/sagemaker/pricing/): the image
+# gets CUDA torch. ml.inf2 is AWS Inferentia2 (Neuron); everything else is CPU.
+GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p4d", "p4de", "p5", "p5e", "p5en")
+NEURON_FAMILIES = ("inf2", "trn1")
+# SageMaker's own payload limits: 6 MB for a real-time endpoint, 4 MB for a serverless one.
+REALTIME_PAYLOAD_BYTES = 6 * 1024 * 1024
+SERVERLESS_PAYLOAD_BYTES = 4 * 1024 * 1024
+_INSTANCE = re.compile(r"^ml\.([a-z0-9]+)\.[a-z0-9]+$")
+_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,45}$")
+_ROLE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
+
+Variant = Literal["gpu", "cpu", "serverless", "inferentia2"]
+
+
+class SageMakerSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    endpoint_name: str = Field(
+        "infinity-cloud", description="The endpoint's name (also its model's and config's)."
+    )
+    instance_type: str = Field(
+        "ml.g5.xlarge",
+        description="Instance type: a GPU family (ml.g5, ml.g6, ...) gets CUDA torch, ml.inf2 Neuron, "
+        "others (ml.c7i, ml.m7i, ...) CPU OpenVINO.",
+    )
+    serverless: bool = Field(
+        False, description="A serverless endpoint (CPU only, 4 MB payloads, OpenVINO/ONNX without torch)."
+    )
+    base_image: str = Field("python:3.11-slim", description="Image the Dockerfile starts FROM (CPU and GPU).")
+    port: int = Field(8080, ge=1, le=65535, description="Port the container listens on unless SageMaker "
+                      "sets SAGEMAKER_BIND_TO_PORT.")
+    # -- deploy ---------------------------------------------------------------------------
+    image_uri: str | None = Field(
+        None, description="The image built from `build sagemaker` and pushed to ECR (needed to deploy)."
+    )
+    role: str | None = Field(
+        None, description="Execution role ARN SageMaker runs the endpoint as (needed to deploy)."
+    )
+    region: str | None = Field(None, description="AWS region (default: the AWS profile's).")
+    instance_count: int = Field(1, ge=1, description="Instances behind a real-time endpoint.")
+    memory_mb: int = Field(
+        6144, ge=1024, le=6144, multiple_of=1024, description="Serverless: memory per instance, MB."
+    )
+    max_concurrency: int = Field(20, ge=1, le=200, description="Serverless: concurrent invocations.")
+    autoscale: str | None = Field(
+        None, description="MIN:MAX instances, scaled on invocations per instance (real-time only)."
+    )
+    target_invocations: int = Field(
+        600, ge=1, description="Autoscaling target: invocations per instance per minute."
+    )
+    model_data: str | None = Field(
+        None, description="s3:// URI of a model.tar.gz that SageMaker unpacks into /opt/ml/model.",
+    )
+    startup_timeout_s: int = Field(
+        1800, ge=60, le=3600, description="Longest a container may take to answer /ping with 200.",
+        json_schema_extra={"flag": "--startup-timeout"},
+    )
+
+    @field_validator("endpoint_name")
+    @classmethod
+    def _endpoint_name(cls, value: str) -> str:
+        # Model and config names add a 16-character stamp to it, within SageMaker's 63.
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r}: an endpoint name is 1-46 letters, digits and '-' (not first)")
+        return value
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str | None) -> str | None:
+        if value is not None and not _ROLE.match(value):
+            raise ValueError(f"{value!r} is not an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
+        return value
+
+    @field_validator("model_data")
+    @classmethod
+    def _model_data(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("s3://"):
+            raise ValueError(f"{value!r}: model data is an s3:// URI")
+        return value
+
+    @field_validator("autoscale")
+    @classmethod
+    def _autoscale(cls, value: str | None) -> str | None:
+        if value is not None:
+            low, _, high = value.partition(":")
+            if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+                raise ValueError(f"{value!r}: autoscale is MIN:MAX instances, 1 <= MIN <= MAX")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SageMakerSpec:
+        if self.serverless and self.autoscale:
+            raise ValueError("a serverless endpoint scales by itself; --autoscale is for real-time endpoints")
+        return self
+
+    @property
+    def scaling(self) -> tuple[int, int] | None:
+        if self.autoscale is None:
+            return None
+        low, _, high = self.autoscale.partition(":")
+        return int(low), int(high)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance(cls, value: str) -> str:
+        if not _INSTANCE.match(value):
+            raise ValueError(f"{value!r} is not a SageMaker instance type (such as ml.g5.xlarge)")
+        return value
+
+    @property
+    def family(self) -> str:
+        return _INSTANCE.match(self.instance_type).group(1)  # type: ignore[union-attr]
+
+    @property
+    def variant(self) -> Variant:
+        if self.serverless:
+            return "serverless"
+        if self.family in NEURON_FAMILIES:
+            return "inferentia2"
+        return "gpu" if self.family in GPU_FAMILIES else "cpu"
+
+    @property
+    def payload_limit(self) -> int:
+        return SERVERLESS_PAYLOAD_BYTES if self.serverless else REALTIME_PAYLOAD_BYTES

@@ -1,0 +1,183 @@
+"""The SageMaker target: a bring-your-own container for a SageMaker endpoint (GPU, CPU or
+serverless), rendered from the spec. The image is built and pushed with the user's own
+Docker; `serve.py` is what it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.targets import container
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates, spec_yaml
+from infinity_cloud.targets.sagemaker import aws
+from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
+
+IMAGE_MODELS = "/models"
+# Where SageMaker's convention puts the program, and the exports the build stage makes.
+PROGRAM_DIR = "/opt/program"
+EXPORTS_DIR = "/opt/exports"
+SPEC_FILE = "infinity-cloud.yaml"
+SERVING_REQUIREMENTS = "requirements-serving.txt"
+
+
+class SageMakerTarget(Target):
+    name = "sagemaker"
+    spec_class = SageMakerSpec
+    verbs = ("build", "deploy", "invoke", "status", "delete")
+
+    def settings(self, spec: DeploymentSpec) -> SageMakerSpec:
+        return spec.section(self.name)  # type: ignore[return-value]
+
+    def describe(self, spec: DeploymentSpec) -> str:
+        return f"SageMaker endpoint {self.settings(spec).endpoint_name!r}"
+
+    def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
+        """The container for the endpoint: Dockerfile, the `serve` entrypoint, the pinned
+        requirements, the package, the spec it serves, and copies of local model folders.
+        GPU images carry CUDA torch; CPU and serverless images build the exports in a first
+        stage and run OpenVINO or ONNX Runtime without torch."""
+        settings = self.settings(spec)
+        if settings.variant == "inferentia2":
+            raise ConfigError(
+                f"{settings.instance_type}: Inferentia2 needs the neuron backend, which this version "
+                "does not have yet; use a GPU (ml.g5, ml.g6, ...) or CPU instance type"
+            )
+        gpu = settings.variant == "gpu"
+        container.refuse_spec_keys(
+            spec, f"the container reads {ENDPOINT_KEYS_ENV} from its environment (set it in the model's "
+            "environment, from AWS Secrets Manager)",
+        )
+        container.check_backends(spec, gpu, f"a {settings.variant} SageMaker endpoint")
+        if not gpu:
+            for model in spec.models:
+                if container.serving_backend(model, gpu) == "torch":
+                    raise ConfigError(
+                        f"model {model.name}: a {settings.variant} SageMaker image serves without torch; "
+                        "use --backend openvino, onnx or ctranslate2 (or auto)"
+                    )
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+        limits = spec.server.limits.model_copy(update={"max_payload_bytes": settings.payload_limit})
+        served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
+        (out_dir / SPEC_FILE).write_text(spec_yaml(served))
+        extras = container.image_extras(spec, gpu)
+        requirements = [container.write_requirements(out_dir, container.pinned_requirements(extras))]
+        if not gpu:
+            requirements.append(container.write_requirements(
+                out_dir, container.serving_requirements(spec, gpu), SERVING_REQUIREMENTS
+            ))
+        package = container.stage_package(out_dir)
+        written = render_templates("sagemaker", out_dir, {
+            "spec": served,
+            "sagemaker": settings,
+            "gpu": gpu,
+            "torch": f"torch=={container.torch_version()}",
+            "torch_index": None if gpu else container.TORCH_CPU_INDEX,
+            "hub_models": container.hub_models(spec),
+            "model_copies": copies,
+            "requirements_file": container.REQUIREMENTS_FILE,
+            "serving_requirements_file": SERVING_REQUIREMENTS,
+            "package_dir": package.name,
+            "spec_file": SPEC_FILE,
+            "program_dir": PROGRAM_DIR,
+            "exports_dir": EXPORTS_DIR,
+            "image_models": IMAGE_MODELS,
+        })
+        (out_dir / "serve").chmod(0o755)
+        copied = [out_dir / copy for copy, _ in copies]
+        return [*written, out_dir / SPEC_FILE, *requirements, package, *copied]
+
+    def deploy(self, spec: DeploymentSpec, out_dir: Path, *, dry_run: bool = False) -> Deployment | None:
+        """Render the container's files, then create the model, the endpoint config and the
+        endpoint with boto3 (or move an existing endpoint to the new config, blue/green),
+        wait for InService, and register autoscaling. The image itself is built and pushed
+        with your own Docker (--image-uri). --dry-run prints the API calls and calls nothing."""
+        settings = self.settings(spec)
+        self.build(spec, out_dir)
+        if dry_run:
+            calls = aws.deploy_calls(settings, "<version>", update=False)
+            for call in calls:
+                print(call.describe())
+            print("(sagemaker.update_endpoint instead of create_endpoint when the endpoint exists)")
+            return None
+        client = aws.clients(settings)
+        name = settings.endpoint_name
+        with aws.aws_calls(f"deploy endpoint {name!r}"):
+            existing = aws.describe_endpoint(client, name)
+            calls = aws.deploy_calls(settings, aws.stamp(), update=existing is not None)
+            endpoint_calls, scaling = calls[:3], calls[3:]
+            for call in endpoint_calls:
+                aws.run(client, call)
+            with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
+                aws.wait_in_service(
+                    client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)")
+                )
+            for call in scaling:
+                aws.run(client, call)
+            if existing is not None:  # the old config and model serve nothing now
+                for call in aws.resources_of(client, existing["EndpointConfigName"]):
+                    aws.run(client, call)
+        return Deployment(
+            self.name, name, None,
+            notes=(f"call it with `infinity-cloud invoke sagemaker --endpoint-name {name} --input hello`",),
+        )
+
+    def status(self, spec: DeploymentSpec) -> dict[str, Any]:
+        """The endpoint's state, its config and its variant, from SageMaker."""
+        settings = self.settings(spec)
+        client = aws.clients(settings)
+        with aws.aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
+            endpoint = aws.describe_endpoint(client, settings.endpoint_name)
+            if endpoint is None:
+                raise aws.SageMakerError(f"no SageMaker endpoint named {settings.endpoint_name!r}")
+            config = client("sagemaker").describe_endpoint_config(
+                EndpointConfigName=endpoint["EndpointConfigName"]
+            )
+        facts: dict[str, Any] = {
+            "endpoint": endpoint["EndpointName"], "status": endpoint["EndpointStatus"],
+            "config": endpoint["EndpointConfigName"],
+        }
+        for variant in config.get("ProductionVariants", []):
+            serverless = variant.get("ServerlessConfig")
+            facts["variant"] = (
+                f"serverless {serverless['MemorySizeInMB']} MB x {serverless['MaxConcurrency']}" if serverless
+                else f"{variant.get('InitialInstanceCount')} x {variant.get('InstanceType')}"
+            )
+        if endpoint.get("FailureReason"):
+            facts["failure_reason"] = endpoint["FailureReason"]
+        facts["last_modified"] = str(endpoint.get("LastModifiedTime"))
+        return facts
+
+    def delete(self, spec: DeploymentSpec) -> None:
+        """Delete the endpoint, its config and its model, and its autoscaling target."""
+        settings = self.settings(spec)
+        client = aws.clients(settings)
+        name = settings.endpoint_name
+        with aws.aws_calls(f"delete endpoint {name!r}"):
+            endpoint = aws.describe_endpoint(client, name)
+            if endpoint is None:
+                raise aws.SageMakerError(f"no SageMaker endpoint named {name!r}")
+            calls = aws.resources_of(client, endpoint["EndpointConfigName"])
+            if aws.scaling_registered(client, name):
+                aws.run(client, aws.Call("application-autoscaling", "deregister_scalable_target", {
+                    "ServiceNamespace": "sagemaker", "ResourceId": aws.resource_id(name),
+                    "ScalableDimension": aws.SCALABLE_DIMENSION,
+                }))
+            aws.run(client, aws.Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
+            for call in calls:
+                aws.run(client, call)
+
+    def invoke(
+        self, spec: DeploymentSpec, body: dict[str, Any], *,
+        api_key: str | None = None, route: str | None = None,
+    ) -> Any:
+        """Call the endpoint with sagemaker-runtime's invoke_endpoint (IAM signs it, so no key)."""
+        settings = self.settings(spec)
+        with aws.aws_calls(f"invoke endpoint {settings.endpoint_name!r}"):
+            return aws.invoke(aws.clients(settings), settings.endpoint_name, body, route)
+

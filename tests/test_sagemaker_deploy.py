@@ -1,0 +1,356 @@
+"""Deploying to SageMaker with boto3, offline: moto stands in for the control plane (models,
+endpoint configs, endpoints, autoscaling), botocore's Stubber for what moto lacks (the
+Creating -> InService/Failed states, update_endpoint, ml.g5 instance types), and real
+boto3 `invoke_endpoint` reaches the real container entrypoint through a local stand-in of
+the runtime endpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import numpy as np
+import pytest
+from botocore.stub import Stubber
+from conftest import serve_in_process, spec_of
+from moto import mock_aws
+from test_sagemaker_target import BODIES, Serve, fake_model, write_config
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.targets.base import ROUTE_HEADER
+from infinity_cloud.targets.sagemaker import aws
+from infinity_cloud.targets.sagemaker.client import SageMakerClient
+
+runner = CliRunner()
+REGION = "us-east-1"
+ROLE = "arn:aws:iam::123456789012:role/sagemaker-exec"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/infinity-cloud:1"
+NEEDED = ["--image-uri", IMAGE, "--role", ROLE, "--region", REGION]
+ARN = "arn:aws:sagemaker:us-east-1:123456789012"
+PER_INSTANCE = "SageMakerVariantInvocationsPerInstance"
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials, no profile of this machine's, and no waiting between polls."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setattr(aws, "POLL_S", 0.0)
+
+
+def deploy(tmp_path: Path, *args: str) -> Any:
+    return runner.invoke(cli, ["deploy", "sagemaker", "--out", str(tmp_path / "build"), *NEEDED, *args])
+
+
+# -- against moto ------------------------------------------------------------------------------
+
+
+@mock_aws
+def test_deploy_creates_model_config_endpoint_and_autoscaling(tmp_path: Path, tiny_embedder: Path) -> None:
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--backend", "onnx", "--endpoint-name", "emb",
+                    "--instance-type", "ml.c5.xlarge", "--instance-count", "2", "--autoscale", "2:5",
+                    "--target-invocations", "300", "--model-data", "s3://bucket/model.tar.gz")
+    assert result.exit_code == 0, result.output
+    sm = boto3.client("sagemaker", region_name=REGION)
+    endpoint = sm.describe_endpoint(EndpointName="emb")
+    assert endpoint["EndpointStatus"] == "InService"
+    config = sm.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
+    (variant,) = config["ProductionVariants"]
+    assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5.xlarge", 2)
+    model = sm.describe_model(ModelName=variant["ModelName"])
+    assert model["ExecutionRoleArn"] == ROLE
+    assert model["PrimaryContainer"]["Image"] == IMAGE
+    assert model["PrimaryContainer"]["ModelDataUrl"] == "s3://bucket/model.tar.gz"
+    scaling = boto3.client("application-autoscaling", region_name=REGION)
+    (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["ResourceId"], target["MinCapacity"], target["MaxCapacity"]) == (
+        "endpoint/emb/variant/AllTraffic", 2, 5)
+    (policy,) = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["TargetValue"] == 300.0
+    assert tracking["PredefinedMetricSpecification"]["PredefinedMetricType"] == PER_INSTANCE
+    assert (tmp_path / "build" / "Dockerfile").is_file()  # the files the image is built from
+
+
+@mock_aws
+def test_a_serverless_endpoint_gets_its_memory_and_concurrency(tmp_path: Path, tiny_embedder: Path) -> None:
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--serverless", "--memory-mb", "4096",
+                    "--max-concurrency", "7")
+    assert result.exit_code == 0, result.output
+    sm = boto3.client("sagemaker", region_name=REGION)
+    name = sm.describe_endpoint(EndpointName="infinity-cloud")["EndpointConfigName"]
+    (variant,) = sm.describe_endpoint_config(EndpointConfigName=name)["ProductionVariants"]
+    assert variant["ServerlessConfig"] == {"MemorySizeInMB": 4096, "MaxConcurrency": 7}
+    status = runner.invoke(cli, ["status", "sagemaker", "--region", REGION])
+    assert status.exit_code == 0, status.output
+    assert "status: InService" in status.output and "serverless 4096 MB x 7" in status.output
+
+
+@mock_aws
+def test_delete_removes_endpoint_config_model_and_scaling(tmp_path: Path, tiny_embedder: Path) -> None:
+    args = ["--model-id", str(tiny_embedder), "--instance-type", "ml.m5.large", "--autoscale", "1:3"]
+    assert deploy(tmp_path, *args).exit_code == 0
+    sm = boto3.client("sagemaker", region_name=REGION)
+    assert len(sm.list_models()["Models"]) == 1
+    result = runner.invoke(cli, ["delete", "sagemaker", "--region", REGION, "--yes"])
+    assert result.exit_code == 0, result.output
+    assert sm.list_endpoints()["Endpoints"] == []
+    assert sm.list_endpoint_configs()["EndpointConfigs"] == [] and sm.list_models()["Models"] == []
+    scaling = boto3.client("application-autoscaling", region_name=REGION)
+    assert scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
+    again = runner.invoke(cli, ["delete", "sagemaker", "--region", REGION, "--yes"])
+    assert again.exit_code == 2 and "no SageMaker endpoint named 'infinity-cloud'" in again.output
+
+
+# -- what moto lacks, with botocore's Stubber over the real API models --------------------------
+
+
+@pytest.fixture
+def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Stubber]]:
+    """Real boto3 clients whose responses are stubbed; each call is checked against the API."""
+    made = {s: boto3.client(s, region_name=REGION) for s in ("sagemaker", "application-autoscaling")}
+    stubs = {s: Stubber(c) for s, c in made.items()}
+    monkeypatch.setattr(aws, "clients", lambda settings: made.__getitem__)
+    for stub in stubs.values():
+        stub.activate()
+    yield stubs
+    for stub in stubs.values():
+        stub.assert_no_pending_responses()
+
+
+def endpoint_state(status: str, config: str = "emb-new", **extra: Any) -> dict[str, Any]:
+    now = datetime.now(timezone.utc)
+    return {"EndpointName": "emb", "EndpointArn": f"{ARN}:endpoint/emb",
+            "EndpointConfigName": config, "EndpointStatus": status, "CreationTime": now,
+            "LastModifiedTime": now, **extra}
+
+
+NOT_FOUND = {"service_error_code": "ValidationException",
+             "service_message": f'Could not find endpoint "{ARN}:endpoint/emb".'}
+
+
+def stub_creation(sm: Stubber, update: bool = False) -> None:
+    sm.add_response("create_model", {"ModelArn": f"{ARN}:model/m"})
+    sm.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}:endpoint-config/c"})
+    endpoint = "update_endpoint" if update else "create_endpoint"
+    sm.add_response(endpoint, {"EndpointArn": f"{ARN}:endpoint/emb"})
+
+
+def test_a_gpu_endpoint_waits_through_creating_to_in_service(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    sm = stubbed["sagemaker"]
+    sm.add_client_error("describe_endpoint", **NOT_FOUND)
+    stub_creation(sm)
+    for status in ("Creating", "Creating", "InService"):
+        sm.add_response("describe_endpoint", endpoint_state(status), {"EndpointName": "emb"})
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb",
+                    "--instance-type", "ml.g5.2xlarge", "--startup-timeout", "2400")
+    assert result.exit_code == 0, result.output
+    assert "deployed sagemaker 'emb'" in result.output
+
+
+def test_a_failed_endpoint_says_sagemakers_reason(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    sm = stubbed["sagemaker"]
+    sm.add_client_error("describe_endpoint", **NOT_FOUND)
+    stub_creation(sm)
+    reason = "The primary container for production variant AllTraffic did not pass the ping health check."
+    sm.add_response("describe_endpoint", endpoint_state("Creating"))
+    sm.add_response("describe_endpoint", endpoint_state("Failed", FailureReason=reason))
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb")
+    assert result.exit_code == 2
+    assert f"endpoint 'emb' is Failed: {reason}" in result.output and "Traceback" not in result.output
+
+
+def test_deploying_an_existing_name_updates_it_blue_green(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """A new model and config, the endpoint moved to them, then the old ones deleted."""
+    sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
+    stub_creation(sm, update=True)
+    sm.add_response("describe_endpoint", endpoint_state("Updating"))
+    sm.add_response("describe_endpoint", endpoint_state("InService"))
+    scaling.add_response("register_scalable_target", {})
+    policy = {"PolicyARN": "arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:p", "Alarms": []}
+    scaling.add_response("put_scaling_policy", policy)
+    old_variant = {"VariantName": "AllTraffic", "ModelName": "emb-old", "InstanceType": "ml.g5.xlarge",
+                   "InitialInstanceCount": 1}
+    sm.add_response("describe_endpoint_config", {
+        "EndpointConfigName": "emb-old", "EndpointConfigArn": f"{ARN}:endpoint-config/emb-old",
+        "ProductionVariants": [old_variant], "CreationTime": datetime.now(timezone.utc)},
+        {"EndpointConfigName": "emb-old"})
+    sm.add_response("delete_endpoint_config", {}, {"EndpointConfigName": "emb-old"})
+    sm.add_response("delete_model", {}, {"ModelName": "emb-old"})
+    args = ["--model-id", str(tiny_embedder), "--endpoint-name", "emb", "--autoscale", "1:4"]
+    result = deploy(tmp_path, *args)
+    assert result.exit_code == 0, result.output
+
+
+def test_dry_run_prints_the_calls_and_calls_nothing(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aws, "clients", lambda settings: pytest.fail("AWS was called"))
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--serverless", "--dry-run")
+    assert result.exit_code == 0, result.output
+    for call in ("create_model(", "create_endpoint_config(", "create_endpoint("):
+        assert f"sagemaker.{call}" in result.output
+    assert '"ServerlessConfig"' in result.output and ROLE in result.output and IMAGE in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--role", ROLE], "needs --image-uri"),
+    (["--image-uri", IMAGE, "--role", "admin"], "is not an IAM role ARN"),
+    (["--image-uri", IMAGE, "--role", ROLE, "--serverless", "--autoscale", "1:2"], "scales by itself"),
+    (["--image-uri", IMAGE, "--role", ROLE, "--memory-mb", "5000"], "multiple of 1024"),
+])
+def test_bad_deploy_settings_are_refused(tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(cli, ["deploy", "sagemaker", "--out", str(tmp_path / "o"), "--dry-run", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_without_credentials_every_call_says_how_to_log_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_embedder: Path
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for command in (["status"], ["delete", "--yes"], ["invoke"]):
+        result = runner.invoke(cli, [command[0], "sagemaker", "--region", REGION, *command[1:]])
+        assert result.exit_code == 2 and "no AWS credentials" in result.output, result.output
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder))
+    assert result.exit_code == 2 and "no AWS credentials" in result.output
+
+
+# -- invoke_endpoint through a stand-in of the runtime endpoint ----------------------------------
+
+
+class RuntimeStandIn(BaseHTTPRequestHandler):
+    """POST /endpoints/NAME/invocations, forwarded to the container's /invocations with the
+    custom attributes, as SageMaker's runtime does; a container error becomes a ModelError."""
+
+    container_url = ""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        headers = {"Content-Type": self.headers["Content-Type"]}
+        attributes = self.headers.get(ROUTE_HEADER)
+        if attributes:
+            headers[ROUTE_HEADER] = attributes
+        answer = httpx.post(f"{self.container_url}/invocations", content=body, headers=headers, timeout=60)
+        if answer.status_code == 200:
+            self._send(200, answer.content, {"Content-Type": "application/json"})
+        else:
+            error = {"message": "Received client error from primary with message ...",
+                     "OriginalStatusCode": answer.status_code, "OriginalMessage": answer.text}
+            self._send(424, json.dumps(error).encode(), {"x-amzn-ErrorType": "ModelError:",
+                                                         "Content-Type": "application/json"})
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path,
+            tiny_classifier: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    folders = {"emb": tiny_embedder, "rr": tiny_reranker, "cl": tiny_classifier}
+    models = [fake_model(path, name) for name, path in folders.items()]
+    container = Serve(write_config(tmp_path_factory.mktemp("runtime"), models))
+    handler = type("Handler", (RuntimeStandIn,), {"container_url": container.url})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        container.wait_listening()
+        container.wait_ready()
+        yield f"http://127.0.0.1:{server.server_address[1]}", models
+    finally:
+        server.shutdown()
+        container.stop()
+
+
+@pytest.mark.parametrize("route", list(BODIES))
+async def test_invoke_endpoint_answers_as_the_local_server_does(
+    runtime: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    url, models = runtime
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)  # botocore's own override
+    body = BODIES[route]
+    flags = ["--region", REGION, "--endpoint-name", "emb", "--route", route, "--model", body["model"]]
+    if route == "rerank":
+        flags += ["--query", body["query"], *(f for doc in body["documents"] for f in ("--input", doc))]
+    else:
+        flags += [f for text in body["input"] for f in ("--input", text)]
+    result = runner.invoke(cli, ["invoke", "sagemaker", *flags])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)
+    path = {"embeddings": "/embeddings", "rerank": "/rerank", "classify": "/classify"}[route]
+    async with serve_in_process(spec_of(*(ModelSpec(**m) for m in models))) as local:
+        expected = (await local.post(path, json=body)).json()
+    assert answer["object"] == expected["object"]
+    key = "results" if route == "rerank" else "data"
+    assert answer[key] == expected[key]
+
+
+def test_a_container_error_through_invoke_is_one_line(
+    runtime: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = runtime
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)
+    flags = ["--region", REGION, "--route", "rerank", "--model", "rr", "--input", "x"]
+    result = runner.invoke(cli, ["invoke", "sagemaker", *flags])
+    assert result.exit_code == 2
+    assert "the endpoint answered 422" in result.output and "query" in result.output
+
+
+async def test_the_python_client_mirrors_the_openai_and_cohere_shapes(
+    runtime: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, models = runtime
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", url)
+    client = SageMakerClient("emb", region_name=REGION)
+    async with serve_in_process(spec_of(*(ModelSpec(**m) for m in models))) as local:
+        body = BODIES["embeddings"]
+        vectors = client.embeddings.create(input=body["input"], model="emb")
+        expected = (await local.post("/embeddings", json=body)).json()
+        assert [d.index for d in vectors.data] == [0, 1, 2]
+        got = np.array([d.embedding for d in vectors.data])
+        # Exact float32 from base64 against the JSON floats the server rounds to 6 decimals.
+        np.testing.assert_allclose(got, [d["embedding"] for d in expected["data"]], atol=1e-6)
+        assert vectors.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
+
+        body = BODIES["rerank"]
+        ranked = client.rerank(body["query"], body["documents"], model="rr", top_n=2, return_documents=True)
+        expected = (await local.post("/rerank", json={**body, "top_n": 2, "return_documents": True})).json()
+        assert [(r.index, r.relevance_score, r.document) for r in ranked.results] == [
+            (r["index"], r["relevance_score"], r["document"]) for r in expected["results"]]
+
+        body = BODIES["classify"]
+        labels = client.classify(body["input"], model="cl")
+        expected = (await local.post("/classify", json=body)).json()
+        assert [[(x.label, x.score) for x in row] for row in labels.data] == [
+            [(x["label"], x["score"]) for x in row] for row in expected["data"]]
+    with pytest.raises(aws.SageMakerError, match="the endpoint answered 404"):
+        client.embeddings.create(input=["x"], model="no-such-model")

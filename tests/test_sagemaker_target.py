@@ -1,0 +1,300 @@
+"""The SageMaker container: `build sagemaker` renders a complete build context per variant,
+and its `serve` entrypoint, run as a real process on SAGEMAKER_BIND_TO_PORT, keeps the
+bring-your-own-container contract: /ping at once (503 while loading, 200 once loaded),
+/invocations routed by custom attribute or body with the same answers as the local server,
+SageMaker's payload limits as 413, and SIGTERM letting in-flight requests finish."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from conftest import FAKE, ROOT, free_port, serve_in_process, spec_of
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+from infinity_cloud.config import ModelSpec, load_spec
+from infinity_cloud.targets.sagemaker.serve import with_model_data
+from infinity_cloud.targets.sagemaker.spec import REALTIME_PAYLOAD_BYTES, SERVERLESS_PAYLOAD_BYTES
+
+runner = CliRunner()
+# uvicorn drains, then re-raises the signal it caught, so the process ends as SIGTERM asks.
+STOPPED_BY_SIGTERM = (0, -signal.SIGTERM)
+TEXTS = ["what is a panda?", "a bear from China", "x"]
+
+
+def build(out: Path, *args: str) -> str:
+    result = runner.invoke(cli, ["build", "sagemaker", "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return (out / "Dockerfile").read_text()
+
+
+def stages(dockerfile: str) -> list[str]:
+    return re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+
+
+def assert_context_is_complete(out: Path, dockerfile: str) -> None:
+    """Every COPY source is in the build context (a stage's own files aside)."""
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            source = line.split()[1]
+            assert (out / source).exists(), f"{source} is missing from {out}"
+
+
+# -- the rendered build context ------------------------------------------------------------
+
+
+def test_gpu_image_carries_cuda_torch_and_serves_in_exec_form(tmp_path: Path, tiny_embedder: Path) -> None:
+    dockerfile = build(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.g5.xlarge")
+    assert len(stages(dockerfile)) == 1
+    assert re.search(r'^RUN pip install --no-cache-dir "torch==[\d.]+"$', dockerfile, re.M)  # PyPI: CUDA
+    assert "download.pytorch.org/whl/cpu" not in dockerfile
+    assert dockerfile.rstrip().endswith('ENTRYPOINT ["serve"]') and "EXPOSE 8080" in dockerfile
+    assert os.access(tmp_path / "serve", os.X_OK)
+    assert "exec python -m infinity_cloud.targets.sagemaker.serve" in (tmp_path / "serve").read_text()
+    served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
+    assert served["models"][0]["model_id"].startswith("/models/local/")  # baked into the image
+    assert served["server"]["limits"]["max_payload_bytes"] == REALTIME_PAYLOAD_BYTES
+    assert "sagemaker" not in served  # what it serves, not how it is deployed
+    assert_context_is_complete(tmp_path, dockerfile)
+
+
+@pytest.mark.parametrize(("flags", "limit"), [
+    (["--instance-type", "ml.c7i.xlarge"], REALTIME_PAYLOAD_BYTES),
+    (["--serverless"], SERVERLESS_PAYLOAD_BYTES),
+])
+def test_cpu_and_serverless_images_run_without_torch(
+    tmp_path: Path, tiny_embedder: Path, flags: list[str], limit: int
+) -> None:
+    dockerfile = build(tmp_path, "--model-id", str(tiny_embedder), *flags)
+    convert, run = stages(dockerfile)
+    assert " AS convert" in convert.splitlines()[0] and "python -m infinity_cloud download" in convert
+    assert "torch" in convert and "--index-url https://download.pytorch.org/whl/cpu" in convert
+    # The run stage installs only the serving requirements and takes the exports over.
+    assert "torch" not in run.replace("no torch", "")
+    assert "COPY --from=convert /opt/exports /opt/exports" in run and 'ENTRYPOINT ["serve"]' in run
+    serving = (tmp_path / "requirements-serving.txt").read_text().splitlines()
+    names = {line.split("==")[0] for line in serving}
+    assert "openvino" in names and not names & {"torch", "transformers", "onnx", "onnxruntime"}
+    assert all("==" in line for line in serving)
+    served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
+    assert served["server"]["limits"]["max_payload_bytes"] == limit
+    assert_context_is_complete(tmp_path, dockerfile)
+
+
+def test_hub_models_are_fetched_before_the_package_is_copied(tmp_path: Path) -> None:
+    dockerfile = build(tmp_path, "--model-id", "BAAI/bge-small-en-v1.5", "--instance-type", "ml.g6.xlarge")
+    assert dockerfile.index("snapshot_download") < dockerfile.index("COPY infinity_cloud")
+    assert '"BAAI/bge-small-en-v1.5"' in dockerfile
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--instance-type", "ml.inf2.xlarge"], "Inferentia2 needs the neuron backend"),
+    (["--instance-type", "g5.xlarge"], "is not a SageMaker instance type"),
+    (["--serverless", "--backend", "torch"], "serves without torch"),
+    (["--instance-type", "ml.g5.xlarge", "--backend", "openvino"], "packaged for cpu containers only"),
+    (["--api-key", "s3cret"], "INFINITY_CLOUD_ENDPOINT_KEYS"),
+])
+def test_what_cannot_be_built_is_refused_before_anything_is_written(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(cli, ["build", "sagemaker", "--out", str(out), *flags])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and not out.exists()
+
+
+def test_model_data_in_opt_ml_model_replaces_the_baked_models(tmp_path: Path, tiny_embedder: Path) -> None:
+    spec = load_spec(None, model_id=["BAAI/bge-m3", "BAAI/bge-reranker-v2-m3"])
+    assert with_model_data(spec, tmp_path / "absent") == spec
+    (tmp_path / "BAAI--bge-reranker-v2-m3").symlink_to(tiny_embedder)
+    mapped = with_model_data(spec, tmp_path)
+    assert mapped.models[0].model_id == "BAAI/bge-m3"  # not in the model data: baked
+    assert mapped.models[1].model_id == str(tmp_path / "BAAI--bge-reranker-v2-m3")
+    assert mapped.models[1].name == "BAAI/bge-reranker-v2-m3"
+    single = with_model_data(load_spec(None, model_id=["my/model"]), tiny_embedder)
+    assert single.models[0].model_id == str(tiny_embedder) and single.models[0].name == "my/model"
+
+
+# -- the entrypoint as SageMaker runs it -----------------------------------------------------
+
+
+class Serve:
+    """`python -m infinity_cloud.targets.sagemaker.serve serve`, as the image's `serve` runs it."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = config.with_suffix(".log")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infinity_cloud.targets.sagemaker.serve", "serve"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "INFINITY_CLOUD_CONFIG": str(config), "SAGEMAKER_BIND_TO_PORT": str(self.port),
+                 "SM_MODEL_DIR": str(config.parent / "no-model-data"), **(env or {})},
+        )
+
+    def ping(self) -> httpx.Response:
+        return httpx.get(f"{self.url}/ping", timeout=2)  # SageMaker's own deadline
+
+    def wait_listening(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                self.ping()
+                return
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, self.log.read_text()
+                time.sleep(0.05)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ping().status_code != 200:
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(30)
+
+
+def write_config(folder: Path, models: list[dict[str, Any]], payload: int = REALTIME_PAYLOAD_BYTES) -> Path:
+    config = folder / "infinity-cloud.yaml"
+    spec = {"models": models, "server": {"log_level": "warning", "limits": {"max_payload_bytes": payload}}}
+    config.write_text(yaml.safe_dump(spec))
+    return config
+
+
+def fake_model(path: Path, name: str, **options: Any) -> dict[str, Any]:
+    return {"model_id": str(path), "served_model_name": name, "backend": FAKE, "warmup": False,
+            "backend_options": options}
+
+
+@pytest.fixture(scope="module")
+def three_models(tiny_embedder: Path, tiny_reranker: Path, tiny_classifier: Path) -> list[dict[str, Any]]:
+    folders = {"emb": tiny_embedder, "rr": tiny_reranker, "cl": tiny_classifier}
+    return [fake_model(path, name) for name, path in folders.items()]
+
+
+@pytest.fixture(scope="module")
+def container(
+    tmp_path_factory: pytest.TempPathFactory, three_models: list[dict[str, Any]]
+) -> Iterator[Serve]:
+    folder = tmp_path_factory.mktemp("sagemaker")
+    # The embedder loads slowly, so /ping can be seen answering 503 first.
+    models = [{**three_models[0], "backend_options": {"load_delay_s": 1.5}}, *three_models[1:]]
+    serve = Serve(write_config(folder, models))
+    try:
+        yield serve
+    finally:
+        serve.stop()
+
+
+def test_ping_answers_at_once_then_200_once_loaded(container: Serve) -> None:
+    container.wait_listening()
+    started = time.monotonic()
+    first = container.ping()
+    assert time.monotonic() - started < 2
+    assert first.status_code in (200, 503)
+    if first.status_code == 503:  # still loading: said, with when to ask again
+        assert "Retry-After" in first.headers
+    container.wait_ready()
+    assert container.ping().json()["status"] == "ok"
+
+
+BODIES = {
+    "embeddings": {"input": TEXTS, "model": "emb"},
+    "rerank": {"query": "panda", "documents": TEXTS, "model": "rr"},
+    "classify": {"input": TEXTS, "model": "cl"},
+}
+
+
+@pytest.mark.parametrize("route", list(BODIES))
+@pytest.mark.parametrize("by", ["attribute", "body"])
+async def test_invocations_answer_as_the_local_server_does(
+    container: Serve, three_models: list[dict[str, Any]], route: str, by: str
+) -> None:
+    container.wait_ready()
+    headers = {"X-Amzn-SageMaker-Custom-Attributes": f"route={route}"} if by == "attribute" else {}
+    answer = httpx.post(f"{container.url}/invocations", json=BODIES[route], headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    spec = spec_of(*(ModelSpec(**m) for m in three_models))
+    async with serve_in_process(spec) as local:
+        path = {"embeddings": "/embeddings", "rerank": "/rerank", "classify": "/classify"}[route]
+        expected = (await local.post(path, json=BODIES[route])).json()
+    ignore = {"id", "created"}
+    assert {k: v for k, v in answer.json().items() if k not in ignore} == {
+        k: v for k, v in expected.items() if k not in ignore
+    }
+
+
+def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:
+    container.wait_ready()
+    big = {"input": ["x" * 1000] * (REALTIME_PAYLOAD_BYTES // 1000 + 10), "model": "emb"}
+    answer = httpx.post(f"{container.url}/invocations", json=big, timeout=30)
+    assert answer.status_code == 413
+    assert "over the limit of 6291456 bytes" in answer.json()["error"]["message"]
+
+
+def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path, tiny_embedder: Path) -> None:
+    serve = Serve(write_config(tmp_path, [fake_model(tiny_embedder, "emb", delay_s=1.5)]))
+    try:
+        serve.wait_listening()
+        serve.wait_ready()
+        answers: dict[str, httpx.Response] = {}
+        request = threading.Thread(target=lambda: answers.setdefault("slow", httpx.post(
+            f"{serve.url}/invocations", json={"input": ["in flight"]}, timeout=30)))
+        request.start()
+        time.sleep(0.5)  # the request is in the batch now
+        serve.proc.send_signal(signal.SIGTERM)
+        request.join(30)
+        assert answers["slow"].status_code == 200
+        assert len(answers["slow"].json()["data"]) == 1
+        assert serve.proc.wait(30) in STOPPED_BY_SIGTERM
+    finally:
+        serve.stop()
+
+
+def test_sigterm_while_loading_stops_cleanly(tmp_path: Path, tiny_embedder: Path) -> None:
+    serve = Serve(write_config(tmp_path, [fake_model(tiny_embedder, "emb", load_delay_s=2.0)]))
+    try:
+        serve.wait_listening()
+        assert serve.ping().status_code == 503  # loading
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(30) in STOPPED_BY_SIGTERM
+    finally:
+        serve.stop()
+
+
+def test_serverless_limit_in_a_container(tmp_path: Path, tiny_embedder: Path) -> None:
+    config = write_config(tmp_path, [fake_model(tiny_embedder, "emb")], payload=SERVERLESS_PAYLOAD_BYTES)
+    serve = Serve(config)
+    try:
+        serve.wait_listening()
+        serve.wait_ready()
+        body = {"input": ["y" * 1000] * (SERVERLESS_PAYLOAD_BYTES // 1000 + 10)}
+        assert httpx.post(f"{serve.url}/invocations", json=body, timeout=30).status_code == 413
+        fits = {"input": ["y" * 1000] * 100}
+        assert httpx.post(f"{serve.url}/invocations", json=fits, timeout=30).status_code == 200
+    finally:
+        serve.stop()
+
+
+def test_the_example_spec_builds_a_two_model_gpu_image(tmp_path: Path) -> None:
+    dockerfile = build(tmp_path, "--config", str(ROOT / "examples/sagemaker/infinity-cloud.yaml"))
+    assert '"BAAI/bge-small-en-v1.5"' in dockerfile and '"cross-encoder/ms-marco-MiniLM-L-6-v2"' in dockerfile
+    served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
+    assert [m["served_model_name"] for m in served["models"]] == ["embedder", "reranker"]
+    assert len(stages(dockerfile)) == 1  # ml.g5: the GPU variant
