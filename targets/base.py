@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -56,7 +56,10 @@ class Endpoint:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Target:
+Settings = TypeVar("Settings", bound=BaseModel)
+
+
+class Target(Generic[Settings]):
     """A deployment target. Subclasses set `name`, `spec_class` (their spec section, or
     None) and `verbs`, and implement those verbs; `register_target` or the
     `infinity_cloud.targets` entry-point group makes them known to the spec and the CLI."""
@@ -66,9 +69,9 @@ class Target:
     verbs: ClassVar[tuple[str, ...]] = ()
     default_out: ClassVar[str | None] = None  # where `build` writes by default: build/<name>
 
-    def settings(self, spec: DeploymentSpec) -> Any:
+    def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""
-        return spec.section(self.name)
+        return spec.section(self.name)  # type: ignore[return-value]
 
     def describe(self, spec: DeploymentSpec) -> str:
         """How messages name a deployment ("Modal app 'rag'")."""

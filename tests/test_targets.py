@@ -34,7 +34,7 @@ class ToySpec(BaseModel):
     budget_usd: float | None = Field(None, description="Spend cap.", json_schema_extra={"flag": "--budget"})
 
 
-class ToyTarget(Target):
+class ToyTarget(Target[ToySpec]):
     name = "toy"
     spec_class = ToySpec
     verbs = ("build", "status")

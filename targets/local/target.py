@@ -24,13 +24,10 @@ SPEC_FILE = "infinity-cloud.yaml"
 SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
 
 
-class LocalTarget(Target):
+class LocalTarget(Target[LocalSpec]):
     name = "local"
     spec_class = LocalSpec
     verbs = ("build", "invoke")
-
-    def settings(self, spec: DeploymentSpec) -> LocalSpec:
-        return spec.section(self.name)  # type: ignore[return-value]
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"the server at {self.endpoint(spec, None).url}"

@@ -145,13 +145,10 @@ def load_app_module(path: Path) -> ModuleType:
     return module
 
 
-class ModalTarget(Target):
+class ModalTarget(Target[ModalSpec]):
     name = "modal"
     spec_class = ModalSpec
     verbs = ("build", "deploy", "invoke", "status", "delete")
-
-    def settings(self, spec: DeploymentSpec) -> ModalSpec:
-        return spec.section(self.name)  # type: ignore[return-value]
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Modal app {self.settings(spec).app_name!r}"

@@ -24,13 +24,10 @@ SPEC_FILE = "infinity-cloud.yaml"
 SERVING_REQUIREMENTS = "requirements-serving.txt"
 
 
-class SageMakerTarget(Target):
+class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
     verbs = ("build", "deploy", "invoke", "status", "delete")
-
-    def settings(self, spec: DeploymentSpec) -> SageMakerSpec:
-        return spec.section(self.name)  # type: ignore[return-value]
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"SageMaker endpoint {self.settings(spec).endpoint_name!r}"
