@@ -298,3 +298,14 @@ def test_the_example_spec_builds_a_two_model_gpu_image(tmp_path: Path) -> None:
     served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
     assert [m["served_model_name"] for m in served["models"]] == ["embedder", "reranker"]
     assert len(stages(dockerfile)) == 1  # ml.g5: the GPU variant
+
+
+def test_a_broken_spec_stops_serve_with_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "infinity-cloud.yaml"
+    config.write_text("models:\n  - model_id: x\n    batch_tokens: 1\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "infinity_cloud.targets.sagemaker.serve", "serve"], capture_output=True,
+        text=True, timeout=60, cwd=ROOT, env={**os.environ, "INFINITY_CLOUD_CONFIG": str(config)},
+    )
+    assert done.returncode == 1 and "error: invalid deployment spec" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec, load_spec
+from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.targets.base import configure_logging
 
 CONFIG_ENV = "INFINITY_CLOUD_CONFIG"
@@ -52,8 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["serve"]):
         raise SystemExit(f"usage: serve (got {' '.join(args)})")
-    spec = load_spec(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG))
-    spec = with_model_data(spec, Path(os.environ.get(MODEL_DIR_ENV, DEFAULT_MODEL_DIR)))
+    try:
+        spec = load_spec(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG))
+        spec = with_model_data(spec, Path(os.environ.get(MODEL_DIR_ENV, DEFAULT_MODEL_DIR)))
+    except InfinityCloudError as exc:  # one line in the endpoint's log, not a traceback
+        raise SystemExit(f"error: {exc.message}") from None
     configure_logging(spec.server.log_level)
     port = int(os.environ.get(PORT_ENV, spec.server.port))
     # Not loaded yet: the app loads the models in the background, so /ping answers from the start.
