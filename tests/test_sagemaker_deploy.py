@@ -354,3 +354,20 @@ async def test_the_python_client_mirrors_the_openai_and_cohere_shapes(
             [(x["label"], x["score"]) for x in row] for row in expected["data"]]
     with pytest.raises(aws.SageMakerError, match="the endpoint answered 404"):
         client.embeddings.create(input=["x"], model="no-such-model")
+
+
+@mock_aws
+def test_packed_models_are_uploaded_to_the_model_data_uri(tmp_path: Path, tiny_embedder: Path) -> None:
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="models")
+    uri = "s3://models/emb/model.tar.gz"
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.p3.2xlarge",
+                    "--pack-models", "--model-data", uri)
+    assert result.exit_code == 0, result.output
+    uploaded = s3.get_object(Bucket="models", Key="emb/model.tar.gz")["Body"].read()
+    assert uploaded == (tmp_path / "build" / "model.tar.gz").read_bytes()
+    sm = boto3.client("sagemaker", region_name=REGION)
+    (model,) = sm.list_models()["Models"]
+    assert sm.describe_model(ModelName=model["ModelName"])["PrimaryContainer"]["ModelDataUrl"] == uri
+    missing = deploy(tmp_path, "--model-id", str(tiny_embedder), "--pack-models", "--dry-run")
+    assert missing.exit_code == 2 and "--pack-models needs --model-data" in missing.output

@@ -309,3 +309,38 @@ def test_a_broken_spec_stops_serve_with_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 1 and "error: invalid deployment spec" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_packed_models_travel_in_model_data_and_serve_from_opt_ml_model(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """--pack-models: one image for any model; SageMaker unpacks model.tar.gz into
+    /opt/ml/model, where `serve` finds each model by its served name."""
+    import shutil
+    import tarfile
+
+    model = shutil.copytree(tiny_embedder, tmp_path / "emb-src")
+    (model / ".infinity-cloud" / "onnx-x").mkdir(parents=True)  # a cached export stays behind
+    (model / ".infinity-cloud" / "onnx-x" / "model.onnx").write_bytes(b"export")
+    out = tmp_path / "build"
+    dockerfile = build(out, "--model-id", str(model), "--served-model-name", "org/emb", "--pack-models")
+    assert "COPY models" not in dockerfile and "infinity_cloud download" not in dockerfile
+    with tarfile.open(out / "model.tar.gz") as tar:
+        names = tar.getnames()
+        assert "org--emb/config.json" in names and not any(".infinity-cloud" in n for n in names)
+        tar.extractall(tmp_path / "opt-ml-model", filter="data")
+    serve = Serve(out / "infinity-cloud.yaml", env={"SM_MODEL_DIR": str(tmp_path / "opt-ml-model")})
+    try:
+        serve.wait_listening(120)
+        serve.wait_ready(120)
+        answer = httpx.post(f"{serve.url}/invocations", json={"input": TEXTS}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "org/emb" and len(answer.json()["data"]) == len(TEXTS)
+    finally:
+        serve.stop()
+
+
+def test_cpu_images_bake_their_models(tmp_path: Path) -> None:
+    args = ["build", "sagemaker", "--out", str(tmp_path / "o"), "--serverless", "--pack-models"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2 and "--pack-models is for GPU images" in result.output

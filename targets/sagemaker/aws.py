@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
@@ -95,15 +96,23 @@ def resource_id(endpoint: str) -> str:
     return f"endpoint/{endpoint}/variant/{VARIANT}"
 
 
-def deploy_calls(settings: SageMakerSpec, version: str, update: bool) -> list[Call]:
-    """The calls that deploy the endpoint: a new model and endpoint config (named with
-    `version`, so a redeploy is blue/green), then the endpoint created or moved to the new
-    config, then autoscaling."""
+def deploy_calls(
+    settings: SageMakerSpec, version: str, update: bool, archive: Path | None = None
+) -> list[Call]:
+    """The calls that deploy the endpoint: the model archive uploaded (with --pack-models),
+    a new model and endpoint config (named with `version`, so a redeploy is blue/green),
+    then the endpoint created or moved to the new config, then autoscaling."""
     if not settings.image_uri or not settings.role:
         raise ConfigError(
             "deploy sagemaker needs --image-uri (the image built from `infinity-cloud build sagemaker` "
             "and pushed to ECR) and --role (the ARN of an execution role SageMaker can assume)"
         )
+    upload: list[Call] = []
+    if settings.pack_models:
+        if not settings.model_data or archive is None:
+            raise ConfigError("--pack-models needs --model-data s3://BUCKET/KEY.tar.gz to upload it to")
+        bucket, _, key = settings.model_data.removeprefix("s3://").partition("/")
+        upload = [Call("s3", "upload_file", {"Filename": str(archive), "Bucket": bucket, "Key": key})]
     name = f"{settings.endpoint_name}-{version}"
     container: dict[str, Any] = {"Image": settings.image_uri}
     if settings.model_data:
@@ -129,7 +138,7 @@ def deploy_calls(settings: SageMakerSpec, version: str, update: bool) -> list[Ca
         }),
         Call("sagemaker", "update_endpoint" if update else "create_endpoint", endpoint),
     ]
-    return calls + scaling_calls(settings)
+    return upload + calls + scaling_calls(settings)
 
 
 def scaling_calls(settings: SageMakerSpec) -> list[Call]:

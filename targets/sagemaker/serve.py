@@ -28,6 +28,11 @@ KEEP_ALIVE_S = 75
 GRACE_PERIOD_S = 30  # SageMaker waits about this long after SIGTERM before it kills
 
 
+def model_data_folder(served_name: str) -> str:
+    """Where a served model sits in the model data: its name, `/` as `--` (hub-cache style)."""
+    return served_name.replace("/", "--")
+
+
 def with_model_data(spec: DeploymentSpec, model_dir: Path) -> DeploymentSpec:
     """The spec with models found in `model_dir` (SageMaker's unpacked model data) in place of
     the baked ones, each served under the name clients know it by."""
@@ -37,7 +42,7 @@ def with_model_data(spec: DeploymentSpec, model_dir: Path) -> DeploymentSpec:
     if (model_dir / "config.json").is_file():
         found = {0: model_dir}
     else:
-        found = {i: model_dir / m.name.replace("/", "--") for i, m in enumerate(models)}
+        found = {i: model_dir / model_data_folder(m.name) for i, m in enumerate(models)}
         found = {i: path for i, path in found.items() if (path / "config.json").is_file()}
     for i, path in found.items():
         models[i] = models[i].model_copy(update={"model_id": str(path), "served_model_name": models[i].name})

@@ -59,7 +59,12 @@ class SageMakerSpec(BaseModel):
         600, ge=1, description="Autoscaling target: invocations per instance per minute."
     )
     model_data: str | None = Field(
-        None, description="s3:// URI of a model.tar.gz that SageMaker unpacks into /opt/ml/model.",
+        None, description="s3:// URI of a model.tar.gz that SageMaker unpacks into /opt/ml/model "
+        "(with --pack-models, deploy uploads the one build made there).",
+    )
+    pack_models: bool = Field(
+        False, description="GPU: put the models in model.tar.gz instead of the image, so one image serves "
+        "any model; deploy uploads it to --model-data.",
     )
     startup_timeout_s: int = Field(
         1800, ge=60, le=3600, description="Longest a container may take to answer /ping with 200.",
@@ -101,6 +106,11 @@ class SageMakerSpec(BaseModel):
     def _consistent(self) -> SageMakerSpec:
         if self.serverless and self.autoscale:
             raise ValueError("a serverless endpoint scales by itself; --autoscale is for real-time endpoints")
+        if self.pack_models and self.variant != "gpu":
+            raise ValueError(
+                "--pack-models is for GPU images: CPU and serverless images build their exports from "
+                "the models at image build, so the models are baked in"
+            )
         return self
 
     @property

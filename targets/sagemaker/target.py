@@ -22,6 +22,27 @@ PROGRAM_DIR = "/opt/program"
 EXPORTS_DIR = "/opt/exports"
 SPEC_FILE = "infinity-cloud.yaml"
 SERVING_REQUIREMENTS = "requirements-serving.txt"
+MODEL_ARCHIVE = "model.tar.gz"
+
+
+def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
+    """model.tar.gz with one folder per model, named as `serve` looks for it in /opt/ml/model
+    (the served name, `/` as `--`), without cached exports. Hub models are fetched first
+    (from the cache, or the hub when it may be reached)."""
+    import tarfile
+
+    from infinity_cloud.model_source import resolve_model_dir
+    from infinity_cloud.targets.sagemaker.serve import model_data_folder
+
+    def skip_exports(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if "/.infinity-cloud" in f"/{info.name}" else info
+
+    # dereference: the hub cache links each file to a blob; the archive holds the files.
+    with tarfile.open(archive, "w:gz", dereference=True) as tar:
+        for model in spec.models:
+            folder = resolve_model_dir(model.model_id, model.revision)
+            tar.add(folder, arcname=model_data_folder(model.name), filter=skip_exports)
+    return archive
 
 
 class SageMakerTarget(Target[SageMakerSpec]):
@@ -58,7 +79,11 @@ class SageMakerTarget(Target[SageMakerSpec]):
                     )
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+        if settings.pack_models:  # SageMaker unpacks them into /opt/ml/model; serve.py finds them
+            model_dirs, copies, packed = {}, [], [pack_models(spec, out_dir / MODEL_ARCHIVE)]
+        else:
+            model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+            packed = []
         limits = spec.server.limits.model_copy(update={"max_payload_bytes": settings.payload_limit})
         served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
@@ -75,7 +100,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             "gpu": gpu,
             "torch": f"torch=={container.torch_version()}",
             "torch_index": None if gpu else container.TORCH_CPU_INDEX,
-            "hub_models": container.hub_models(spec),
+            "hub_models": [] if settings.pack_models else container.hub_models(spec),
             "model_copies": copies,
             "requirements_file": container.REQUIREMENTS_FILE,
             "serving_requirements_file": SERVING_REQUIREMENTS,
@@ -87,7 +112,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         })
         (out_dir / "serve").chmod(0o755)
         copied = [out_dir / copy for copy, _ in copies]
-        return [*written, out_dir / SPEC_FILE, *requirements, package, *copied]
+        return [*written, out_dir / SPEC_FILE, *requirements, package, *copied, *packed]
 
     def deploy(self, spec: DeploymentSpec, out_dir: Path, *, dry_run: bool = False) -> Deployment | None:
         """Render the container's files, then create the model, the endpoint config and the
@@ -97,7 +122,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         settings = self.settings(spec)
         self.build(spec, out_dir)
         if dry_run:
-            calls = aws.deploy_calls(settings, "<version>", update=False)
+            calls = aws.deploy_calls(settings, "<version>", update=False, archive=self._archive(out_dir))
             for call in calls:
                 print(call.describe())
             print("(sagemaker.update_endpoint instead of create_endpoint when the endpoint exists)")
@@ -106,8 +131,11 @@ class SageMakerTarget(Target[SageMakerSpec]):
         name = settings.endpoint_name
         with aws.aws_calls(f"deploy endpoint {name!r}"):
             existing = aws.describe_endpoint(client, name)
-            calls = aws.deploy_calls(settings, aws.stamp(), update=existing is not None)
-            endpoint_calls, scaling = calls[:3], calls[3:]
+            calls = aws.deploy_calls(
+                settings, aws.stamp(), update=existing is not None, archive=self._archive(out_dir)
+            )
+            endpoint_calls = [c for c in calls if c.service != "application-autoscaling"]
+            scaling = calls[len(endpoint_calls):]
             for call in endpoint_calls:
                 aws.run(client, call)
             with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
@@ -123,6 +151,10 @@ class SageMakerTarget(Target[SageMakerSpec]):
             self.name, name, None,
             notes=(f"call it with `infinity-cloud invoke sagemaker --endpoint-name {name} --input hello`",),
         )
+
+    def _archive(self, out_dir: Path) -> Path | None:
+        archive = Path(out_dir) / MODEL_ARCHIVE
+        return archive if archive.is_file() else None
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The endpoint's state, its config and its variant, from SageMaker."""
