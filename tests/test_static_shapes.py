@@ -52,3 +52,33 @@ def test_buckets_parse_from_a_flag_string_sorted_and_unique() -> None:
 def test_a_non_positive_bucket_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="bucket"):
         build_spec({"models": [{"batch_buckets": [0, 8]}]})
+
+
+async def test_under_concurrent_load_only_the_declared_shapes_reach_the_backend(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a compiled backend (Neuron) needs: whatever the requests' sizes and lengths and
+    however they interleave, every batch has one of the declared (rows, length) shapes."""
+    import asyncio
+    import random
+
+    shapes: set[tuple[int, int]] = set()
+    forward = TorchBackend.forward
+
+    def recording(self: TorchBackend, inputs):  # type: ignore[no-untyped-def]
+        shapes.add(inputs.input_ids.shape)
+        return forward(self, inputs)
+
+    monkeypatch.setattr(TorchBackend, "forward", recording)
+    rng = random.Random(7)
+    def text() -> str:
+        return " ".join(["word"] * rng.randint(1, 150))
+
+    requests = [[text() for _ in range(rng.randint(1, 12))] for _ in range(40)]
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="torch", dtype="float32",
+                     length_buckets=(16, 64, 128), batch_buckets=(1, 4, 16))
+    async with Engine(spec) as engine:
+        results = await asyncio.gather(*(engine.embed(texts) for texts in requests))
+    assert [r.embeddings.shape[0] for r in results] == [len(texts) for texts in requests]
+    allowed = {(rows, length) for rows in (1, 4, 16) for length in (16, 64, 128)}
+    assert shapes and shapes <= allowed, shapes - allowed
