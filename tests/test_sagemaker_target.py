@@ -104,7 +104,7 @@ def test_hub_models_are_fetched_before_the_package_is_copied(tmp_path: Path) -> 
     (["--instance-type", "g5.xlarge"], "is not a SageMaker instance type"),
     (["--serverless", "--backend", "torch"], "serves without torch"),
     (["--instance-type", "ml.g5.xlarge", "--backend", "openvino"], "packaged for cpu containers only"),
-    (["--api-key", "s3cret"], "INFINITY_CLOUD_ENDPOINT_KEYS"),
+    (["--api-key", "s3cret"], "grant sagemaker:InvokeEndpoint"),
 ])
 def test_what_cannot_be_built_is_refused_before_anything_is_written(
     tmp_path: Path, flags: list[str], message: str

@@ -12,7 +12,7 @@ from rich.console import Console
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates, spec_yaml
+from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
 from infinity_cloud.targets.sagemaker import aws
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
 
@@ -66,8 +66,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
             )
         gpu = settings.variant == "gpu"
         container.refuse_spec_keys(
-            spec, f"the container reads {ENDPOINT_KEYS_ENV} from its environment (set it in the model's "
-            "environment, from AWS Secrets Manager)",
+            spec, "a SageMaker endpoint is reached only through IAM-signed invoke_endpoint, which "
+            "carries no bearer key: grant sagemaker:InvokeEndpoint to the callers instead",
         )
         container.check_backends(spec, gpu, f"a {settings.variant} SageMaker endpoint")
         if not gpu:
