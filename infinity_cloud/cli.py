@@ -51,7 +51,7 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "revision": (list[str] | None, _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
     "backend": (
         list[str] | None,
-        _opt("BACKEND", "auto (the fastest installed), openvino, onnx, torch or ctranslate2.", _M),
+        _opt("BACKEND", "auto (the fastest installed), openvino, onnx, torch, ctranslate2 or neuron.", _M),
     ),
     "device": (list[str] | None, _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
     "dtype": (
@@ -264,7 +264,12 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         spec: DeploymentSpec,
         input: Annotated[list[str] | None, typer.Option("--input", help="A text to send; repeatable.")]
         = None,
-        query: Annotated[str | None, typer.Option("--query", help="Rerank the inputs against it.")] = None,
+        query: Annotated[str | None, typer.Option(
+            "--query", help="Rerank the documents (or the inputs) against it.",
+        )] = None,
+        document: Annotated[list[str] | None, typer.Option(
+            "--document", help="A document to rerank; repeatable.",
+        )] = None,
         model: Annotated[str | None, typer.Option(
             "--model", help="The served model to call (needed when there are several).",
         )] = None,
@@ -277,7 +282,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     ) -> None:
         body: dict[str, Any] = {"input": input or ["Hello from infinity-cloud"]}
         if query is not None:
-            body = {"query": query, "documents": body["input"]}
+            body = {"query": query, "documents": document or body["input"]}
         if model is not None:
             body["model"] = model
         with reported_errors():

@@ -47,3 +47,8 @@ def usable_cores() -> int:
 def has_nvidia_gpu() -> bool:
     """A CUDA device node or driver is present; cheap enough to call at every start."""
     return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+
+
+def has_neuron_device() -> bool:
+    """An AWS Neuron device (Inferentia2, Trainium) is present."""
+    return Path("/dev/neuron0").exists()

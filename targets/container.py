@@ -41,23 +41,22 @@ def torch_version() -> str:
     return installed_version("torch") or TESTED_TORCH
 
 
-def serving_backend(model: ModelSpec, gpu: bool) -> str:
-    """The backend a container will run `model` with: `auto` resolves to its first choice
-    there, which the image installs."""
-    return resolve_auto(model.backend, gpu)
+def serving_backend(model: ModelSpec, device: str) -> str:
+    """The backend a container on `device` (cpu, cuda, neuron) will run `model` with: `auto`
+    resolves to its first choice there, which the image installs."""
+    return resolve_auto(model.backend, device)
 
 
-def check_backends(spec: DeploymentSpec, gpu: bool, where: str) -> None:
+def check_backends(spec: DeploymentSpec, device: str, where: str) -> None:
     """Every model's backend runs on the container's device, takes its dtype, and has an
     extra that installs it there; refused before anything is built."""
-    device = "cuda" if gpu else "cpu"
     for model in spec.models:
-        name = serving_backend(model, gpu)
+        name = serving_backend(model, device)
         entry = backend_entry(name)
         if model.device != "auto" and device_kind(model.device) != device:
             raise ConfigError(f"model {model.name}: device {model.device} in a {device} container ({where})")
         if backend_extra(name, device) is None:
-            runs_on = [d for d in ("cpu", "cuda") if d in entry.devices]
+            runs_on = list(entry.devices)
             raise ConfigError(
                 f"model {model.name}: the {name} backend is packaged for {' and '.join(runs_on)} "
                 f"containers only, and {where} runs on {device}"
@@ -69,11 +68,10 @@ def check_backends(spec: DeploymentSpec, gpu: bool, where: str) -> None:
             )
 
 
-def image_extras(spec: DeploymentSpec, gpu: bool) -> tuple[str, ...]:
+def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
     """The package extras the image needs: each model's serving backend's, on its device.
     Each brings what its backend needs to convert the model at build time too."""
-    device = "cuda" if gpu else "cpu"
-    extras = (backend_extra(serving_backend(m, gpu), device) for m in spec.models)
+    extras = (backend_extra(serving_backend(m, device), device) for m in spec.models)
     return tuple(sorted({extra for extra in extras if extra}))
 
 
@@ -103,15 +101,15 @@ def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
     return list(pins.values())
 
 
-def serving_requirements(spec: DeploymentSpec, gpu: bool) -> list[str]:
+def serving_requirements(spec: DeploymentSpec, device: str) -> list[str]:
     """The pins an image's run stage needs once the exports are built: the core, and only the
     packages each model's backend serves with (no torch, transformers or onnx for OpenVINO
     and ONNX Runtime)."""
     from packaging.requirements import Requirement
 
-    keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, gpu)).serving_packages}
+    keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, device)).serving_packages}
     core = pinned_requirements(())
-    return core + [pin for pin in pinned_requirements(image_extras(spec, gpu))
+    return core + [pin for pin in pinned_requirements(image_extras(spec, device))
                    if Requirement(pin).name in keep and pin not in core]
 
 
@@ -188,21 +186,21 @@ def refuse_spec_keys(spec: DeploymentSpec, instead: str) -> None:
         raise ConfigError(f"API keys given in the spec would be written into the deployment files; {instead}")
 
 
-def batch_size(spec: DeploymentSpec, gpu: bool) -> int:
+def batch_size(spec: DeploymentSpec, device: str) -> int:
     """The largest batch any model's serving backend cuts."""
     from infinity_cloud.served_model import max_batch_size
 
-    return max(max_batch_size(m, serving_backend(m, gpu)) for m in spec.models)
+    return max(max_batch_size(m, serving_backend(m, device)) for m in spec.models)
 
 
-def concurrency(spec: DeploymentSpec, gpu: bool, limit: int | None, target: int | None) -> tuple[int, int]:
+def concurrency(spec: DeploymentSpec, device: str, limit: int | None, target: int | None) -> tuple[int, int]:
     """(max, target) concurrent requests per container, from the batcher's limits unless given.
 
     The autoscaler aims for two batches' worth of requests per container (one running, one
     forming; beyond that requests only wait), and a container takes up to eight batches'
     worth while new ones start. One given bounds the other's default.
     """
-    batch = batch_size(spec, gpu)
+    batch = batch_size(spec, device)
     limit = limit or max(target or 0, 8 * batch)
     return limit, target or min(2 * batch, limit)
 

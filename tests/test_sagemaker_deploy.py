@@ -300,7 +300,7 @@ async def test_invoke_endpoint_answers_as_the_local_server_does(
     body = BODIES[route]
     flags = ["--region", REGION, "--endpoint-name", "emb", "--route", route, "--model", body["model"]]
     if route == "rerank":
-        flags += ["--query", body["query"], *(f for doc in body["documents"] for f in ("--input", doc))]
+        flags += ["--query", body["query"], *(f for doc in body["documents"] for f in ("--document", doc))]
     else:
         flags += [f for text in body["input"] for f in ("--input", text)]
     result = runner.invoke(cli, ["invoke", "sagemaker", *flags])

@@ -100,7 +100,9 @@ def test_hub_models_are_fetched_before_the_package_is_copied(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--instance-type", "ml.inf2.xlarge"], "Inferentia2 needs the neuron backend"),
+    (["--instance-type", "ml.inf2.xlarge"], "give --batch-buckets and --length-buckets"),
+    (["--instance-type", "ml.inf2.xlarge", "--backend", "onnx", "--batch-buckets", "1",
+      "--length-buckets", "8"], "packaged for cpu containers only"),
     (["--instance-type", "g5.xlarge"], "is not a SageMaker instance type"),
     (["--serverless", "--backend", "torch"], "serves without torch"),
     (["--instance-type", "ml.g5.xlarge", "--backend", "openvino"], "packaged for cpu containers only"),
@@ -344,3 +346,21 @@ def test_cpu_images_bake_their_models(tmp_path: Path) -> None:
     args = ["build", "sagemaker", "--out", str(tmp_path / "o"), "--serverless", "--pack-models"]
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and "--pack-models is for GPU images" in result.output
+
+
+def test_an_inferentia2_image_compiles_its_buckets_at_build(tmp_path: Path) -> None:
+    args = ["--instance-type", "ml.inf2.xlarge", "--region", "eu-west-1", "--batch-buckets", "1,8",
+            "--length-buckets", "128,512", "--model-id", "BAAI/bge-small-en-v1.5"]
+    dockerfile = build(tmp_path, *args)
+    (stage,) = stages(dockerfile)
+    image = "763104351884.dkr.ecr.eu-west-1.amazonaws.com/huggingface-pytorch-inference-neuronx:"
+    assert stage.startswith(image)
+    assert "INFINITY_CLOUD_NEURON_COMPILE=1 python -m infinity_cloud download" in dockerfile
+    assert 'pip install --no-cache-dir "torch' not in dockerfile  # the Neuron image's own torch
+    pins = {line.split("==")[0] for line in (tmp_path / "requirements.txt").read_text().splitlines()}
+    assert "fastapi" in pins and not pins & {"torch", "transformers", "numpy", "tokenizers"}
+    served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())["models"][0]
+    shapes = (served["batch_buckets"], served["length_buckets"])
+    assert served["backend"] == "neuron" and shapes == ([1, 8], [128, 512])
+    assert dockerfile.rstrip().endswith('ENTRYPOINT ["serve"]')
+    assert_context_is_complete(tmp_path, dockerfile)

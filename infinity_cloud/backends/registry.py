@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.errors import BackendUnavailableError, ConfigError
-from infinity_cloud.hardware import has_nvidia_gpu
+from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -60,6 +60,11 @@ _BACKENDS: dict[str, BackendEntry] = {
         ("float32", "bfloat16", "float16"), {"cpu": "openvino"}, batch_size=16,
         serving_packages=("openvino",),
     ),
+    # AWS Inferentia2 / Trainium: graphs compiled ahead of time for the spec's static shapes.
+    "neuron": BackendEntry(
+        "infinity_cloud.backends.neuron_backend", "NeuronBackend", "optimum.neuron",
+        ("bfloat16", "float32"), {"neuron": "neuron"}, serving_packages=("optimum-neuron",),
+    ),
     "ctranslate2": BackendEntry(
         "infinity_cloud.backends.ctranslate2_backend", "CTranslate2Backend", "ctranslate2",
         ("float32", "float16", "bfloat16", "int8"), {"cpu": "ctranslate2", "cuda": "ctranslate2"},
@@ -69,7 +74,7 @@ _BACKENDS: dict[str, BackendEntry] = {
 # What `backend auto` tries, fastest first. On a GPU that is torch (bf16/fp16, SDPA); on
 # CPU OpenVINO (bf16 on AMX, parallel streams; measured fastest here), then ONNX Runtime,
 # then torch. The ONNX-based two also start without importing torch once their export is cached.
-_AUTO_ORDER = {"cuda": ("torch", "onnx"), "cpu": ("openvino", "onnx", "torch")}
+_AUTO_ORDER = {"cuda": ("torch", "onnx"), "cpu": ("openvino", "onnx", "torch"), "neuron": ("neuron",)}
 
 
 def available_backends() -> list[str]:
@@ -129,26 +134,33 @@ def default_batch_size(name: str) -> int:
     return DEFAULT_BATCH_SIZE if is_import_path(name) or name not in _BACKENDS else _BACKENDS[name].batch_size
 
 
-def auto_order(gpu: bool) -> tuple[str, ...]:
-    """The backends `auto` tries on a GPU or a CPU, fastest first, installed or not."""
-    return _AUTO_ORDER["cuda" if gpu else "cpu"]
+def auto_order(device: str) -> tuple[str, ...]:
+    """The backends `auto` tries on a device kind (cpu, cuda, neuron), fastest first,
+    installed or not."""
+    # Another device (mps, xpu): the CPU order, whose backends then say what they run on.
+    return _AUTO_ORDER.get(device_kind(device), _AUTO_ORDER["cpu"])
 
 
-def resolve_auto(backend: str, gpu: bool) -> str:
+def resolve_auto(backend: str, device: str) -> str:
     """The backend a model will run with where everything is installed (an image built for
     it): `auto` is its first choice there."""
-    return auto_order(gpu)[0] if backend == "auto" else backend
+    return auto_order(device)[0] if backend == "auto" else backend
 
 
 def installed(name: str) -> bool:
-    """Whether a backend's runtime is installed, without importing it."""
-    return importlib.util.find_spec(backend_entry(name).runtime) is not None
+    """Whether a backend's runtime is installed, without importing it (a dotted runtime
+    imports only its parent package)."""
+    try:
+        return importlib.util.find_spec(backend_entry(name).runtime) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def auto_backends(device: str) -> list[str]:
     """What `backend auto` tries on this machine, fastest first, among those installed."""
-    gpu = device.startswith("cuda") or (device == "auto" and has_nvidia_gpu())
-    found = [name for name in auto_order(gpu) if installed(name)]
+    if device == "auto":
+        device = "neuron" if has_neuron_device() else "cuda" if has_nvidia_gpu() else "cpu"
+    found = [name for name in auto_order(device) if installed(name)]
     if not found:
         raise BackendUnavailableError(
             "no inference backend is installed: pip install 'infinity-cloud[openvino]' (CPU) "

@@ -15,3 +15,7 @@ class LocalSpec(BaseModel):
         description="Build for NVIDIA GPUs: CUDA torch, each model's GPU backend, and the GPU "
         "reserved in the compose file.",
     )
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpu else "cpu"

@@ -52,13 +52,13 @@ class LocalTarget(Target[LocalSpec]):
         container serves, and copies of local model folders; the image bakes the weights in."""
         settings = self.settings(spec)
         container.refuse_spec_keys(spec, f"give them when it runs: docker run -e {SERVE_KEY_ENV}=KEY")
-        container.check_backends(spec, settings.gpu, "this image")
+        container.check_backends(spec, settings.device, "this image")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
         served = container.image_spec(spec, model_dirs, host="0.0.0.0")
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
-        extras = container.image_extras(spec, settings.gpu)
+        extras = container.image_extras(spec, settings.device)
         requirements = container.write_requirements(out_dir, container.pinned_requirements(extras))
         package = container.stage_package(out_dir)
         written = render_templates("local", out_dir, {

@@ -143,5 +143,9 @@ class ModalSpec(BaseModel):
         return self
 
     @property
+    def device(self) -> str:
+        return "cuda" if self.gpu else "cpu"
+
+    @property
     def requires_proxy_auth(self) -> bool:
         return self.proxy_auth if self.proxy_auth is not None else self.api_key_secret is None

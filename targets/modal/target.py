@@ -90,8 +90,9 @@ def python_literal(value: Any) -> str:
 
 def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
     gpu = bool(settings.gpu)
+    device = settings.device
     max_concurrency, target_concurrency = container.concurrency(
-        spec, gpu, settings.max_concurrency, settings.target_concurrency
+        spec, device, settings.max_concurrency, settings.target_concurrency
     )
     served = container.queue_sized_for(spec, max_concurrency)
     model_dirs = container.local_model_dirs(spec, IMAGE_MODELS)
@@ -112,7 +113,7 @@ def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
         "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
         "torch": f"torch=={container.torch_version()}",
         "torch_index": None if gpu else container.TORCH_CPU_INDEX,
-        "requirements": container.pinned_requirements(container.image_extras(spec, gpu)),
+        "requirements": container.pinned_requirements(container.image_extras(spec, device)),
         "max_concurrency": max_concurrency,
         "target_concurrency": target_concurrency,
         "unauthenticated": not settings.requires_proxy_auth,
@@ -161,7 +162,7 @@ class ModalTarget(Target[ModalSpec]):
             spec, f"put them in a Modal secret instead (modal secret create NAME {ENDPOINT_KEYS_ENV}=KEY) "
             "and pass --api-key-secret NAME",
         )
-        container.check_backends(spec, bool(settings.gpu), "this Modal app")
+        container.check_backends(spec, settings.device, "this Modal app")
         context = render_context(spec, settings)
         out_dir = Path(out_dir)
         written = render_templates("modal", out_dir, context)

@@ -20,6 +20,13 @@ _NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,45}$")
 _ROLE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 
 Variant = Literal["gpu", "cpu", "serverless", "inferentia2"]
+# Hugging Face's Neuron inference container (Neuron SDK 2.20, optimum-neuron, Python 3.10),
+# in the AWS account that serves it in most regions; pulling it needs `aws ecr get-login-password`
+# for that account. Check Hugging Face's list of Neuron containers for a newer tag.
+NEURON_IMAGE = (
+    "763104351884.dkr.ecr.{region}.amazonaws.com/huggingface-pytorch-inference-neuronx:"
+    "2.1.2-transformers4.43.2-neuronx-py310-sdk2.20.0-ubuntu20.04"
+)
 
 
 class SageMakerSpec(BaseModel):
@@ -37,6 +44,10 @@ class SageMakerSpec(BaseModel):
         False, description="A serverless endpoint (CPU only, 4 MB payloads, OpenVINO/ONNX without torch)."
     )
     base_image: str = Field("python:3.11-slim", description="Image the Dockerfile starts FROM (CPU and GPU).")
+    neuron_image: str = Field(
+        NEURON_IMAGE, description="Image an Inferentia2 Dockerfile starts FROM: Hugging Face's Neuron "
+        "inference container ({region}: the spec's region, else us-east-1).",
+    )
     port: int = Field(8080, ge=1, le=65535, description="Port the container listens on unless SageMaker "
                       "sets SAGEMAKER_BIND_TO_PORT.")
     # -- deploy ---------------------------------------------------------------------------
@@ -138,6 +149,10 @@ class SageMakerSpec(BaseModel):
         if self.family in NEURON_FAMILIES:
             return "inferentia2"
         return "gpu" if self.family in GPU_FAMILIES else "cpu"
+
+    @property
+    def device(self) -> str:
+        return {"gpu": "cuda", "inferentia2": "neuron"}.get(self.variant, "cpu")
 
     @property
     def payload_limit(self) -> int:

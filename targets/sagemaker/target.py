@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
 from rich.console import Console
 
+from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
@@ -23,6 +25,8 @@ EXPORTS_DIR = "/opt/exports"
 SPEC_FILE = "infinity-cloud.yaml"
 SERVING_REQUIREMENTS = "requirements-serving.txt"
 MODEL_ARCHIVE = "model.tar.gz"
+# What the Neuron image's own environment provides, at the versions its Neuron SDK needs.
+NEURON_IMAGE_HAS = {"numpy", "tokenizers", "safetensors", "huggingface-hub", "torch", "transformers"}
 
 
 def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
@@ -57,26 +61,27 @@ class SageMakerTarget(Target[SageMakerSpec]):
         """The container for the endpoint: Dockerfile, the `serve` entrypoint, the pinned
         requirements, the package, the spec it serves, and copies of local model folders.
         GPU images carry CUDA torch; CPU and serverless images build the exports in a first
-        stage and run OpenVINO or ONNX Runtime without torch."""
+        stage and run OpenVINO or ONNX Runtime without torch; Inferentia2 images start from
+        the Neuron container and compile each model for its (batch, length) buckets."""
         settings = self.settings(spec)
-        if settings.variant == "inferentia2":
-            raise ConfigError(
-                f"{settings.instance_type}: Inferentia2 needs the neuron backend, which this version "
-                "does not have yet; use a GPU (ml.g5, ml.g6, ...) or CPU instance type"
-            )
-        gpu = settings.variant == "gpu"
+        variant, device = settings.variant, settings.device
         container.refuse_spec_keys(
             spec, "a SageMaker endpoint is reached only through IAM-signed invoke_endpoint, which "
             "carries no bearer key: grant sagemaker:InvokeEndpoint to the callers instead",
         )
-        container.check_backends(spec, gpu, f"a {settings.variant} SageMaker endpoint")
-        if not gpu:
-            for model in spec.models:
-                if container.serving_backend(model, gpu) == "torch":
-                    raise ConfigError(
-                        f"model {model.name}: a {settings.variant} SageMaker image serves without torch; "
-                        "use --backend openvino, onnx or ctranslate2 (or auto)"
-                    )
+        container.check_backends(spec, device, f"a {variant} SageMaker endpoint")
+        # The container serves the backend its image installs, named, not left to `auto`.
+        spec = spec.model_copy(update={"models": tuple(
+            m.model_copy(update={"backend": container.serving_backend(m, device)}) for m in spec.models
+        )})
+        for model in spec.models:
+            if variant in ("cpu", "serverless") and model.backend == "torch":
+                raise ConfigError(
+                    f"model {model.name}: a {variant} SageMaker image serves without torch; "
+                    "use --backend openvino, onnx or ctranslate2 (or auto)"
+                )
+            if variant == "inferentia2":
+                buckets_of(model)  # the static shapes to compile, or a ConfigError naming the flags
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         if settings.pack_models:  # SageMaker unpacks them into /opt/ml/model; serve.py finds them
@@ -87,19 +92,25 @@ class SageMakerTarget(Target[SageMakerSpec]):
         limits = spec.server.limits.model_copy(update={"max_payload_bytes": settings.payload_limit})
         served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
-        extras = container.image_extras(spec, gpu)
-        requirements = [container.write_requirements(out_dir, container.pinned_requirements(extras))]
-        if not gpu:
+        if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
+            core = container.pinned_requirements(())
+            pins = [pin for pin in core if Requirement(pin).name not in NEURON_IMAGE_HAS]
+        else:
+            pins = container.pinned_requirements(container.image_extras(spec, device))
+        requirements = [container.write_requirements(out_dir, pins)]
+        if variant in ("cpu", "serverless"):
             requirements.append(container.write_requirements(
-                out_dir, container.serving_requirements(spec, gpu), SERVING_REQUIREMENTS
+                out_dir, container.serving_requirements(spec, device), SERVING_REQUIREMENTS
             ))
         package = container.stage_package(out_dir)
         written = render_templates("sagemaker", out_dir, {
             "spec": served,
             "sagemaker": settings,
-            "gpu": gpu,
+            "variant": variant,
+            "neuron_image": settings.neuron_image.format(region=settings.region or "us-east-1"),
+            "compile_env": COMPILE_ENV,
             "torch": f"torch=={container.torch_version()}",
-            "torch_index": None if gpu else container.TORCH_CPU_INDEX,
+            "torch_index": container.TORCH_CPU_INDEX,
             "hub_models": [] if settings.pack_models else container.hub_models(spec),
             "model_copies": copies,
             "requirements_file": container.REQUIREMENTS_FILE,
