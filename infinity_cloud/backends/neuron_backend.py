@@ -104,9 +104,8 @@ class NeuronBackend(Backend):
             )
 
         def compile_graph(out: Path) -> None:
-            cast = {"auto_cast": "matmul", "auto_cast_type": "bf16"} if self.dtype == "bfloat16" else {
-                "auto_cast": "none"
-            }
+            # float32: no auto-cast at all (the compiler's default keeps the model's precision).
+            cast = {"auto_cast": "matmul", "auto_cast_type": "bf16"} if self.dtype == "bfloat16" else {}
             model = self._model_class().from_pretrained(
                 str(info.path), export=True, batch_size=rows, sequence_length=length, **cast
             )
