@@ -351,7 +351,8 @@ def build_cli() -> typer.Typer:
     families = {verb: typer.Typer(help=text, no_args_is_help=True) for verb, text in VERBS.items()}
     for name in target_registry.target_names():
         for verb, command in target_commands(name).items():
-            families[verb].command(name)(command)
+            # Python names in the spec (aws_lambda:), command-line names on the command line.
+            families[verb].command(name.replace("_", "-"))(command)
     for verb, family in families.items():
         if family.registered_commands:
             cli.add_typer(family, name=verb)

@@ -20,6 +20,7 @@ BUILTIN = {
     "local": "infinity_cloud.targets.local.target:LocalTarget",
     "modal": "infinity_cloud.targets.modal.target:ModalTarget",
     "sagemaker": "infinity_cloud.targets.sagemaker.target:SageMakerTarget",
+    "aws_lambda": "infinity_cloud.targets.aws_lambda.target:LambdaTarget",
 }
 ENTRY_POINT_GROUP = "infinity_cloud.targets"
 _registered: dict[str, type[Any]] = {}

@@ -1,0 +1,67 @@
+"""The Lambda function: `handler` (the image's CMD) serves every invocation through the same
+FastAPI app as the local server.
+
+The engine is built when this module is imported, in Lambda's init phase (which runs with a
+full CPU burst, before the first request is billed), and mangum runs with `lifespan="off"`:
+with "auto" it would run the app's start-up and shut-down around every invocation (mangum
+issue 342). Everything is read relative to LAMBDA_TASK_ROOT: the spec, the models and their
+exports, which `build` made on the deploying machine, so the image needs no torch.
+
+Besides API Gateway (REST v1, HTTP v2), Function URL and ALB events, a direct invocation
+(`boto3 lambda.invoke`) of `{"route": "embeddings", "body": {...}}` is served too, and
+answers `{"statusCode": ..., "body": {...}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from infinity_cloud.backends.exports import CACHE_ENV
+
+TASK_ROOT = Path(os.environ.get("LAMBDA_TASK_ROOT", Path.cwd()))
+SPEC_FILE = "infinity-cloud.yaml"
+# Set before anything reads them: the exports built at `build`, and no hub at run time.
+os.environ.setdefault(CACHE_ENV, str(TASK_ROOT / "exports"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _load() -> tuple[Any, Any]:
+    from mangum import Mangum
+
+    from infinity_cloud.config import build_spec, read_config_file
+    from infinity_cloud.targets.runtime import endpoint_keys, http_app, start_engine
+
+    data = read_config_file(TASK_ROOT / SPEC_FILE)
+    # Model folders are named relative to the task root, wherever Lambda puts it.
+    for model in data.get("models") or []:
+        if not Path(model["model_id"]).is_absolute():
+            model["model_id"] = str(TASK_ROOT / model["model_id"])
+    engine = start_engine(build_spec(data))
+    return engine, Mangum(http_app(engine, endpoint_keys(required=False)), lifespan="off")
+
+
+engine, _http = _load()
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    if "route" in event and "requestContext" not in event:
+        return _direct(event, context)
+    return _http(event, context)
+
+
+def _direct(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """A direct invocation, as an HTTP API event for the same app."""
+    path = f"{engine.spec.server.url_prefix}/{str(event['route']).strip('/')}"
+    method = "POST" if "body" in event else "GET"
+    http_event = {
+        "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
+        "headers": {"content-type": "application/json", **(event.get("headers") or {})},
+        "requestContext": {"http": {"method": method, "path": path, "protocol": "HTTP/1.1",
+                                    "sourceIp": "127.0.0.1", "userAgent": "lambda-invoke"}},
+        "body": json.dumps(event["body"]) if "body" in event else None, "isBase64Encoded": False,
+    }
+    response = _http(http_event, context)
+    return {"statusCode": response["statusCode"], "body": json.loads(response["body"] or "null")}

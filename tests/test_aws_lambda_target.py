@@ -1,0 +1,273 @@
+"""The Lambda target: `build aws-lambda` makes an image context whose handler, run exactly
+as the image would (a fresh process, LAMBDA_TASK_ROOT at the build folder, the Dockerfile's
+ENV, the CMD's handler), serves real API Gateway REST v1, HTTP API v2 / Function URL, ALB and
+direct events through the real mangum, with the local server's answers, building the engine
+once across invocations."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import serve_in_process
+from typer.testing import CliRunner
+
+from infinity_cloud.backends.exports import CACHE_ENV
+from infinity_cloud.cli import app as cli
+from infinity_cloud.config import build_spec
+
+runner = CliRunner()
+TEXTS = ["what is a panda?", "a bear from China", "x"]
+REQUESTS: dict[str, tuple[str, str, dict[str, Any] | None]] = {
+    "embed": ("POST", "/embeddings", {"model": "emb", "input": TEXTS}),
+    "embed-v1": ("POST", "/v1/embeddings", {"model": "emb", "input": TEXTS, "encoding_format": "base64"}),
+    "rerank": ("POST", "/rerank", {"model": "rr", "query": "panda", "documents": TEXTS}),
+    "classify": ("POST", "/classify", {"model": "cl", "input": TEXTS}),
+    "bad": ("POST", "/embeddings", {"model": "emb"}),
+    "unknown-model": ("POST", "/embeddings", {"model": "nope", "input": ["x"]}),
+    "health": ("GET", "/health", None),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_reranker: Path,
+          tiny_classifier: Path) -> Path:
+    out = tmp_path_factory.mktemp("lambda")
+    args = ["build", "aws-lambda", "--out", str(out), "--memory", "3538"]
+    for path, name in ((tiny_embedder, "emb"), (tiny_reranker, "rr"), (tiny_classifier, "cl")):
+        args += ["--model-id", str(path), "--served-model-name", name]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def image_env(out: Path) -> tuple[dict[str, str], str]:
+    """The Dockerfile's ENV (with LAMBDA_TASK_ROOT at `out`) and the handler its CMD names."""
+    dockerfile = (out / "Dockerfile").read_text().replace("\\\n", " ")
+    env = {"LAMBDA_TASK_ROOT": str(out)}
+    for line in dockerfile.splitlines():
+        if line.startswith("ENV "):
+            for key, value in re.findall(r"(\w+)=(\S+)", line):
+                env[key] = value.replace("${LAMBDA_TASK_ROOT}", str(out))
+    (handler,) = json.loads(re.search(r"^CMD (.+)$", dockerfile, re.M).group(1))
+    return env, handler
+
+
+HARNESS = """
+import importlib, json, sys
+from infinity_cloud.engine import Engine
+loads, closes = [], []
+load, close = Engine.load, Engine.close
+Engine.load = lambda self: (loads.append(1), load(self))[1]
+Engine.close = lambda self: (closes.append(1), close(self))[1]
+module_name, _, function = sys.argv[1].rpartition(".")
+handler = getattr(importlib.import_module(module_name), function)
+events = json.load(open(sys.argv[2]))
+answers = [handler(event, None) for event in events]
+heavy = sorted(m for m in ("torch", "transformers", "onnx", "openvino") if m in sys.modules)
+print(json.dumps({"answers": answers, "loads": len(loads), "closes": len(closes), "heavy": heavy,
+                  "package": importlib.import_module("infinity_cloud").__file__}))
+"""
+
+
+def run_handler(out: Path, events: list[dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    env, handler = image_env(out)
+    events_file = tmp_path / "events.json"
+    events_file.write_text(json.dumps(events))
+    done = subprocess.run(
+        [sys.executable, "-c", HARNESS, handler, str(events_file)], capture_output=True, text=True,
+        timeout=300, cwd=tmp_path,
+        # The image's own package copy first, as in ${LAMBDA_TASK_ROOT}; its pinned dependencies
+        # are this venv's.
+        env={**os.environ, **env, "PYTHONPATH": str(out)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def v1_event(method: str, path: str, body: str | None, base64_body: bool = False) -> dict[str, Any]:
+    return {
+        "resource": "/{proxy+}", "path": path, "httpMethod": method,
+        "headers": {"Content-Type": "application/json", "Host": "abc.execute-api.us-east-1.amazonaws.com"},
+        "multiValueHeaders": {}, "queryStringParameters": None, "multiValueQueryStringParameters": None,
+        "pathParameters": {"proxy": path.lstrip("/")}, "stageVariables": None,
+        "requestContext": {"resourcePath": "/{proxy+}", "httpMethod": method, "path": f"/prod{path}",
+                           "stage": "prod", "identity": {"sourceIp": "203.0.113.9"}, "requestId": "r1"},
+        "body": body, "isBase64Encoded": base64_body,
+    }
+
+
+def v2_event(method: str, path: str, body: str | None, base64_body: bool = False) -> dict[str, Any]:
+    """HTTP API v2, which is also what a Function URL sends."""
+    return {
+        "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
+        "headers": {"content-type": "application/json", "host": "xyz.lambda-url.us-east-1.on.aws"},
+        "requestContext": {"http": {"method": method, "path": path, "protocol": "HTTP/1.1",
+                                    "sourceIp": "203.0.113.9", "userAgent": "test"},
+                           "domainName": "xyz.lambda-url.us-east-1.on.aws", "requestId": "r2"},
+        "body": body, "isBase64Encoded": base64_body,
+    }
+
+
+def alb_event(method: str, path: str, body: str | None, base64_body: bool = False) -> dict[str, Any]:
+    return {
+        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:1:tg/t/1"}},
+        "httpMethod": method, "path": path, "queryStringParameters": {},
+        "headers": {"content-type": "application/json", "host": "alb.example.com"},
+        "body": body or "", "isBase64Encoded": base64_body,
+    }
+
+
+SHAPES = {"rest-v1": v1_event, "http-v2": v2_event, "alb": alb_event}
+
+
+def decoded(answer: dict[str, Any]) -> tuple[int, Any]:
+    body = answer["body"]
+    if answer.get("isBase64Encoded"):
+        body = base64.b64decode(body).decode()
+    return answer["statusCode"], json.loads(body) if body else None
+
+
+def without_volatile(body: Any) -> Any:
+    if isinstance(body, dict):
+        return {k: without_volatile(v) for k, v in body.items() if k not in ("id", "created", "request_id")}
+    return body
+
+
+@pytest.fixture(scope="module")
+def local_answers(built: Path) -> dict[str, tuple[int, Any]]:
+    """The local server's answers to the same requests, from the same spec and models."""
+    import asyncio
+
+    data = yaml.safe_load((built / "infinity-cloud.yaml").read_text())
+    for model in data["models"]:
+        model["model_id"] = str(built / model["model_id"])
+
+    async def ask() -> dict[str, tuple[int, Any]]:
+        async with serve_in_process(build_spec(data)) as client:
+            answers = {}
+            for name, (method, path, body) in REQUESTS.items():
+                response = await client.request(method, path, json=body)
+                answers[name] = (response.status_code, response.json())
+            return answers
+
+    with pytest.MonkeyPatch.context() as patch:  # the exports `build` made, as the image has them
+        patch.setenv(CACHE_ENV, str(built / "exports"))
+        return asyncio.run(ask())
+
+
+def test_every_event_shape_answers_as_the_local_server(
+    built: Path, local_answers: dict[str, tuple[int, Any]], tmp_path: Path
+) -> None:
+    events, expected = [], []
+    for shape, make in SHAPES.items():
+        for name, (method, path, body) in REQUESTS.items():
+            events.append(make(method, path, json.dumps(body) if body is not None else None))
+            expected.append((shape, name))
+    result = run_handler(built, events, tmp_path)
+    assert result["package"].startswith(str(built))  # the image's own copy of the package ran
+    for (shape, name), answer in zip(expected, result["answers"], strict=True):
+        status, body = decoded(answer)
+        want_status, want_body = local_answers[name]
+        assert status == want_status, (shape, name, body)
+        if name == "health":
+            assert body["status"] == want_body["status"] == "ok"
+        else:
+            assert without_volatile(body) == without_volatile(want_body), (shape, name)
+    # Built once, at import (the init phase); never stopped by an invocation; no torch.
+    assert (result["loads"], result["closes"]) == (1, 0)
+    assert result["heavy"] == []
+
+
+def test_base64_bodies_oversize_bodies_and_direct_invocations(
+    built: Path, local_answers: dict[str, tuple[int, Any]], tmp_path: Path
+) -> None:
+    body = json.dumps(REQUESTS["embed"][2])
+    encoded = base64.b64encode(body.encode()).decode()
+    big = json.dumps({"model": "emb", "input": ["x" * 1000] * 6500})  # over Lambda's 6 MB
+    events = [
+        v2_event("POST", "/embeddings", encoded, base64_body=True),
+        v1_event("POST", "/embeddings", encoded, base64_body=True),
+        v2_event("POST", "/embeddings", big),
+        {"route": "embeddings", "body": REQUESTS["embed"][2]},
+        {"route": "rerank", "body": REQUESTS["rerank"][2]},
+        {"route": "health"},
+        {"route": "embeddings", "body": {"model": "emb"}},
+    ]
+    answers = run_handler(built, events, tmp_path)["answers"]
+    for answer in answers[:2]:
+        assert decoded(answer) == (200, decoded(answer)[1])
+        assert without_volatile(decoded(answer)[1]) == without_volatile(local_answers["embed"][1])
+    status, error = decoded(answers[2])
+    assert status == 413 and "over the limit of 6291456 bytes" in error["error"]["message"]
+    direct = answers[3:]
+    assert direct[0]["statusCode"] == 200
+    assert without_volatile(direct[0]["body"]) == without_volatile(local_answers["embed"][1])
+    assert without_volatile(direct[1]["body"]) == without_volatile(local_answers["rerank"][1])
+    assert direct[2]["statusCode"] == 200 and direct[2]["body"]["status"] == "ok"
+    assert direct[3]["statusCode"] == 422 and direct[3]["body"]["error"]["param"] is not None
+
+
+def test_the_image_holds_no_torch_and_names_its_handler(built: Path) -> None:
+    dockerfile = (built / "Dockerfile").read_text()
+    assert dockerfile.startswith("#") and "FROM public.ecr.aws/lambda/python:3.12" in dockerfile
+    assert 'CMD ["infinity_cloud.targets.aws_lambda.handler.handler"]' in dockerfile
+    pins = {re.split(r"[=\[]", line)[0] for line in (built / "requirements.txt").read_text().splitlines()}
+    assert {"onnxruntime", "mangum", "fastapi"} <= pins
+    assert not pins & {"torch", "transformers", "onnx", "openvino"}
+    for line in dockerfile.splitlines():  # the build context is complete
+        if line.startswith("COPY "):
+            assert (built / line.split()[1]).exists(), line
+    served = yaml.safe_load((built / "infinity-cloud.yaml").read_text())
+    model = served["models"][0]
+    assert model["model_id"].startswith("models/") and model["backend"] == "onnx"
+    assert model["dtype"] == "float32" and model["backend_options"]["threads"] == 2  # 3,538 MB: 2 vCPUs
+    assert served["server"]["limits"]["max_payload_bytes"] == 6 * 1024 * 1024
+
+
+def test_the_sam_template_declares_the_function_and_its_url(built: Path) -> None:
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, tag, node: {tag: loader.construct_scalar(node)})
+    template = yaml.load((built / "template.yaml").read_text(), Loader=Loader)
+    assert template["Transform"] == "AWS::Serverless-2016-10-31"
+    function = template["Resources"]["Function"]
+    assert function["Type"] == "AWS::Serverless::Function"
+    properties = function["Properties"]
+    assert (properties["PackageType"], properties["MemorySize"], properties["Architectures"]) == (
+        "Image", 3538, ["x86_64"])
+    assert properties["FunctionUrlConfig"]["AuthType"] == "AWS_IAM"
+    assert function["Metadata"]["Dockerfile"] == "Dockerfile"
+    assert template["Outputs"]["FunctionUrl"]["Value"] == {"GetAtt": "FunctionUrl.FunctionUrl"}
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--backend", "torch"], "serves without torch"),
+    (["--api-key", "k"], "INFINITY_CLOUD_ENDPOINT_KEYS"),
+    (["--memory", "64"], "greater than or equal to 128"),
+])
+def test_what_lambda_cannot_serve_is_refused(tmp_path: Path, flags: list[str], message: str) -> None:
+    result = runner.invoke(cli, ["build", "aws-lambda", "--out", str(tmp_path / "o"), *flags])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_the_example_spec_builds(tmp_path: Path, minilm_dir: Path) -> None:
+    from conftest import ROOT
+
+    data = yaml.safe_load((ROOT / "examples/aws_lambda/infinity-cloud.yaml").read_text())
+    data["models"][0]["model_id"] = str(minilm_dir)  # the hub's copy is out of reach here
+    config = tmp_path / "infinity-cloud.yaml"
+    config.write_text(yaml.safe_dump(data))
+    args = ["build", "aws-lambda", "--config", str(config), "--out", str(tmp_path / "o")]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "FunctionName: minilm-embedder" in (tmp_path / "o" / "template.yaml").read_text()
