@@ -27,6 +27,18 @@ class LambdaSpec(BaseModel):
         "public.ecr.aws/lambda/python:3.12", description="Lambda's Python base image to start FROM."
     )
 
+    # -- deploy ---------------------------------------------------------------------------
+    image_uri: str | None = Field(
+        None, description="The image built from `build aws-lambda` and pushed to ECR (needed to deploy)."
+    )
+    role: str | None = Field(None, description="Execution role ARN the function runs as (needed to deploy).")
+    region: str | None = Field(None, description="AWS region (default: the AWS profile's).")
+    function_url: bool = Field(True, description="Give the function an HTTPS URL.")
+    auth: Literal["AWS_IAM", "NONE"] = Field(
+        "AWS_IAM", description="The URL's auth: AWS_IAM (signed requests) or NONE (public: set "
+        "INFINITY_CLOUD_ENDPOINT_KEYS in the function's environment then).",
+    )
+
     @property
     def vcpus(self) -> int:
         return max(1, min(MAX_VCPUS, round(self.memory_mb / MB_PER_VCPU)))

@@ -8,15 +8,19 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
+from rich.console import Console
 
 from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
+from infinity_cloud.targets.aws import AwsError, aws_calls, clients, run
+from infinity_cloud.targets.aws_lambda import calls as lambda_calls
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Target, render_templates
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
 
 SPEC_FILE = "infinity-cloud.yaml"
 HANDLER = "infinity_cloud.targets.aws_lambda.handler.handler"
@@ -30,7 +34,7 @@ LAMBDA_BACKENDS = ("onnx", "openvino")
 class LambdaTarget(Target[LambdaSpec]):
     name = "aws_lambda"
     spec_class = LambdaSpec
-    verbs = ("build",)
+    verbs = ("build", "deploy", "invoke", "status", "delete")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Lambda function {self.settings(spec).function_name!r}"
@@ -69,6 +73,74 @@ class LambdaTarget(Target[LambdaSpec]):
             "requirements_file": requirements.name, "package_dir": package.name,
         })
         return [*written, out_dir / SPEC_FILE, requirements, package, out_dir / "models", out_dir / "exports"]
+
+    def deploy(self, spec: DeploymentSpec, out_dir: Path, *, dry_run: bool = False) -> Deployment | None:
+        """Render the image's files, then create the function from --image-uri (or update its
+        image and configuration), wait until it is Active, and give it its URL. The image is
+        built and pushed with your own Docker."""
+        settings = self.settings(spec)
+        self.build(spec, out_dir)
+        if not settings.image_uri or not settings.role:
+            raise ConfigError(
+                "deploy aws-lambda needs --image-uri (the image built from `infinity-cloud build aws-lambda` "
+                "and pushed to ECR) and --role (the ARN of the function's execution role)"
+            )
+        if dry_run:
+            for call in lambda_calls.function_calls(settings, exists=False):
+                print(call.describe())
+            print("(update_function_code and update_function_configuration when the function exists)")
+            return None
+        client = clients(settings.region)
+        with aws_calls(f"deploy function {settings.function_name!r}"):
+            exists = lambda_calls.describe(client, settings.function_name) is not None
+            name = settings.function_name
+            with Console(stderr=True).status(f"deploying {name}") as shown:
+                for call in lambda_calls.function_calls(settings, exists=exists):
+                    run(client, call)
+                    lambda_calls.wait_ready(client, name, lambda state: shown.update(f"{name}: {state}"))
+            url = lambda_calls.ensure_url(client, settings) if settings.function_url else None
+        notes = ()
+        if settings.function_url and settings.auth == "NONE":
+            notes = (f"the function URL is public (auth NONE): anyone can call it unless {ENDPOINT_KEYS_ENV} "
+                     "is set in the function's environment",)
+        return Deployment(self.name, settings.function_name, url, notes=notes)
+
+    def status(self, spec: DeploymentSpec) -> dict[str, Any]:
+        """The function's state, configuration and URL, from Lambda."""
+        settings = self.settings(spec)
+        client = clients(settings.region)
+        with aws_calls(f"describe function {settings.function_name!r}"):
+            config = lambda_calls.describe(client, settings.function_name)
+            if config is None:
+                raise AwsError(f"no Lambda function named {settings.function_name!r}")
+            url = lambda_calls.url_of(client, settings.function_name)
+        return {
+            "function": config["FunctionName"], "state": config.get("State"),
+            "last_update": config.get("LastUpdateStatus"), "memory_mb": config.get("MemorySize"),
+            "timeout_s": config.get("Timeout"), "architectures": ",".join(config.get("Architectures", [])),
+            "url": url,
+        }
+
+    def delete(self, spec: DeploymentSpec) -> None:
+        """Delete the function and its URL."""
+        settings = self.settings(spec)
+        client = clients(settings.region)
+        with aws_calls(f"delete function {settings.function_name!r}"):
+            if lambda_calls.describe(client, settings.function_name) is None:
+                raise AwsError(f"no Lambda function named {settings.function_name!r}")
+            if lambda_calls.url_of(client, settings.function_name):
+                client("lambda").delete_function_url_config(FunctionName=settings.function_name)
+            client("lambda").delete_function(FunctionName=settings.function_name)
+
+    def invoke(
+        self, spec: DeploymentSpec, body: dict[str, Any], *,
+        api_key: str | None = None, route: str | None = None,
+    ) -> Any:
+        """A direct invocation (lambda.invoke, IAM-signed) of `route`, else /invocations,
+        which routes by the body's shape."""
+        settings = self.settings(spec)
+        with aws_calls(f"invoke function {settings.function_name!r}"):
+            return lambda_calls.invoke(clients(settings.region), settings.function_name, body, route, api_key)
 
     @staticmethod
     def _lambda_model(model: ModelSpec, settings: LambdaSpec) -> ModelSpec:

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.base import TargetError
+from infinity_cloud.targets.aws import AwsError, Call, aws_calls, import_boto3, run
+from infinity_cloud.targets.aws import clients as aws_clients
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
+
+__all__ = ["Call", "SageMakerError", "aws_calls", "import_boto3", "run"]
 
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -23,69 +24,14 @@ SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 POLL_S = 15.0
 WAIT_LIMIT_S = 3600.0
 FAILED = ("Failed", "OutOfService")
-NO_CREDENTIALS = (
-    "no AWS credentials: run `aws configure` (or `aws sso login`), or set AWS_ACCESS_KEY_ID and "
-    "AWS_SECRET_ACCESS_KEY (and AWS_REGION), then run this again"
-)
 
 
-class SageMakerError(TargetError):
-    """boto3 is missing, has no credentials, AWS refused a call, or the endpoint failed."""
-
-
-@dataclass(frozen=True)
-class Call:
-    """One AWS API call: the client (`sagemaker`, `application-autoscaling`), the boto3
-    method and its parameters."""
-
-    service: str
-    operation: str
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        return f"{self.service}.{self.operation}({json.dumps(self.params, indent=1, sort_keys=True)})"
-
-
-def import_boto3() -> Any:
-    try:
-        import boto3
-    except ImportError:
-        raise SageMakerError("boto3 is not installed: pip install 'infinity-cloud[aws]'") from None
-    return boto3
-
-
-@contextmanager
-def aws_calls(action: str) -> Iterator[None]:
-    """Map every way an AWS call fails to one line naming what was being done."""
-    import_boto3()
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
-
-    try:
-        yield
-    except NoCredentialsError:
-        raise SageMakerError(NO_CREDENTIALS) from None
-    except NoRegionError:
-        raise SageMakerError("no AWS region: pass --region or set AWS_REGION") from None
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        raise SageMakerError(
-            f"AWS refused to {action}: {error.get('Code', 'error')}: {error.get('Message', exc)}"
-        ) from None
-    except (BotoCoreError, OSError) as exc:
-        raise SageMakerError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
+class SageMakerError(AwsError):
+    """The endpoint failed, or answered with an error."""
 
 
 def clients(settings: SageMakerSpec) -> Callable[[str], Any]:
-    """boto3 clients by service name, one each, in the spec's region."""
-    session = import_boto3().session.Session(region_name=settings.region)
-    made: dict[str, Any] = {}
-
-    def client(service: str) -> Any:
-        if service not in made:
-            made[service] = session.client(service)
-        return made[service]
-
-    return client
+    return aws_clients(settings.region)
 
 
 def stamp() -> str:
@@ -175,10 +121,6 @@ def describe_endpoint(client: Callable[[str], Any], name: str) -> dict[str, Any]
         if error.get("Code") == "ValidationException" and "not find" in error.get("Message", "").lower():
             return None
         raise
-
-
-def run(client: Callable[[str], Any], call: Call) -> Any:
-    return getattr(client(call.service), call.operation)(**call.params)
 
 
 def wait_in_service(

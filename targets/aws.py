@@ -1,0 +1,81 @@
+"""What every AWS target shares: boto3 imported on demand, clients by service in one
+region, one API call as data (printed by --dry-run, run otherwise), and every way an AWS
+call fails mapped to one line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from infinity_cloud.targets.base import TargetError
+
+NO_CREDENTIALS = (
+    "no AWS credentials: run `aws configure` (or `aws sso login`), or set AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY (and AWS_REGION), then run this again"
+)
+
+
+class AwsError(TargetError):
+    """boto3 is missing, has no credentials, AWS refused a call, or a resource failed."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One AWS API call: the client (`sagemaker`, `lambda`, ...), the boto3 method and its
+    parameters."""
+
+    service: str
+    operation: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.service}.{self.operation}({json.dumps(self.params, indent=1, sort_keys=True)})"
+
+
+def import_boto3() -> Any:
+    try:
+        import boto3
+    except ImportError:
+        raise AwsError("boto3 is not installed: pip install 'infinity-cloud[aws]'") from None
+    return boto3
+
+
+@contextmanager
+def aws_calls(action: str) -> Iterator[None]:
+    """Map every way an AWS call fails to one line naming what was being done."""
+    import_boto3()
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except NoCredentialsError:
+        raise AwsError(NO_CREDENTIALS) from None
+    except NoRegionError:
+        raise AwsError("no AWS region: pass --region or set AWS_REGION") from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise AwsError(
+            f"AWS refused to {action}: {error.get('Code', 'error')}: {error.get('Message', exc)}"
+        ) from None
+    except (BotoCoreError, OSError) as exc:
+        raise AwsError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
+
+
+def clients(region: str | None) -> Callable[[str], Any]:
+    """boto3 clients by service name, one each, in `region` (None: the profile's)."""
+    session = import_boto3().session.Session(region_name=region)
+    made: dict[str, Any] = {}
+
+    def client(service: str) -> Any:
+        if service not in made:
+            made[service] = session.client(service)
+        return made[service]
+
+    return client
+
+
+def run(client: Callable[[str], Any], call: Call) -> Any:
+    return getattr(client(call.service), call.operation)(**call.params)

@@ -1,0 +1,125 @@
+"""Deploying the Lambda function with boto3, offline: moto for create/update/URL/permission/
+delete (read back), botocore's Stubber for what moto cannot run (an invocation needs
+Docker there)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.response import StreamingBody
+from botocore.stub import Stubber
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+from infinity_cloud.targets.aws_lambda import calls
+
+runner = CliRunner()
+REGION = "us-east-1"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/minilm-lambda:1"
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setattr(calls, "POLL_S", 0.0)
+
+
+def role() -> str:
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                      "Principal": {"Service": "lambda.amazonaws.com"}}]}
+    iam = boto3.client("iam", region_name=REGION)
+    created = iam.create_role(RoleName="lambda-exec", AssumeRolePolicyDocument=json.dumps(policy))
+    return created["Role"]["Arn"]
+
+
+def deploy(tmp_path: Path, model: Path, arn: str, *args: str, image: str = IMAGE) -> Any:
+    command = ["deploy", "aws-lambda", "--out", str(tmp_path / "build"), "--model-id", str(model)]
+    return runner.invoke(cli, [*command, "--image-uri", image, "--role", arn, "--region", REGION, *args])
+
+
+@mock_aws
+def test_deploy_creates_the_function_and_its_url_then_updates_it(tmp_path: Path, tiny_embedder: Path) -> None:
+    arn = role()
+    result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--memory", "3538",
+                    "--timeout", "30", "--architecture", "arm64")
+    assert result.exit_code == 0, result.output
+    lam = boto3.client("lambda", region_name=REGION)
+    function = lam.get_function(FunctionName="emb")
+    config = function["Configuration"]
+    assert (config["PackageType"], config["MemorySize"], config["Timeout"], config["Architectures"]) == (
+        "Image", 3538, 30, ["arm64"])
+    assert config["Role"] == arn and function["Code"]["ImageUri"] == IMAGE
+    url = lam.get_function_url_config(FunctionName="emb")
+    assert url["AuthType"] == "AWS_IAM" and url["FunctionUrl"] in result.output
+    assert "public" not in result.output
+
+    # Again, with a new image and memory and a public URL: updated, and the permission granted.
+    image = IMAGE.replace(":1", ":2")
+    result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--memory", "1769",
+                    "--auth", "NONE", image=image)
+    assert result.exit_code == 0, result.output
+    function = lam.get_function(FunctionName="emb")
+    assert function["Code"]["ImageUri"] == image and function["Configuration"]["MemorySize"] == 1769
+    assert lam.get_function_url_config(FunctionName="emb")["AuthType"] == "NONE"
+    (statement,) = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert statement["Action"] == "lambda:InvokeFunctionUrl" and statement["Principal"] == "*"
+    assert "the function URL is public" in result.output
+
+    status = runner.invoke(cli, ["status", "aws-lambda", "--function-name", "emb", "--region", REGION])
+    assert status.exit_code == 0 and "state: Active" in status.output and "memory_mb: 1769" in status.output
+    named = ["--function-name", "emb", "--region", REGION]
+    deleted = runner.invoke(cli, ["delete", "aws-lambda", *named, "--yes"])
+    assert deleted.exit_code == 0, deleted.output
+    assert lam.list_functions()["Functions"] == []
+    again = runner.invoke(cli, ["status", "aws-lambda", "--function-name", "emb", "--region", REGION])
+    assert again.exit_code == 2 and "no Lambda function named 'emb'" in again.output
+
+
+def test_dry_run_prints_the_calls(tmp_path: Path, tiny_embedder: Path, monkeypatch) -> None:
+    from infinity_cloud.targets.aws_lambda import target
+
+    monkeypatch.setattr(target, "clients", lambda region: pytest.fail("AWS was called"))
+    arn = "arn:aws:iam::123456789012:role/lambda-exec"
+    result = deploy(tmp_path, tiny_embedder, arn, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "lambda.create_function(" in result.output and IMAGE in result.output and arn in result.output
+
+
+def test_deploy_needs_an_image_and_a_role(tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["deploy", "aws-lambda", "--out", str(tmp_path / "o"), "--dry-run"])
+    assert result.exit_code == 2 and "needs --image-uri" in result.output
+
+
+def payload(body: dict[str, Any]) -> StreamingBody:
+    data = json.dumps(body).encode()
+    return StreamingBody(io.BytesIO(data), len(data))
+
+
+def test_invoke_sends_a_direct_event_and_reads_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    lam = boto3.client("lambda", region_name=REGION)
+    monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients", lambda _: {"lambda": lam}.get)
+    answer = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}]}
+    with Stubber(lam) as stub:
+        event = {"route": "embeddings", "body": {"input": ["hello"], "model": "emb"}}
+        ok = {"StatusCode": 200, "Payload": payload({"statusCode": 200, "body": answer})}
+        expected = {"FunctionName": "infinity-cloud", "Payload": json.dumps(event).encode()}
+        stub.add_response("invoke", ok, expected)
+        stub.add_response("invoke", {"StatusCode": 200, "Payload": payload(
+            {"statusCode": 404, "body": {"error": {"message": "model 'nope' is not served"}}})})
+        result = runner.invoke(cli, ["invoke", "aws-lambda", "--region", REGION, "--route", "embeddings",
+                                     "--model", "emb", "--input", "hello"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output) == answer
+        result = runner.invoke(cli, ["invoke", "aws-lambda", "--region", REGION, "--model", "nope"])
+        assert result.exit_code == 2 and "answered 404: model 'nope' is not served" in result.output
