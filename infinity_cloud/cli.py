@@ -78,6 +78,12 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
     "pooling": (list[str] | None, _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
+    "latency": (
+        bool | None,
+        _opt("LATENCY", "Latency mode: every core on each batch, for one request at a time (default: "
+             "throughput; targets whose containers take one request at a time turn it on).", _S,
+             "--latency/--throughput"),
+    ),
     "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
     "api_keys": (

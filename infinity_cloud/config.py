@@ -52,6 +52,12 @@ class ModelSpec(_Frozen):
     max_length: int | None = Field(None, ge=1, description="cap the model's maximum input tokens")
     trust_remote_code: bool = False
     warmup: bool = Field(True, description="run one short batch at load so the first request is fast")
+    latency: bool = Field(
+        False,
+        description="serve one request at a time as fast as possible: every core on each batch "
+        "(OpenVINO's LATENCY hint, one batch in flight) instead of parallel streams for throughput; "
+        "targets whose containers take one request at a time turn it on",
+    )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="settings only one backend reads"
     )
@@ -176,7 +182,7 @@ class DeploymentSpec(_Frozen):
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
-    "normalize", "max_length", "trust_remote_code", "warmup",
+    "normalize", "max_length", "trust_remote_code", "warmup", "latency",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

@@ -25,14 +25,8 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/minilm-lambda:1"
 
 
 @pytest.fixture(autouse=True)
-def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setattr(calls, "POLL_S", 0.0)
+def aws_env(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calls, "POLL_S", 0.0)  # no waiting between polls
 
 
 def role() -> str:

@@ -50,7 +50,9 @@ class OpenVinoBackend(Backend):
         # One set of requests per batch in flight: while a finished batch is collected, the
         # next one already runs, so no stream idles between batches.
         self._free: queue.Queue[list[ov.InferRequest]] = queue.Queue()
-        for _ in range(int(spec.backend_options.get("batches_in_flight", 2))):
+        # Latency mode: one batch at a time, on one stream that uses every core.
+        in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
+        for _ in range(in_flight):
             self._free.put([self.compiled.create_infer_request() for _ in range(streams)])
         self.streams = streams
         self._inputs = [port.any_name for port in self.compiled.inputs]
@@ -68,7 +70,8 @@ class OpenVinoBackend(Backend):
         options = self.spec.backend_options
         config = {
             "INFERENCE_PRECISION_HINT": _PRECISIONS[self.dtype],
-            "PERFORMANCE_HINT": str(options.get("performance_hint", "THROUGHPUT")).upper(),
+            "PERFORMANCE_HINT": "LATENCY" if self.spec.latency
+            else str(options.get("performance_hint", "THROUGHPUT")).upper(),
             "INFERENCE_NUM_THREADS": int(options.get("threads", usable_cores())),
             "CACHE_DIR": str(folder / "compiled"),
         }

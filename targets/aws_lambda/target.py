@@ -154,7 +154,10 @@ class LambdaTarget(Target[LambdaSpec]):
             )
         dtype = "float32" if model.dtype == "auto" else model.dtype
         options = {"threads": settings.vcpus, **model.backend_options}
-        return model.model_copy(update={"backend": backend, "dtype": dtype, "backend_options": options})
+        # An environment serves one invocation at a time: every core on it.
+        return model.model_copy(
+            update={"backend": backend, "dtype": dtype, "backend_options": options, "latency": True}
+        )
 
     @staticmethod
     def _stage_model(model: ModelSpec, folder: Path, exports: Path) -> None:

@@ -70,9 +70,12 @@ class SageMakerTarget(Target[SageMakerSpec]):
             "carries no bearer key: grant sagemaker:InvokeEndpoint to the callers instead",
         )
         container.check_backends(spec, device, f"a {variant} SageMaker endpoint")
-        # The container serves the backend its image installs, named, not left to `auto`.
+        # The container serves the backend its image installs, named, not left to `auto`; a
+        # serverless one takes one request at a time, so every core goes to it (latency mode).
+        serverless = {"latency": True} if settings.serverless else {}
         spec = spec.model_copy(update={"models": tuple(
-            m.model_copy(update={"backend": container.serving_backend(m, device)}) for m in spec.models
+            m.model_copy(update={"backend": container.serving_backend(m, device), **serverless})
+            for m in spec.models
         )})
         for model in spec.models:
             if variant in ("cpu", "serverless") and model.backend == "torch":

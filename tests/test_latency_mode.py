@@ -1,0 +1,55 @@
+"""Latency mode: every core on each batch, for containers that take one request at a time.
+OpenVINO compiles with its LATENCY hint and keeps one batch in flight; the answers are the
+throughput mode's; the flag reaches the spec, and Lambda and SageMaker serverless turn it on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+from typer.testing import CliRunner
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.cli import app as cli
+
+TEXTS = ["a lone request on a cold function", "all cores on one small batch", "x"]
+runner = CliRunner()
+
+
+async def embed(path: Path, latency: bool) -> tuple[np.ndarray, str, int]:
+    spec = ModelSpec(model_id=str(path), backend="openvino", dtype="float32", latency=latency)
+    async with Engine(spec) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        hint = backend.compiled.get_property("PERFORMANCE_HINT")
+        return (await engine.embed(TEXTS)).embeddings, str(hint), backend._free.qsize()
+
+
+async def test_openvino_latency_mode_uses_the_latency_hint_and_answers_the_same(tiny_embedder: Path) -> None:
+    fast, fast_hint, fast_batches = await embed(tiny_embedder, latency=True)
+    wide, wide_hint, wide_batches = await embed(tiny_embedder, latency=False)
+    assert "LATENCY" in fast_hint and "THROUGHPUT" in wide_hint
+    assert (fast_batches, wide_batches) == (1, 2)  # one batch in flight, against two
+    np.testing.assert_allclose(fast, wide, atol=1e-6)
+
+
+def test_the_flag_reaches_every_model() -> None:
+    shown = runner.invoke(cli, ["config", "show", "--model-id", "a", "--model-id", "b", "--latency"])
+    assert [m["latency"] for m in yaml.safe_load(shown.output)["models"]] == [True, True]
+    shown = runner.invoke(cli, ["config", "show"])
+    assert yaml.safe_load(shown.output)["models"][0]["latency"] is False
+
+
+def test_one_request_at_a_time_targets_turn_it_on(tmp_path: Path, tiny_embedder: Path) -> None:
+    built = {
+        "aws-lambda": ["build", "aws-lambda"],
+        "serverless": ["build", "sagemaker", "--serverless"],
+        "realtime": ["build", "sagemaker", "--instance-type", "ml.c7i.xlarge"],
+    }
+    latency = {}
+    for name, command in built.items():
+        out = tmp_path / name
+        result = runner.invoke(cli, [*command, "--out", str(out), "--model-id", str(tiny_embedder)])
+        assert result.exit_code == 0, result.output
+        latency[name] = yaml.safe_load((out / "infinity-cloud.yaml").read_text())["models"][0].get("latency")
+    assert latency == {"aws-lambda": True, "serverless": True, "realtime": None}  # None: the default, off
