@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import TargetError
 
 NO_CREDENTIALS = (
@@ -75,6 +76,15 @@ def clients(region: str | None) -> Callable[[str], Any]:
         return made[service]
 
     return client
+
+
+def require_image_and_role(target: str, image_uri: str | None, role: str | None) -> None:
+    """Checked before anything is built or called: a deploy needs the pushed image and a role."""
+    if not image_uri or not role:
+        raise ConfigError(
+            f"deploy {target} needs --image-uri (the image built from `infinity-cloud build {target}` "
+            "and pushed to ECR) and --role (the ARN of the execution role it runs as)"
+        )
 
 
 def run(client: Callable[[str], Any], call: Call) -> Any:

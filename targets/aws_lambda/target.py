@@ -17,7 +17,7 @@ from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
-from infinity_cloud.targets.aws import AwsError, aws_calls, clients, run
+from infinity_cloud.targets.aws import AwsError, aws_calls, clients, require_image_and_role, run
 from infinity_cloud.targets.aws_lambda import calls as lambda_calls
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
@@ -79,12 +79,8 @@ class LambdaTarget(Target[LambdaSpec]):
         image and configuration), wait until it is Active, and give it its URL. The image is
         built and pushed with your own Docker."""
         settings = self.settings(spec)
+        require_image_and_role("aws-lambda", settings.image_uri, settings.role)
         self.build(spec, out_dir)
-        if not settings.image_uri or not settings.role:
-            raise ConfigError(
-                "deploy aws-lambda needs --image-uri (the image built from `infinity-cloud build aws-lambda` "
-                "and pushed to ECR) and --role (the ARN of the function's execution role)"
-            )
         if dry_run:
             for call in lambda_calls.function_calls(settings, exists=False):
                 print(call.describe())

@@ -107,7 +107,6 @@ def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
         # One GPU of the first type builds the exports: the fallbacks share its software.
         "build_gpu_literal": repr(settings.gpu[0] if gpu else None),
         "secrets": list(settings.secrets),
-        "serving_secrets": list(settings.secrets),
         "api_key_secret": settings.api_key_secret,
         "keys_env": ENDPOINT_KEYS_ENV,
         "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",

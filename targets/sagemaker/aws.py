@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.aws import AwsError, Call, aws_calls, import_boto3, run
+from infinity_cloud.targets.aws import AwsError, Call
 from infinity_cloud.targets.aws import clients as aws_clients
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
-
-__all__ = ["Call", "SageMakerError", "aws_calls", "import_boto3", "run"]
 
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -48,11 +46,6 @@ def deploy_calls(
     """The calls that deploy the endpoint: the model archive uploaded (with --pack-models),
     a new model and endpoint config (named with `version`, so a redeploy is blue/green),
     then the endpoint created or moved to the new config, then autoscaling."""
-    if not settings.image_uri or not settings.role:
-        raise ConfigError(
-            "deploy sagemaker needs --image-uri (the image built from `infinity-cloud build sagemaker` "
-            "and pushed to ECR) and --role (the ARN of an execution role SageMaker can assume)"
-        )
     upload: list[Call] = []
     if settings.pack_models:
         if not settings.model_data or archive is None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from infinity_cloud.targets.aws import aws_calls, import_boto3
 from infinity_cloud.targets.sagemaker import aws
 
 
@@ -69,14 +70,14 @@ class SageMakerClient:
     def __init__(self, endpoint_name: str, *, region_name: str | None = None, runtime: Any = None) -> None:
         """`runtime`: a boto3 sagemaker-runtime client of your own (credentials, retries)."""
         if runtime is None:
-            runtime = aws.import_boto3().client("sagemaker-runtime", region_name=region_name)
+            runtime = import_boto3().client("sagemaker-runtime", region_name=region_name)
         self.endpoint_name = endpoint_name
         self._runtime = runtime
         self.embeddings = _Embeddings(self)
 
     def invoke(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """One invoke_endpoint call to the endpoint's /invocations; failures raise SageMakerError."""
-        with aws.aws_calls(f"invoke endpoint {self.endpoint_name!r}"):
+        with aws_calls(f"invoke endpoint {self.endpoint_name!r}"):
             return aws.invoke(lambda _: self._runtime, self.endpoint_name, body, route)
 
     def rerank(

@@ -14,6 +14,7 @@ from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
+from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
 from infinity_cloud.targets.sagemaker import aws
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
@@ -134,6 +135,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         wait for InService, and register autoscaling. The image itself is built and pushed
         with your own Docker (--image-uri). --dry-run prints the API calls and calls nothing."""
         settings = self.settings(spec)
+        require_image_and_role("sagemaker", settings.image_uri, settings.role)
         self.build(spec, out_dir)
         if dry_run:
             calls = aws.deploy_calls(settings, "<version>", update=False, archive=self._archive(out_dir))
@@ -143,7 +145,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             return None
         client = aws.clients(settings)
         name = settings.endpoint_name
-        with aws.aws_calls(f"deploy endpoint {name!r}"):
+        with aws_calls(f"deploy endpoint {name!r}"):
             existing = aws.describe_endpoint(client, name)
             calls = aws.deploy_calls(
                 settings, aws.stamp(), update=existing is not None, archive=self._archive(out_dir)
@@ -151,16 +153,16 @@ class SageMakerTarget(Target[SageMakerSpec]):
             endpoint_calls = [c for c in calls if c.service != "application-autoscaling"]
             scaling = calls[len(endpoint_calls):]
             for call in endpoint_calls:
-                aws.run(client, call)
+                run(client, call)
             with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
                 aws.wait_in_service(
                     client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)")
                 )
             for call in scaling:
-                aws.run(client, call)
+                run(client, call)
             if existing is not None:  # the old config and model serve nothing now
                 for call in aws.resources_of(client, existing["EndpointConfigName"]):
-                    aws.run(client, call)
+                    run(client, call)
         return Deployment(
             self.name, name, None,
             notes=(f"call it with `infinity-cloud invoke sagemaker --endpoint-name {name} --input hello`",),
@@ -174,7 +176,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         """The endpoint's state, its config and its variant, from SageMaker."""
         settings = self.settings(spec)
         client = aws.clients(settings)
-        with aws.aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
+        with aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
             endpoint = aws.describe_endpoint(client, settings.endpoint_name)
             if endpoint is None:
                 raise aws.SageMakerError(f"no SageMaker endpoint named {settings.endpoint_name!r}")
@@ -201,19 +203,19 @@ class SageMakerTarget(Target[SageMakerSpec]):
         settings = self.settings(spec)
         client = aws.clients(settings)
         name = settings.endpoint_name
-        with aws.aws_calls(f"delete endpoint {name!r}"):
+        with aws_calls(f"delete endpoint {name!r}"):
             endpoint = aws.describe_endpoint(client, name)
             if endpoint is None:
                 raise aws.SageMakerError(f"no SageMaker endpoint named {name!r}")
             calls = aws.resources_of(client, endpoint["EndpointConfigName"])
             if aws.scaling_registered(client, name):
-                aws.run(client, aws.Call("application-autoscaling", "deregister_scalable_target", {
+                run(client, Call("application-autoscaling", "deregister_scalable_target", {
                     "ServiceNamespace": "sagemaker", "ResourceId": aws.resource_id(name),
                     "ScalableDimension": aws.SCALABLE_DIMENSION,
                 }))
-            aws.run(client, aws.Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
+            run(client, Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
             for call in calls:
-                aws.run(client, call)
+                run(client, call)
 
     def invoke(
         self, spec: DeploymentSpec, body: dict[str, Any], *,
@@ -221,6 +223,6 @@ class SageMakerTarget(Target[SageMakerSpec]):
     ) -> Any:
         """Call the endpoint with sagemaker-runtime's invoke_endpoint (IAM signs it, so no key)."""
         settings = self.settings(spec)
-        with aws.aws_calls(f"invoke endpoint {settings.endpoint_name!r}"):
+        with aws_calls(f"invoke endpoint {settings.endpoint_name!r}"):
             return aws.invoke(aws.clients(settings), settings.endpoint_name, body, route)
 
