@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.response import StreamingBody
-from botocore.stub import Stubber
+from botocore.stub import ANY, Stubber
 from moto import mock_aws
 from typer.testing import CliRunner
 
@@ -108,12 +108,86 @@ def test_invoke_sends_a_direct_event_and_reads_the_answer(monkeypatch: pytest.Mo
         event = {"route": "embeddings", "body": {"input": ["hello"], "model": "emb"}}
         ok = {"StatusCode": 200, "Payload": payload({"statusCode": 200, "body": answer})}
         expected = {"FunctionName": "infinity-cloud", "Payload": json.dumps(event).encode()}
+        stub.add_client_error("get_alias", "ResourceNotFoundException", http_status_code=404)
         stub.add_response("invoke", ok, expected)
+        # With an alias (a provisioned-concurrency deploy made it): invoked through it.
+        alias = {"Name": "live", "FunctionVersion": "3"}
+        stub.add_response("get_alias", alias, {"FunctionName": "infinity-cloud", "Name": "live"})
         stub.add_response("invoke", {"StatusCode": 200, "Payload": payload(
-            {"statusCode": 404, "body": {"error": {"message": "model 'nope' is not served"}}})})
+            {"statusCode": 404, "body": {"error": {"message": "model 'nope' is not served"}}})},
+            {"FunctionName": "infinity-cloud", "Payload": ANY, "Qualifier": "live"})
         result = runner.invoke(cli, ["invoke", "aws-lambda", "--region", REGION, "--route", "embeddings",
                                      "--model", "emb", "--input", "hello"])
         assert result.exit_code == 0, result.output
         assert json.loads(result.output) == answer
         result = runner.invoke(cli, ["invoke", "aws-lambda", "--region", REGION, "--model", "nope"])
         assert result.exit_code == 2 and "answered 404: model 'nope' is not served" in result.output
+        stub.assert_no_pending_responses()
+
+
+class LambdaWithProvisioning:
+    """moto's Lambda, except the provisioned-concurrency calls, which moto does not have: those
+    go to a client whose answers are stubbed in Lambda's own response shapes."""
+
+    STUBBED = {"put_provisioned_concurrency_config", "get_provisioned_concurrency_config",
+               "delete_provisioned_concurrency_config"}
+
+    def __init__(self, moto: Any, stubbed: Any) -> None:
+        self.moto, self.stubbed = moto, stubbed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stubbed if name in self.STUBBED else self.moto, name)
+
+
+def provisioning(status: str, ready: int, requested: int = 2) -> dict[str, Any]:
+    return {"Status": status, "RequestedProvisionedConcurrentExecutions": requested,
+            "AvailableProvisionedConcurrentExecutions": ready,
+            "AllocatedProvisionedConcurrentExecutions": ready}
+
+
+@mock_aws
+def test_provisioned_concurrency_serves_through_a_published_alias(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arn = role()
+    moto_lambda, stubbed = (boto3.client("lambda", region_name=REGION) for _ in range(2))
+    lam = LambdaWithProvisioning(moto_lambda, stubbed)
+    monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
+                        lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
+    url_calls: list[dict[str, Any]] = []  # moto keeps one URL per function, whatever the qualifier
+
+    def sent(params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name.endswith("FunctionUrlConfig"):
+            url_calls.append(params)
+
+    moto_lambda.meta.events.register("provide-client-params.lambda", sent)
+    where = {"FunctionName": "emb", "Qualifier": "live"}
+    with Stubber(stubbed) as stub:
+        stub.add_response("put_provisioned_concurrency_config",
+                          {"RequestedProvisionedConcurrentExecutions": 2, "Status": "IN_PROGRESS"},
+                          {**where, "ProvisionedConcurrentExecutions": 2})
+        stub.add_response("get_provisioned_concurrency_config", provisioning("IN_PROGRESS", 1), where)
+        stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
+        result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb",
+                        "--provisioned-concurrency", "2")
+        assert result.exit_code == 0, result.output
+        assert "served through alias emb:live with 2 provisioned environment(s)" in result.output
+        assert moto_lambda.get_alias(FunctionName="emb", Name="live")["FunctionVersion"] == "1"
+        versions = moto_lambda.list_versions_by_function(FunctionName="emb")["Versions"]
+        assert [v["Version"] for v in versions] == ["$LATEST", "1"]
+        assert url_calls and all(call.get("Qualifier") == "live" for call in url_calls)
+
+        stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
+        status = runner.invoke(cli, ["status", "aws-lambda", "--function-name", "emb", "--region", REGION])
+        assert status.exit_code == 0, status.output
+        assert "alias: live -> version 1" in status.output and "READY: 2 of 2 ready" in status.output
+
+        # Deployed again without it: a new version behind the alias, and the idle (billed)
+        # environments removed.
+        stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
+        stub.add_response("delete_provisioned_concurrency_config", {}, where)
+        result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb",
+                        image=IMAGE.replace(":1", ":2"))
+        assert result.exit_code == 0, result.output
+        assert moto_lambda.get_alias(FunctionName="emb", Name="live")["FunctionVersion"] == "2"
+        stub.assert_no_pending_responses()

@@ -233,12 +233,17 @@ def test_the_image_holds_no_torch_and_names_its_handler(built: Path) -> None:
     assert served["server"]["limits"]["max_payload_bytes"] == 6 * 1024 * 1024
 
 
-def test_the_sam_template_declares_the_function_and_its_url(built: Path) -> None:
+def sam_template(folder: Path) -> dict[str, Any]:
+    """The rendered template as YAML, CloudFormation's short tags (!GetAtt) kept as {tag: value}."""
     class Loader(yaml.SafeLoader):
         pass
 
     Loader.add_multi_constructor("!", lambda loader, tag, node: {tag: loader.construct_scalar(node)})
-    template = yaml.load((built / "template.yaml").read_text(), Loader=Loader)
+    return yaml.load((folder / "template.yaml").read_text(), Loader=Loader)
+
+
+def test_the_sam_template_declares_the_function_and_its_url(built: Path) -> None:
+    template = sam_template(built)
     assert template["Transform"] == "AWS::Serverless-2016-10-31"
     function = template["Resources"]["Function"]
     assert function["Type"] == "AWS::Serverless::Function"
@@ -248,6 +253,27 @@ def test_the_sam_template_declares_the_function_and_its_url(built: Path) -> None
     assert properties["FunctionUrlConfig"]["AuthType"] == "AWS_IAM"
     assert function["Metadata"]["Dockerfile"] == "Dockerfile"
     assert template["Outputs"]["FunctionUrl"]["Value"] == {"GetAtt": "FunctionUrl.FunctionUrl"}
+    assert "AutoPublishAlias" not in properties  # no provisioned concurrency asked for
+
+
+def sam_properties(folder: Path) -> dict[str, Any]:
+    return sam_template(folder)["Resources"]["Function"]["Properties"]
+
+
+def test_the_sam_template_follows_the_spec(tmp_path: Path, tiny_embedder: Path) -> None:
+    """Provisioned concurrency on an auto-published alias; the URL's auth, or no URL."""
+    base = ["build", "aws-lambda", "--model-id", str(tiny_embedder)]
+    result = runner.invoke(cli, [*base, "--out", str(tmp_path / "a"), "--provisioned-concurrency", "3",
+                                 "--auth", "NONE"])
+    assert result.exit_code == 0, result.output
+    properties = sam_properties(tmp_path / "a")
+    assert properties["AutoPublishAlias"] == "live"
+    assert properties["ProvisionedConcurrencyConfig"] == {"ProvisionedConcurrentExecutions": 3}
+    assert properties["FunctionUrlConfig"]["AuthType"] == "NONE"
+    result = runner.invoke(cli, [*base, "--out", str(tmp_path / "b"), "--no-function-url"])
+    assert result.exit_code == 0, result.output
+    assert "FunctionUrlConfig" not in sam_properties(tmp_path / "b")
+    assert "Outputs" not in (tmp_path / "b" / "template.yaml").read_text()
 
 
 @pytest.mark.parametrize(("flags", "message"), [

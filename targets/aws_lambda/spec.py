@@ -38,6 +38,11 @@ class LambdaSpec(BaseModel):
         "AWS_IAM", description="The URL's auth: AWS_IAM (signed requests) or NONE (public: set "
         "INFINITY_CLOUD_ENDPOINT_KEYS in the function's environment then).",
     )
+    provisioned_concurrency: int = Field(
+        0, ge=0, le=10000,
+        description="Environments kept initialised (no cold starts, billed while idle): served through the "
+        "alias 'live' on a published version, and the URL is the alias's; 0 removes an earlier deploy's.",
+    )
 
     @property
     def vcpus(self) -> int:

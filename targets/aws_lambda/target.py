@@ -85,37 +85,62 @@ class LambdaTarget(Target[LambdaSpec]):
             for call in lambda_calls.function_calls(settings, exists=False):
                 print(call.describe())
             print("(update_function_code and update_function_configuration when the function exists)")
+            if settings.provisioned_concurrency:
+                print(f"publish_version, then alias {lambda_calls.ALIAS!r} to it, then "
+                      f"put_provisioned_concurrency_config({settings.provisioned_concurrency}) on the alias")
             return None
         client = clients(settings.region)
-        with aws_calls(f"deploy function {settings.function_name!r}"):
-            exists = lambda_calls.describe(client, settings.function_name) is not None
-            name = settings.function_name
+        name = settings.function_name
+        with aws_calls(f"deploy function {name!r}"):
+            exists = lambda_calls.describe(client, name) is not None
             with Console(stderr=True).status(f"deploying {name}") as shown:
+                def report(state: str) -> None:
+                    shown.update(f"{name}: {state}")
+
                 for call in lambda_calls.function_calls(settings, exists=exists):
                     run(client, call)
-                    lambda_calls.wait_ready(client, name, lambda state: shown.update(f"{name}: {state}"))
-            url = lambda_calls.ensure_url(client, settings) if settings.function_url else None
-        notes = ()
+                    lambda_calls.wait_ready(client, name, report)
+                # Provisioned concurrency lives on a version: once asked for, deploys serve
+                # through the alias, which follows each new version.
+                aliased = bool(settings.provisioned_concurrency or lambda_calls.alias_version(client, name))
+                if aliased:
+                    lambda_calls.publish(client, name, report)
+                    lambda_calls.provision(client, name, settings.provisioned_concurrency, report)
+            qualifier = lambda_calls.ALIAS if aliased else None
+            url = lambda_calls.ensure_url(client, settings, qualifier) if settings.function_url else None
+        notes = []
         if settings.function_url and settings.auth == "NONE":
-            notes = (f"the function URL is public (auth NONE): anyone can call it unless {ENDPOINT_KEYS_ENV} "
-                     "is set in the function's environment",)
-        return Deployment(self.name, settings.function_name, url, notes=notes)
+            notes.append(f"the function URL is public (auth NONE): anyone can call it unless "
+                         f"{ENDPOINT_KEYS_ENV} is set in the function's environment")
+        if aliased:
+            notes.append(f"served through alias {name}:{lambda_calls.ALIAS} with "
+                         f"{settings.provisioned_concurrency} provisioned environment(s)")
+        return Deployment(self.name, name, url, notes=tuple(notes))
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
-        """The function's state, configuration and URL, from Lambda."""
+        """The function's state, configuration and URL, from Lambda; its alias and provisioned
+        concurrency where a deploy made them."""
         settings = self.settings(spec)
         client = clients(settings.region)
-        with aws_calls(f"describe function {settings.function_name!r}"):
-            config = lambda_calls.describe(client, settings.function_name)
+        name = settings.function_name
+        with aws_calls(f"describe function {name!r}"):
+            config = lambda_calls.describe(client, name)
             if config is None:
-                raise AwsError(f"no Lambda function named {settings.function_name!r}")
-            url = lambda_calls.url_of(client, settings.function_name)
-        return {
-            "function": config["FunctionName"], "state": config.get("State"),
-            "last_update": config.get("LastUpdateStatus"), "memory_mb": config.get("MemorySize"),
-            "timeout_s": config.get("Timeout"), "architectures": ",".join(config.get("Architectures", [])),
-            "url": url,
-        }
+                raise AwsError(f"no Lambda function named {name!r}")
+            version = lambda_calls.alias_version(client, name)
+            qualifier = lambda_calls.ALIAS if version else None
+            facts = {
+                "function": config["FunctionName"], "state": config.get("State"),
+                "last_update": config.get("LastUpdateStatus"), "memory_mb": config.get("MemorySize"),
+                "timeout_s": config.get("Timeout"),
+                "architectures": ",".join(config.get("Architectures", [])),
+                "url": lambda_calls.url_of(client, name, qualifier),
+            }
+            if version:
+                facts["alias"] = f"{lambda_calls.ALIAS} -> version {version}"
+                facts["provisioned_concurrency"] = lambda_calls.provisioned_summary(
+                    lambda_calls.provisioned(client, name))
+        return facts
 
     def delete(self, spec: DeploymentSpec) -> None:
         """Delete the function and its URL."""
