@@ -17,8 +17,6 @@ from infinity_cloud.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
 
-_REDUCED = ("bfloat16", "float16")
-
 
 def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head) -> Backend:
     """The backend `spec` asks for; for `auto`, the first installed one that loads the model."""
@@ -49,14 +47,18 @@ def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, hea
 def _verified(
     cls: type[Backend], info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head
 ) -> Backend:
-    """Load; if `dtype auto` chose a reduced precision, keep it only if float32 agrees.
+    """Load; for a precision below float32, measure how far its outputs are from float32's.
 
-    The verdict is cached with the model's exports (keyed by its files, backend and
-    precision), so only the first start pays for loading the float32 reference.
+    `dtype auto` keeps a reduced precision only if float32 agrees (else serves float32); a
+    precision asked for by name is served as asked, with a loud warning when it disagrees
+    (int8 can: per-tensor dynamic quantisation wrecks some models). The verdict is cached
+    with the model's exports (keyed by its files, backend and precision), so only the first
+    start pays for loading the float32 reference.
     """
     backend = cls(info, spec)
-    if spec.dtype != "auto" or backend.dtype not in _REDUCED:
+    if backend.dtype not in MIN_AGREEMENT:
         return backend
+    floor = MIN_AGREEMENT[backend.dtype]
     reference_spec = spec.model_copy(update={"dtype": "float32"})
     loaded: list[Backend] = []
 
@@ -72,18 +74,28 @@ def _verified(
 
     verdict = exports.cached_export(
         info.path, "fidelity",
-        {"backend": cls.name, "dtype": backend.dtype, "device": backend.device, "min": MIN_AGREEMENT},
+        {"backend": cls.name, "dtype": backend.dtype, "device": backend.device, "min": floor},
         measure, f"checking {cls.name} {backend.dtype} against float32",
     )
     score = exports.export_metadata(verdict)["agreement"]
-    if score >= MIN_AGREEMENT:
-        log.info("%s %s agrees with float32 (%.5f); keeping it", cls.name, backend.dtype, score)
+    if score >= floor or spec.dtype != "auto":
         for reference in loaded:
             reference.close()
+        backend.agreement = score
+        if score >= floor:
+            log.info("%s %s agrees with float32 (%.5f)", cls.name, backend.dtype, score)
+        else:
+            log.warning(
+                "%s %s, asked for, disagrees with float32 on %s: worst cosine %.4f (< %.3f), so "
+                "search and ranking quality will suffer. Serve it with --dtype float32 (or auto) instead",
+                cls.name, backend.dtype, info.path, score, floor,
+            )
         return backend
     log.warning(
         "%s %s disagrees with float32 on %s (agreement %.5f < %.3f); serving float32 instead",
-        cls.name, backend.dtype, info.path, score, MIN_AGREEMENT,
+        cls.name, backend.dtype, info.path, score, floor,
     )
     backend.close()
-    return loaded[0] if loaded else cls(info, reference_spec)
+    reference = loaded[0] if loaded else cls(info, reference_spec)
+    reference.agreement = 1.0
+    return reference

@@ -1,7 +1,8 @@
 """Is a reduced-precision model faithful to float32? Checked at load on a few fixed texts.
 
 `dtype auto` may pick bfloat16 (AMX CPUs) or float16 (GPUs) for speed; the engine runs these
-probes through both precisions and keeps the fast one only when every output agrees.
+probes through both precisions and keeps the fast one only when every output agrees. A
+precision asked for by name (int8 included) is measured the same way and reported.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import numpy as np
 from infinity_cloud.model_files import Capability
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
-MIN_AGREEMENT = 0.999
+# The worst cosine to float32 a precision may show on the probes: bfloat16/float16 keep a
+# model's answers at 0.999; dynamic int8 loses more by design (0.989 on all-MiniLM-L6-v2)
+# and wrecks some models (0.83 on all-mpnet-base-v2); it is only warned about, as it is
+# only ever asked for by name.
+MIN_AGREEMENT = {"bfloat16": 0.999, "float16": 0.999, "int8": 0.98}
 
 _PROBES = (
     "What is the capital of France?",

@@ -168,6 +168,8 @@ class ServedModel:
             backend=loaded.backend.name,  # `auto` resolved
             capabilities=[loaded.info.capability.value],
             dtype=loaded.backend.dtype,
+            # Worst cosine to float32 on the fidelity probes; None for float32 itself.
+            agreement_with_float32=loaded.backend.agreement,
             device=loaded.backend.device,
             max_input_tokens=loaded.tokenizer.max_length,
             dimensions=loaded.info.dimensions,

@@ -571,14 +571,29 @@ async def test_an_unfaithful_bfloat16_serves_float32_with_a_warning(
 ) -> None:
     """No agreement reaches 1.5 (a cosine), so bfloat16 fails the check whatever it measures;
     the bar is part of a cached verdict's key, so an earlier verdict is not reused."""
-    monkeypatch.setattr(fidelity, "MIN_AGREEMENT", 1.5)
-    monkeypatch.setattr(backend_choice, "MIN_AGREEMENT", 1.5, raising=False)
+    monkeypatch.setitem(fidelity.MIN_AGREEMENT, "bfloat16", 1.5)
     with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
         got, facts = await run(models["bert"], backend=backend, dtype="auto")
     assert (facts["backend"], facts["dtype"]) == (backend, "float32")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("disagrees with float32" in message for message in warnings), warnings
     assert_close(got, await reference("bert"), "embed", "float32")
+
+
+async def test_a_precision_asked_for_is_measured_and_kept_with_a_warning_when_unfaithful(
+    models, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """int8 by name: served as asked, its measured agreement in /models; below the bar (1.5
+    here, which nothing reaches) a loud warning naming the fix, never a silent swap."""
+    _, facts = await run(models["bert"], backend="onnx", dtype="int8")
+    assert facts["dtype"] == "int8" and 0.9 < facts["agreement_with_float32"] < 1.0
+    monkeypatch.setitem(fidelity.MIN_AGREEMENT, "int8", 1.5)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        _, facts = await run(models["bert"], backend="onnx", dtype="int8")
+    assert facts["dtype"] == "int8"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    loud = [m for m in warnings if "asked for, disagrees with float32" in m and "--dtype float32" in m]
+    assert loud, warnings
 
 
 @BF16_CPU
@@ -598,7 +613,7 @@ async def test_the_fidelity_check_compares_real_outputs(
     ((candidate, reference),) = seen
     assert candidate.shape == reference.shape and candidate.shape[0] >= 4
     assert not np.array_equal(candidate, reference)  # really two precisions
-    assert fidelity.agreement(candidate, reference) >= fidelity.MIN_AGREEMENT
+    assert fidelity.agreement(candidate, reference) >= fidelity.MIN_AGREEMENT["bfloat16"]
 
 
 # -- 8. bad backend / dtype / device combinations -------------------------------------------
