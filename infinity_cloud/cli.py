@@ -84,6 +84,12 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
              "throughput; targets whose containers take one request at a time turn it on).", _S,
              "--latency/--throughput"),
     ),
+    "token_ids": (
+        list[str] | None,
+        _opt("TOKEN_IDS", "What token-id arrays sent to /embeddings mean: openai (default; OpenAI's "
+             "cl100k_base ids, as langchain-openai sends, decoded and re-tokenized), model (the "
+             "model's own vocabulary; OpenAI SDK clients refused) or refuse.", _M),
+    ),
     "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
     "api_keys": (

@@ -19,6 +19,7 @@ DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len"]
+TokenIds = Literal["openai", "model", "refuse"]
 
 
 class _Frozen(BaseModel):
@@ -57,6 +58,14 @@ class ModelSpec(_Frozen):
         description="serve one request at a time as fast as possible: every core on each batch "
         "(OpenVINO's LATENCY hint, one batch in flight) instead of parallel streams for throughput; "
         "targets whose containers take one request at a time turn it on",
+    )
+    token_ids: TokenIds = Field(
+        "openai",
+        description="what a list of token ids sent to /embeddings means. 'openai' (default): ids of "
+        "OpenAI's cl100k_base vocabulary, which OpenAI clients send (langchain-openai's "
+        "OpenAIEmbeddings does by default), decoded to text and tokenized by the model; 'model': "
+        "ids of the model's own vocabulary (OpenAI SDK clients are then refused, their ids would "
+        "mean other text); 'refuse': a 400",
     )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="settings only one backend reads"
@@ -182,7 +191,7 @@ class DeploymentSpec(_Frozen):
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
-    "normalize", "max_length", "trust_remote_code", "warmup", "latency",
+    "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

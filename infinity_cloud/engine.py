@@ -16,12 +16,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from infinity_cloud import openai_tokens
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import ModelNotFoundError, UnsupportedError
+from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.model_files import Capability
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RankedDocument, RerankResult
+from infinity_cloud.results import ClassifyResult, EmbeddingResult, RankedDocument, RerankResult, Token
 from infinity_cloud.served_model import ServedModel
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tasks.scores import label_scores, rank, sigmoid, softmax
@@ -130,6 +131,48 @@ class Engine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, fn, *args)
 
+    def prompts(self, model: str | None = None) -> dict[str, str]:
+        """The model's named prompts (sentence-transformers' `prompts`), e.g. {"query": ...}."""
+        return dict(self.model(model).loaded.info.prompts)
+
+    @staticmethod
+    def _prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:
+        """The texts behind the model's prompt `name` (none: as they are)."""
+        if name is None:
+            return list(texts)
+        prompts = served.loaded.info.prompts
+        if name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none"
+            raise InvalidInputError(
+                f"model {served.name!r} has no prompt named {name!r} (its prompts: {known})",
+                param="prompt_name",
+            )
+        return [prompts[name] + text for text in texts]
+
+    async def _encode_token_ids(
+        self, served: ServedModel, ids: Sequence[Sequence[int]], truncate: bool, openai_sender: bool
+    ) -> list[Encoded]:
+        """Token ids read as the model's spec says (`ModelSpec.token_ids`)."""
+        tokenizer, meaning = served.loaded.tokenizer, served.spec.token_ids
+        if meaning == "refuse":
+            raise InvalidInputError(
+                f"model {served.name!r} takes text, not token ids (it is served with --token-ids refuse)",
+                param="input",
+            )
+        if meaning == "model":
+            if openai_sender:  # its ids are cl100k_base's: read as ours they would be other text
+                raise InvalidInputError(
+                    f"token ids from an OpenAI SDK client are OpenAI's cl100k_base ids, but model "
+                    f"{served.name!r} reads ids as its own vocabulary (--token-ids model); send text "
+                    "(langchain-openai: check_embedding_ctx_length=False) or serve it with "
+                    "--token-ids openai",
+                    param="input",
+                )
+            return tokenizer.from_token_ids(ids, truncate)
+        texts = await self._tokenize(openai_tokens.decode, ids)
+        check_texts(texts, self.limits)
+        return await self._tokenize(tokenizer.encode, texts, truncate)
+
     # -- capabilities ----------------------------------------------------------------
 
     async def embed(
@@ -140,7 +183,12 @@ class Engine:
         dimensions: int | None = None,
         truncate: bool = True,
         modality: Modality = "text",
+        openai_sender: bool = False,
+        prompt_name: str | None = None,
     ) -> EmbeddingResult:
+        """`openai_sender`: the inputs come from an OpenAI SDK client, whose token ids are
+        OpenAI's cl100k_base ids whatever the model reads ids as. `prompt_name`: one of the
+        model's named prompts (`prompts(model)`), prepended to each text."""
         served = self.model(model)
         if modality != "text":
             raise UnsupportedError(
@@ -151,10 +199,12 @@ class Engine:
         check_dimensions(dimensions, loaded.info.dimensions)
         if is_token_ids(inputs):
             check_token_ids(inputs, self.limits)  # type: ignore[arg-type]
-            encodings = loaded.tokenizer.from_token_ids(inputs, truncate)  # type: ignore[arg-type]
+            ids: Sequence[Sequence[int]] = inputs  # type: ignore[assignment]
+            encodings = await self._encode_token_ids(served, ids, truncate, openai_sender)
         else:
             check_texts(inputs, self.limits)  # type: ignore[arg-type]
-            encodings = await self._tokenize(loaded.tokenizer.encode, list(inputs), truncate)
+            texts = self._prompted(served, inputs, prompt_name)  # type: ignore[arg-type]
+            encodings = await self._tokenize(loaded.tokenizer.encode, texts, truncate)
         rows = await served.run(encodings)
         vectors = truncate_dimensions(np.stack(rows), dimensions, renormalize=loaded.normalize)
         return EmbeddingResult(served.name, vectors, sum(len(e) for e in encodings))
@@ -179,6 +229,23 @@ class Engine:
         scores = logits if raw_scores else sigmoid(logits)
         ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, top_n)]
         return RerankResult(served.name, ranked, sum(len(e) for e in encodings))
+
+    async def tokenize(
+        self, texts: Sequence[str], model: str | None = None, *, add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+    ) -> list[list[Token]]:
+        """Each text (behind the model's prompt `prompt_name`) as the model's tokenizer splits
+        it, with character spans."""
+        served = self.model(model)
+        check_texts(texts, self.limits)
+        prompted = self._prompted(served, texts, prompt_name)
+        return await self._tokenize(served.loaded.tokenizer.tokens, prompted, add_special_tokens)
+
+    def decode(
+        self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Token ids of the model's own vocabulary back to text."""
+        return self.model(model).loaded.tokenizer.decode(ids, skip_special_tokens)
 
     async def classify(
         self,

@@ -50,6 +50,8 @@ class ModelInfo:
     normalize: bool = False
     dense: tuple[DenseLayer, ...] = ()
     labels: tuple[str, ...] = ()
+    # Named instructions prepended to inputs (sentence-transformers' `prompts`: "query", ...).
+    prompts: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -192,10 +194,13 @@ def read_model_info(path: Path) -> ModelInfo:
         return ModelInfo(capability=Capability.CLASSIFY, labels=labels, **common)
     modules = _read_json(path / "modules.json")
     head = _sentence_transformers_head(path, modules) if isinstance(modules, list) else {}
+    st_config = _read_json(path / "config_sentence_transformers.json")
+    prompts = st_config.get("prompts") if isinstance(st_config, dict) else None
     return ModelInfo(
         capability=Capability.EMBED,
         pooling=head.get("pooling", "mean"),
         normalize=head.get("normalize", False),
         dense=tuple(head.get("dense", ())),
+        prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
         **common,
     )

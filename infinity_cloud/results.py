@@ -32,3 +32,15 @@ class ClassifyResult:
     model: str
     labels: list[list[tuple[str, float]]]  # per input, highest score first
     prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of a tokenized text; `start`/`stop` are character offsets, None for the
+    special tokens the model adds."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None

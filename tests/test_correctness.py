@@ -346,8 +346,9 @@ ID_TEXTS = ["hello world", "What is the capital of France?", LONG_TEXT, "CafÃ© ð
 
 @pytest.mark.parametrize("name", ["mean-normalized", "decoder-lasttoken", "roberta"])
 async def test_token_ids_equal_text(engine_for, embedder, name: str) -> None:
+    """--token-ids model: ids of the model's own vocabulary."""
     path = embedder(name)
-    engine = await engine_for(path)
+    engine = await engine_for(path, token_ids="model")
     ids = tokenizer(path)(ID_TEXTS, add_special_tokens=False)["input_ids"]
     assert len(ids[2]) > 128  # the long one is truncated on both paths
     from_ids = await engine.embed(ids)
@@ -358,13 +359,42 @@ async def test_token_ids_equal_text(engine_for, embedder, name: str) -> None:
 
 @pytest.mark.parametrize("bad", [-1, "vocab_size", 10**9])
 async def test_token_id_outside_vocabulary(engine_for, tiny_embedder: Path, bad: int | str) -> None:
-    engine = await engine_for(tiny_embedder)
+    engine = await engine_for(tiny_embedder, token_ids="model")
     vocab_size = engine.model().loaded.info.vocab_size
     bad_id = vocab_size if bad == "vocab_size" else bad
     with pytest.raises(InvalidInputError, match=rf"input 1 holds token id {bad_id}\b") as err:
         await engine.embed([[5, 6], [7, bad_id, 8]])
     assert err.value.param == "input"
     assert (await engine.embed([[vocab_size - 1]])).embeddings.shape == (1, 32)  # the last id is fine
+
+
+@pytest.mark.parametrize("name", ["mean-normalized", "roberta"])
+async def test_openai_token_ids_mean_their_text(engine_for, embedder, cl100k, name: str) -> None:
+    """The default: ids are OpenAI's cl100k_base (made here by tiktoken itself), decoded and
+    tokenized by the model, so they give the vectors and token counts of the text."""
+    engine = await engine_for(embedder(name))
+    from_ids = await engine.embed([cl100k.encode(text) for text in ID_TEXTS])
+    from_text = await engine.embed(ID_TEXTS)
+    np.testing.assert_allclose(from_ids.embeddings, from_text.embeddings, rtol=1e-5, atol=1e-6)
+    assert from_ids.prompt_tokens == from_text.prompt_tokens
+
+
+@pytest.mark.parametrize("bad", [-1, 100256, 10**9])
+async def test_openai_token_id_outside_cl100k(engine_for, tiny_embedder: Path, bad: int) -> None:
+    engine = await engine_for(tiny_embedder)
+    with pytest.raises(InvalidInputError, match=rf"input 1 holds token id {bad}, which is not in OpenAI's"):
+        await engine.embed([[15339], [15339, bad]])
+
+
+async def test_token_ids_refused_or_read_as_the_models_own(engine_for, tiny_embedder: Path) -> None:
+    refusing = await engine_for(tiny_embedder, token_ids="refuse")
+    with pytest.raises(InvalidInputError, match="takes text, not token ids"):
+        await refusing.embed([[15339]])
+    own = await engine_for(tiny_embedder, token_ids="model")
+    assert (await own.embed([[15]])).prompt_tokens == 3  # [CLS] 15 [SEP]
+    # An OpenAI SDK client's ids are cl100k_base's whatever the setting: never read as ours.
+    with pytest.raises(InvalidInputError, match=r"OpenAI's cl100k_base ids.*--token-ids openai"):
+        await own.embed([[15]], openai_sender=True)
 
 
 async def test_text_too_long_without_truncation(engine_for, tiny_embedder: Path) -> None:
@@ -379,7 +409,7 @@ async def test_text_too_long_without_truncation(engine_for, tiny_embedder: Path)
 
 
 async def test_token_ids_too_long_without_truncation(engine_for, tiny_embedder: Path) -> None:
-    engine = await engine_for(tiny_embedder)
+    engine = await engine_for(tiny_embedder, token_ids="model")
     with pytest.raises(InputTooLongError, match=r"input 0 has 202 tokens.*limit of 128"):
         await engine.embed([[10] * 200], truncate=False)  # 200 ids + [CLS] and [SEP]
     ok = await engine.embed([[10] * 126], truncate=False)  # exactly at the limit

@@ -152,18 +152,22 @@ async def test_single_string_equals_list_of_one(client):
     assert one["usage"] == listed["usage"]
 
 
-async def test_token_id_inputs_match_the_text(client, tokenizer):
+async def test_token_id_inputs_match_the_text(client, tokenizer, cl100k):
+    """Token ids are OpenAI's cl100k_base by default (what OpenAI clients send): one list or
+    several, they mean the text, and usage counts the model's own tokens of it."""
     text = "the cat sat"
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    ids = cl100k.encode(text)
     from_text = await ok(client, "POST", "/embeddings", json={"model": "emb", "input": [text]})
     flat = await ok(client, "POST", "/embeddings", json={"model": "emb", "input": ids})
     nested = await ok(client, "POST", "/embeddings", json={"model": "emb", "input": [ids, ids[:1]]})
     assert len(flat["data"]) == 1 and len(nested["data"]) == 2
     np.testing.assert_allclose(vectors(flat)[0], vectors(from_text)[0], rtol=1e-6)
     np.testing.assert_allclose(vectors(nested)[0], vectors(from_text)[0], rtol=1e-6)
-    specials = len(tokenizer.encode(text).ids) - len(ids)
-    assert flat["usage"]["prompt_tokens"] == len(ids) + specials
-    assert nested["usage"]["prompt_tokens"] == len(ids) + 1 + 2 * specials
+    assert flat["usage"] == from_text["usage"]
+    assert flat["usage"]["prompt_tokens"] == len(tokenizer.encode(text).ids)
+    first_word = cl100k.decode(ids[:1])
+    assert nested["usage"]["prompt_tokens"] == len(tokenizer.encode(text).ids) + len(
+        tokenizer.encode(first_word).ids)
 
 
 async def test_usage_counts_real_tokens(client, tokenizer):
@@ -415,3 +419,27 @@ async def test_json_without_a_content_type_is_accepted(solo):
     response = await solo.post("/embeddings", content=b'{"input": ["hello"]}', headers={"Content-Type": ""})
     assert response.status_code == 200, response.text
     assert len(response.json()["data"]) == 1
+
+
+async def test_rerank_dialects_by_route_and_body(client):
+    """Each route answers in its dialect's document shape; Voyage's `top_k` gets Voyage's."""
+    docs = ["a cat", "a dog", "a car"]
+    base = {"model": "rr", "query": "pets", "documents": docs, "return_documents": True}
+    infinity = await ok(client, "POST", "/rerank", json=base)
+    assert all(isinstance(r["document"], str) for r in infinity["results"])
+    jina = await ok(client, "POST", "/v1/rerank", json=base)
+    assert all(r["document"] == {"text": docs[r["index"]]} for r in jina["results"])
+    voyage = await ok(client, "POST", "/v1/rerank", json={**base, "top_n": None, "top_k": 2})
+    assert set(voyage) == {"object", "data", "model", "usage"} and len(voyage["data"]) == 2
+    assert [d["index"] for d in voyage["data"]] == [r["index"] for r in infinity["results"][:2]]
+    assert all(d["document"] == docs[d["index"]] for d in voyage["data"])
+    assert voyage["usage"]["total_tokens"] == infinity["usage"]["total_tokens"]
+
+
+async def test_null_optional_fields_mean_their_defaults(client):
+    nulls = {"top_n": None, "return_documents": None, "raw_scores": None, "max_tokens_per_doc": None}
+    body = {"model": "rr", "query": "q", "documents": ["a", "b"], **nulls}
+    ranked = await ok(client, "POST", "/v2/rerank", json=body)
+    assert len(ranked["results"]) == 2
+    missing = await client.post("/embeddings", json={"model": "emb", "input": None})
+    assert missing.status_code == 422 and "input" in missing.json()["error"]["message"]

@@ -108,7 +108,8 @@ CASES = [
     ("/classify", {"model": "emb", "input": "a"}, 400, "model", ["emb", "classif"]),
     ("/embeddings", {"model": "emb", "input": ["ok", LONG_TEXT], "truncate": False}, 400, "input",
      ["input 1", "302 tokens", "128"]),
-    ("/embeddings", {"model": "emb", "input": [list(range(5, 200))], "truncate": False}, 400, "input",
+    # cl100k_base ids (the default reading): 1917 is " world", so 200 words here
+    ("/embeddings", {"model": "emb", "input": [[1917] * 200], "truncate": False}, 400, "input",
      ["input 0", "128"]),
     ("/rerank", {"model": "rr", "query": "q", "documents": [LONG_TEXT], "truncate": False}, 400, "input",
      ["input 0", "128"]),
@@ -254,7 +255,7 @@ async def test_a_bug_is_a_500_with_a_request_id_and_the_server_lives_on(client, 
 
 
 async def test_a_failed_batch_is_a_500_and_the_worker_survives(tiny_embedder, rare_id):
-    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"fail_token_id": rare_id}))
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"fail_token_id": rare_id}, token_ids="model"))
     async with serve_in_process(spec) as c:
         response = await c.post("/embeddings", json={"input": [rare_id]})
         assert_error(response, 500, None, "inference failed", "batch")
@@ -347,7 +348,7 @@ async def _wait_unhealthy(client: httpx.AsyncClient) -> httpx.Response:
 
 
 async def test_dead_worker_is_503_on_health_and_requests(tiny_embedder, tiny_reranker, rare_id):
-    dying = fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id})
+    dying = fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id}, token_ids="model")
     spec = spec_of(dying, fake(tiny_reranker, "rr"))
     async with serve_in_process(spec) as c:
         killer = asyncio.ensure_future(c.post("/embeddings", json={"model": "emb", "input": [rare_id]}))
@@ -373,7 +374,7 @@ async def test_dead_worker_is_503_on_health_and_requests(tiny_embedder, tiny_rer
 
 async def test_the_request_whose_batch_killed_the_worker_gets_an_answer(tiny_embedder, rare_id):
     """Nothing waits forever: the batch that was running when its worker died is answered."""
-    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id}))
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"exit_token_id": rare_id}, token_ids="model"))
     async with serve_in_process(spec) as c:
         # a hang guard, not a timing assertion: the answer comes in milliseconds or never
         response = await asyncio.wait_for(c.post("/embeddings", json={"input": [rare_id]}), 3)

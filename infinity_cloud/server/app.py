@@ -21,7 +21,15 @@ from infinity_cloud.server.calls import ClientDisconnected
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
-from infinity_cloud.server.routes import classify, embeddings, invocations, rerank, status
+from infinity_cloud.server.routes import (
+    classify,
+    cohere_embed,
+    embeddings,
+    invocations,
+    rerank,
+    status,
+    tei,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +105,7 @@ def create_app(
     app.include_router(
         inference, prefix=f"{prefix}/v1", generate_unique_id_function=lambda route: f"v1_{route.name}"
     )
-    for router in (rerank.router, invocations.router, status.metrics_router):
+    for router in (rerank.router, cohere_embed.router, tei.router, invocations.router, status.metrics_router):
         app.include_router(router, prefix=prefix, dependencies=protected)
     app.include_router(status.health_router, prefix=prefix)
 

@@ -6,6 +6,7 @@ import logging
 import uuid
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -93,6 +94,27 @@ EXCEPTION_HANDLERS = {
     RequestValidationError: _validation_error,
     HTTPException: _http_error,
 }
+
+
+async def handled(request: Request, exc: Exception) -> Response | None:
+    """The answer the app's handlers give `exc`; None for an exception they leave alone."""
+    for cls in type(exc).__mro__:
+        if cls in EXCEPTION_HANDLERS:
+            return await EXCEPTION_HANDLERS[cls](request, exc)  # type: ignore[index]
+    return None
+
+
+# TEI's error kinds, by our status.
+_TEI_KINDS = {429: "Overloaded", 503: "Unhealthy", 500: "Backend"}
+
+
+def in_tei_shape(response: Response) -> Response:
+    """One of our error answers as TEI gives errors: {"error": message, "error_type": kind}.
+    The status stays ours (a client mistake is a 4xx either way)."""
+    message = orjson.loads(bytes(response.body))["error"]["message"]
+    kind = _TEI_KINDS.get(response.status_code, "Validation")
+    headers = {k: v for k, v in response.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
+    return json_response({"error": message, "error_type": kind}, response.status_code, headers)
 
 
 class CatchBugs:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 
 class _Request(BaseModel):
     # Clients send fields we do not use (OpenAI's `user`, Cohere's `max_tokens_per_doc`):
     # accept and ignore them rather than break those clients.
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """`null` for a field means its default (litellm sends `encoding_format: null`); a
+        required field sent as null is then reported missing."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     model: str | None = Field(None, description="served model name; optional with one model")
 
@@ -39,15 +46,38 @@ class TextDocument(BaseModel):
 
 
 class RerankRequest(_Request):
+    """Every dialect's rerank: Infinity, Jina and Cohere send `documents`, TEI `texts` (and
+    is answered in its own shape), Voyage `top_k` for `top_n`."""
+
     query: StrictStr
-    documents: list[StrictStr | TextDocument]
+    documents: list[StrictStr | TextDocument] | None = None
+    texts: list[StrictStr] | None = Field(None, description="TEI's name for the documents")
     top_n: StrictInt | None = Field(None, description="how many results; absent or 0 = all")
+    top_k: StrictInt | None = Field(None, description="Voyage's name for top_n")
     return_documents: bool = False
+    return_text: bool = Field(False, description="TEI's return_documents")
     raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
     truncate: bool = True
+    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
 
-    def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]
+    @model_validator(mode="after")
+    def _one_list(self) -> RerankRequest:
+        if (self.documents is None) == (self.texts is None):
+            raise ValueError("send the documents to rank as 'documents' (or TEI's 'texts'), not both")
+        return self
+
+    @property
+    def tei(self) -> bool:
+        return self.texts is not None
+
+    def docs(self) -> list[str]:
+        if self.texts is not None:
+            return self.texts
+        return [d if isinstance(d, str) else d.text for d in self.documents or ()]
+
+    @property
+    def limit(self) -> int | None:
+        return self.top_n if self.top_n is not None else self.top_k
 
 
 class ClassifyRequest(_Request):
@@ -57,3 +87,63 @@ class ClassifyRequest(_Request):
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
+
+
+class CohereEmbedRequest(_Request):
+    """Cohere's embed (v1 and v2): texts, and how they will be used."""
+
+    texts: list[StrictStr] = Field(..., description="the texts to embed")
+    input_type: (
+        Literal["search_document", "search_query", "classification", "clustering", "image"] | None
+    ) = Field(None, description="mapped to the model's matching prompt when it declares one")
+    embedding_types: list[StrictStr] | None = Field(
+        None, description="float, binary, ubinary (int8 and uint8 need calibration: not yet)"
+    )
+    truncate: Literal["NONE", "START", "END"] = Field("END", description="NONE: too long is a 400")
+    output_dimension: StrictInt | None = Field(None, description="Matryoshka truncation")
+    images: list[StrictStr] | None = Field(None, description="refused: this API serves text models")
+
+
+# -- TEI (text-embeddings-inference) ---------------------------------------------------------
+
+TeiInputs = StrictStr | list[StrictStr]
+
+
+class _TeiRequest(_Request):
+    truncate: bool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
+    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+
+
+class TeiEmbedRequest(_TeiRequest):
+    inputs: TeiInputs
+    normalize: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
+    dimensions: StrictInt | None = None
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+
+
+class TeiPredictRequest(_TeiRequest):
+    inputs: TeiInputs
+    raw_scores: bool = False
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+
+
+class TeiAnyRequest(TeiEmbedRequest):
+    """`POST /`: embed's fields, and predict's for a classifier."""
+
+    raw_scores: bool = False
+
+
+class TeiTokenizeRequest(_Request):
+    inputs: TeiInputs
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class TeiDecodeRequest(_Request):
+    ids: list[StrictInt] | list[list[StrictInt]]
+    skip_special_tokens: bool = True

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult
 from infinity_cloud.server.encoding import vector_base64
+from infinity_cloud.tasks import quantization
 
 
 def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
@@ -33,11 +34,17 @@ def embeddings_body(result: EmbeddingResult, encoding_format: Literal["float", "
 def rerank_body(
     result: RerankResult,
     documents: list[str],
-    style: Literal["infinity", "jina", "cohere"],
+    style: Literal["infinity", "jina", "cohere", "voyage"],
     return_documents: bool,
 ) -> dict[str, Any]:
     """Infinity: `document` a string or null. Jina (/v1) always and Cohere v2 on request:
-    `document: {"text": ...}`; both carry Cohere's `meta` so either SDK parses the answer."""
+    `document: {"text": ...}`; both carry Cohere's `meta` so either SDK parses the answer.
+    Voyage: a `data` list, `document` a string on request, `usage.total_tokens`."""
+    if style == "voyage":
+        data = [{"index": r.index, "relevance_score": r.score,
+                 **({"document": documents[r.index]} if return_documents else {})} for r in result.results]
+        return {"object": "list", "data": data, "model": result.model,
+                "usage": {"total_tokens": result.prompt_tokens}}
     results = []
     for ranked in result.results:
         entry: dict[str, Any] = {"index": ranked.index, "relevance_score": ranked.score}
@@ -54,6 +61,25 @@ def rerank_body(
             "billed_units": {"search_units": 1, "input_tokens": result.prompt_tokens},
         }
     return body
+
+
+def cohere_embed_body(
+    result: EmbeddingResult, texts: list[str], types: list[str] | None, version: int
+) -> dict[str, Any]:
+    """Cohere's shapes: v1 without `embedding_types` gives a bare float list
+    (`embeddings_floats`); otherwise `embeddings` maps each asked type to its vectors."""
+    vectors = result.embeddings
+    body: dict[str, Any] = {
+        "id": str(uuid.uuid4()),
+        "texts": texts,
+        "meta": {"api_version": {"version": str(version)},
+                 "billed_units": {"input_tokens": result.prompt_tokens}},
+    }
+    if version == 1 and types is None:
+        return {**body, "response_type": "embeddings_floats", "embeddings": vectors}
+    packers = {"binary": quantization.binary, "ubinary": quantization.ubinary}
+    by_type = {t: vectors if t == "float" else packers[t](vectors) for t in types or ["float"]}
+    return {**body, "response_type": "embeddings_by_type", "embeddings": by_type}
 
 
 def classify_body(result: ClassifyResult) -> dict[str, Any]:

@@ -5,10 +5,13 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import error_response, in_tei_shape
 from infinity_cloud.server.protocol import RerankRequest
 from infinity_cloud.server.responses import rerank_body
+from infinity_cloud.server.routes.tei import check_direction
 
 router = APIRouter(tags=["rerank"])
 
@@ -17,17 +20,38 @@ Style = Literal["infinity", "jina", "cohere"]
 
 
 async def rerank(body: RerankRequest, request: Request, style: Style) -> Response:
-    documents = body.texts()
+    check_direction(body.truncation_direction)
+    documents = body.docs()
     result = await answer(request, "rerank", body.model, len(documents), request.app.state.engine.rerank(
         body.query, documents, body.model,
-        top_n=body.top_n, raw_scores=body.raw_scores, truncate=body.truncate,
+        top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncate,
     ))
-    return json_response(rerank_body(result, documents, style, body.return_documents))
+    # Voyage's request names the limit top_k, and its client reads its own shape back.
+    shape = "voyage" if body.top_k is not None else style
+    return json_response(rerank_body(result, documents, shape, body.return_documents))
 
 
-@router.post("/rerank", summary="Rerank documents for a query (Infinity's shape)")
+@router.post("/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)")
 async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
+    if body.tei:
+        return await rerank_tei(body, request)
     return await rerank(body, request, "infinity")
+
+
+async def rerank_tei(body: RerankRequest, request: Request) -> Response:
+    """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
+    try:
+        check_direction(body.truncation_direction)
+        texts = body.docs()
+        result = await answer(request, "rerank", body.model, len(texts), request.app.state.engine.rerank(
+            body.query, texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
+        ))
+    except InfinityCloudError as exc:
+        return in_tei_shape(error_response(exc))
+    return json_response([
+        {"index": r.index, "score": r.score, **({"text": texts[r.index]} if body.return_text else {})}
+        for r in result.results
+    ])
 
 
 @router.post("/v1/rerank", summary="Rerank documents (Jina and Cohere v1 shape)")

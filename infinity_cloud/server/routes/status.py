@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from infinity_cloud.errors import ModelNotReadyError
+from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_body
 
@@ -14,15 +16,28 @@ health_router = APIRouter(tags=["health"])
 metrics_router = APIRouter(tags=["metrics"])
 
 
-@models_router.get("/models", summary="Served models, their capabilities and queue stats")
-async def models(request: Request) -> Response:
+def _model_entries(request: Request) -> list[dict[str, Any]]:
     state = request.app.state
-    data = [
+    return [
         # "infinity": the only value infinity_client's model schema accepts.
         {"object": "model", "owned_by": "infinity", "created": state.started_at, **entry}
         for entry in state.engine.describe()
     ]
-    return json_response({"object": "list", "data": data})
+
+
+@models_router.get("/models", summary="Served models, their capabilities and queue stats")
+async def models(request: Request) -> Response:
+    return json_response({"object": "list", "data": _model_entries(request)})
+
+
+@models_router.get("/models/{model_id:path}", summary="One served model (OpenAI's models.retrieve)")
+async def model(model_id: str, request: Request) -> Response:
+    found = next((entry for entry in _model_entries(request) if entry["id"] == model_id), None)
+    if found is None:
+        served = ", ".join(entry["id"] for entry in _model_entries(request))
+        raise ModelNotFoundError(f"model {model_id!r} is not served here; served models: {served}",
+                                 param="model")
+    return json_response(found)
 
 
 def _health(request: Request) -> Response:

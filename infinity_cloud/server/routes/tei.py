@@ -1,0 +1,143 @@
+"""Hugging Face text-embeddings-inference's API: huggingface_hub's InferenceClient, llama-index's
+TextEmbeddingsInference, chromadb's HuggingFaceEmbeddingServer, litellm's `huggingface/`.
+
+TEI's `/rerank` (with `texts`) shares its path with Infinity's (with `documents`) and lives in
+`rerank.py`; everything else TEI has is here, answering errors in TEI's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+
+from infinity_cloud import __version__
+from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.model_files import Capability
+from infinity_cloud.server.calls import answer
+from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import handled, in_tei_shape
+from infinity_cloud.server.protocol import (
+    TeiAnyRequest,
+    TeiDecodeRequest,
+    TeiEmbedRequest,
+    TeiPredictRequest,
+    TeiTokenizeRequest,
+)
+
+
+class TeiRoute(APIRoute):
+    """Errors (ours, and request validation) answered in TEI's shape."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def in_tei_terms(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                response = await handled(request, exc)
+                if response is None:
+                    raise
+                return in_tei_shape(response)
+
+        return in_tei_terms
+
+
+router = APIRouter(tags=["tei"], route_class=TeiRoute)
+
+
+def check_direction(direction: str) -> None:
+    if direction.lower() == "left":
+        raise InvalidInputError("truncation_direction left is not supported; use right",
+                                param="truncation_direction")
+
+
+@router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
+async def embed(body: TeiEmbedRequest, request: Request) -> Response:
+    check_direction(body.truncation_direction)
+    engine, texts = request.app.state.engine, body.texts()
+    result = await answer(request, "embed", body.model, len(texts), engine.embed(
+        texts, body.model, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
+    ))
+    vectors = result.embeddings
+    if body.normalize:  # TEI normalises unless told not to, whatever the model's own head does
+        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    elif engine.model(body.model).loaded.normalize:
+        raise InvalidInputError(
+            f"model {result.model!r} normalises its embeddings; normalize=false cannot undo that",
+            param="normalize",
+        )
+    return json_response(vectors)
+
+
+@router.post("/predict", summary="Classify texts (TEI's shape)")
+async def predict(body: TeiPredictRequest, request: Request) -> Response:
+    check_direction(body.truncation_direction)
+    engine, texts = request.app.state.engine, body.texts()
+    result = await answer(request, "classify", body.model, len(texts), engine.classify(
+        texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
+    ))
+    rows = [[{"label": label, "score": score} for label, score in row] for row in result.labels]
+    return json_response(rows[0] if isinstance(body.inputs, str) else rows)
+
+
+@router.post("/", summary="TEI's route by model type: embed for embedders, predict for classifiers")
+async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
+    if request.app.state.engine.model(body.model).capability is Capability.CLASSIFY:
+        return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
+    return await embed(body, request)
+
+
+@router.post("/embed_all", summary="Token embeddings (TEI): not served yet")
+async def embed_all(request: Request) -> Response:
+    raise UnsupportedError("per-token embeddings (/embed_all) are not served yet; use /embed", param="inputs")
+
+
+@router.post("/embed_sparse", summary="Sparse embeddings (TEI): not served yet")
+async def embed_sparse(request: Request) -> Response:
+    raise UnsupportedError("sparse embeddings (/embed_sparse) need a SPLADE model, not served yet",
+                           param="inputs")
+
+
+@router.post("/tokenize", summary="Tokens with character spans (TEI's shape)")
+async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    rows = await request.app.state.engine.tokenize(
+        texts, body.model, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
+    )
+    return json_response([[{"id": t.id, "text": t.text, "special": t.special, "start": t.start,
+                            "stop": t.stop} for t in row] for row in rows])
+
+
+@router.post("/decode", summary="Token ids back to text (TEI's shape)")
+async def decode(body: TeiDecodeRequest, request: Request) -> Response:
+    ids = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
+    texts = request.app.state.engine.decode(ids, body.model, skip_special_tokens=body.skip_special_tokens)
+    return json_response(texts)
+
+
+@router.get("/info", summary="The served model (TEI's shape)")
+async def info(request: Request) -> Response:
+    state = request.app.state
+    facts = state.engine.describe()[0]  # TEI serves one model; its first here
+    kind = (facts.get("capabilities") or ["embed"])[0]
+    labels = {str(i): label for i, label in enumerate(facts.get("labels") or [])}
+    model_type = {
+        "embed": {"embedding": {"pooling": "mean"}},
+        "rerank": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
+        "classify": {"classifier": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}},
+    }[kind]
+    spec = next(m for m in state.spec.models if m.name == facts["id"])
+    return json_response({
+        "model_id": facts["id"], "model_sha": None, "model_dtype": facts.get("dtype"),
+        "model_type": model_type, "max_concurrent_requests": spec.queue_size,
+        "max_input_length": facts.get("max_input_tokens"), "max_batch_tokens": spec.batch_tokens,
+        "max_batch_requests": None, "max_client_batch_size": state.spec.server.limits.max_inputs_per_request,
+        "auto_truncate": True, "tokenization_workers": 1, "version": __version__, "sha": None,
+        "docker_label": None,
+    })

@@ -1,0 +1,140 @@
+"""The TEI (text-embeddings-inference) dialect: its routes, request and response shapes and
+error shape, through the real app; huggingface_hub's InferenceClient against a real server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import cosines, fake, serve_in_process, server_process, spec_of
+from tokenizers import Tokenizer
+
+TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module")
+async def embedder_app(tiny_embedder: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_in_process(spec_of(fake(tiny_embedder, "emb"))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def scorer_app(tiny_reranker: Path, tiny_classifier: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_in_process(spec_of(fake(tiny_reranker, "rr"), fake(tiny_classifier, "cl"))) as client:
+        yield client
+
+
+async def test_embed_gives_normalised_vectors_equal_to_ours(embedder_app: httpx.AsyncClient) -> None:
+    ours = await embedder_app.post("/embeddings", json={"input": TEXTS})
+    want = np.array([d["embedding"] for d in ours.json()["data"]])
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    for inputs in (TEXTS, TEXTS[0]):
+        response = await embedder_app.post("/embed", json={"inputs": inputs})
+        assert response.status_code == 200, response.text
+        got = np.array(response.json())
+        assert got.shape == (len(inputs) if isinstance(inputs, list) else 1, 32)
+        np.testing.assert_allclose(got, want[: len(got)], rtol=1e-5, atol=1e-6)
+    root = await embedder_app.post("/", json={"inputs": TEXTS})  # TEI's route by model type
+    np.testing.assert_allclose(np.array(root.json()), want, rtol=1e-5, atol=1e-6)
+
+
+async def test_tokenize_and_decode(embedder_app: httpx.AsyncClient, tiny_embedder: Path) -> None:
+    reference = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json"))
+    response = await embedder_app.post("/tokenize", json={"inputs": "hello world"})
+    (tokens,) = response.json()
+    assert [t["id"] for t in tokens] == reference.encode("hello world").ids
+    assert tokens[0]["special"] and tokens[0]["start"] is None
+    words = [t for t in tokens if not t["special"]]
+    assert ["hello world"[t["start"]:t["stop"]] for t in words] == [t["text"] for t in words]
+    ids = [t["id"] for t in tokens]
+    decoded = await embedder_app.post("/decode", json={"ids": ids})
+    assert decoded.json() == [reference.decode(ids)]
+    both = await embedder_app.post("/decode", json={"ids": [ids, ids[:2]], "skip_special_tokens": False})
+    assert both.json() == reference.decode_batch([ids, ids[:2]], skip_special_tokens=False)
+
+
+async def test_info_describes_the_model(embedder_app: httpx.AsyncClient) -> None:
+    info = (await embedder_app.get("/info")).json()
+    assert info["model_id"] == "emb" and "embedding" in info["model_type"]
+    assert info["max_input_length"] == 128
+
+
+async def test_rerank_with_texts_answers_in_teis_shape(scorer_app: httpx.AsyncClient) -> None:
+    docs = ["paris is in france", "bananas", "the capital of france is paris"]
+    query = "capital of france"
+    ours = await scorer_app.post("/rerank", json={"model": "rr", "query": query, "documents": docs})
+    want = {r["index"]: r["relevance_score"] for r in ours.json()["results"]}
+    response = await scorer_app.post(
+        "/rerank", json={"model": "rr", "query": query, "texts": docs, "return_text": True})
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert [r["index"] for r in got] == sorted(want, key=want.get, reverse=True)
+    for r in got:
+        assert r["score"] == pytest.approx(want[r["index"]]) and r["text"] == docs[r["index"]]
+
+
+async def test_predict_and_root_on_a_classifier(scorer_app: httpx.AsyncClient) -> None:
+    ours = (await scorer_app.post("/classify", json={"model": "cl", "input": ["good"]})).json()["data"][0]
+    one = await scorer_app.post("/predict", json={"model": "cl", "inputs": "good"})
+    assert one.json() == ours
+    batch = await scorer_app.post("/", json={"model": "cl", "inputs": ["good", "good"]})
+    assert batch.json() == [ours, ours]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "words"), [
+    ("/embed", {"inputs": []}, 400, "empty"),
+    ("/embed", {"inputs": "a", "truncation_direction": "left"}, 400, "truncation_direction left"),
+    ("/embed", {"inputs": "a", "prompt_name": "nope"}, 400, "no prompt named 'nope'"),
+    ("/embed", {"inputs": 3}, 422, "inputs"),
+    ("/embed_sparse", {"inputs": "a"}, 400, "SPLADE"),
+    ("/embed_all", {"inputs": "a"}, 400, "per-token"),
+    ("/decode", {"ids": [10**7]}, 400, "outside the model's vocabulary"),
+])
+async def test_errors_come_in_teis_shape(
+    embedder_app: httpx.AsyncClient, route: str, body: dict, status: int, words: str
+) -> None:
+    response = await embedder_app.post(route, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert set(error) == {"error", "error_type"} and error["error_type"] == "Validation"
+    assert words in error["error"]
+
+
+async def test_a_tei_rerank_error_is_in_teis_shape(scorer_app: httpx.AsyncClient) -> None:
+    response = await scorer_app.post("/rerank", json={"model": "rr", "query": "q", "texts": []})
+    assert response.status_code == 400 and set(response.json()) == {"error", "error_type"}
+    infinity_style = await scorer_app.post("/rerank", json={"model": "rr", "query": "q", "documents": []})
+    assert infinity_style.status_code == 400 and "message" in infinity_style.json()["error"]
+
+
+# -- real clients --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm_dir: Path) -> Iterator[str]:
+    with server_process("--model-id", str(minilm_dir), "--served-model-name", "minilm") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_dir: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir), device="cpu")
+
+
+@pytest.mark.slow
+def test_huggingface_hub_feature_extraction(
+    minilm_server: str, minilm_reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import InferenceClient, constants
+
+    # Offline mode (set for every test) blocks the client's requests to any URL, this one too.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    client = InferenceClient(base_url=minilm_server)
+    got = np.asarray(client.feature_extraction(TEXTS[1]), dtype=np.float64).reshape(1, -1)
+    want = minilm_reference.encode([TEXTS[1]], normalize_embeddings=True)
+    assert cosines(got, want).min() >= 0.9999
