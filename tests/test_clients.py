@@ -337,6 +337,23 @@ def test_openai_null_optional_fields_mean_their_defaults(live_server: str, minil
                         reference_embeddings(minilm_reference, TEXTS[:2]))
 
 
+def test_llama_index_openai_like_embedding(live_server: str, minilm_reference) -> None:
+    openai_like = pytest.importorskip("llama_index.embeddings.openai_like")
+    embedder = openai_like.OpenAILikeEmbedding(model_name="minilm", api_base=live_server + "/v1", api_key="x")
+    got = embedder.get_text_embedding_batch(TEXTS)
+    assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS))
+
+
+def test_haystack_openai_text_embedder(live_server: str, minilm_reference) -> None:
+    embedders = pytest.importorskip("haystack.components.embedders")
+    from haystack.utils import Secret
+
+    embedder = embedders.OpenAITextEmbedder(
+        api_base_url=live_server + "/v1", model="minilm", api_key=Secret.from_token("x"))
+    got = embedder.run(text=TEXTS[2])["embedding"]
+    assert_same_vectors([got], reference_embeddings(minilm_reference, TEXTS[2:3]))
+
+
 # -- langchain ---------------------------------------------------------------------------
 
 

@@ -138,3 +138,12 @@ def test_huggingface_hub_feature_extraction(
     got = np.asarray(client.feature_extraction(TEXTS[1]), dtype=np.float64).reshape(1, -1)
     want = minilm_reference.encode([TEXTS[1]], normalize_embeddings=True)
     assert cosines(got, want).min() >= 0.9999
+
+
+@pytest.mark.slow
+def test_llama_index_text_embeddings_inference(minilm_server: str, minilm_reference) -> None:
+    tei = pytest.importorskip("llama_index.embeddings.text_embeddings_inference")
+    embedder = tei.TextEmbeddingsInference(base_url=minilm_server, model_name="minilm", timeout=60)
+    got = np.asarray(embedder.get_text_embedding_batch(TEXTS), dtype=np.float64)
+    want = minilm_reference.encode(TEXTS, normalize_embeddings=True)
+    assert cosines(got, want).min() >= 0.9999
