@@ -4,7 +4,9 @@ in-process over ASGI against the deterministic fake backend on tiny model folder
 from __future__ import annotations
 
 import base64
+import json
 import math
+import shutil
 import time
 from collections.abc import AsyncIterator
 
@@ -443,3 +445,27 @@ async def test_null_optional_fields_mean_their_defaults(client):
     assert len(ranked["results"]) == 2
     missing = await client.post("/embeddings", json={"model": "emb", "input": None})
     assert missing.status_code == 422 and "input" in missing.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+async def prompted(tiny_embedder, tmp_path_factory) -> AsyncIterator[httpx.AsyncClient]:
+    """The tiny embedder with sentence-transformers prompts declared, as e5-style models do."""
+    folder = tmp_path_factory.mktemp("prompted") / "model"
+    shutil.copytree(tiny_embedder, folder)
+    config = folder / "config_sentence_transformers.json"
+    data = json.loads(config.read_text()) if config.exists() else {}
+    config.write_text(json.dumps({**data, "prompts": {"query": "query: ", "document": "passage: "}}))
+    async with serve_in_process(spec_of(fake(folder, "emb"))) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("input_type", "prefix"), [
+    ("search_query", "query: "), ("search_document", "passage: "), ("clustering", ""), (None, ""),
+])
+async def test_cohere_input_type_uses_the_models_prompt(prompted, input_type, prefix):
+    body = {"model": "emb", "texts": ["hello world"], "input_type": input_type}
+    cohere = await ok(prompted, "POST", "/v2/embed", json=body)
+    prefixed = {"model": "emb", "input": [prefix + "hello world"]}
+    plain = await ok(prompted, "POST", "/embeddings", json=prefixed)
+    np.testing.assert_allclose(cohere["embeddings"]["float"], vectors(plain), rtol=1e-6)
+    assert cohere["meta"]["billed_units"]["input_tokens"] == plain["usage"]["prompt_tokens"]
