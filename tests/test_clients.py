@@ -249,6 +249,16 @@ def test_cohere_embed_refusals_are_bad_requests(
     assert message in json.dumps(caught.value.body)
 
 
+@pytest.mark.parametrize("top_k", [2, None])
+def test_voyageai_rerank(live_server: str, reranker_reference: np.ndarray, top_k: int | None) -> None:
+    voyageai = pytest.importorskip("voyageai")
+    client = voyageai.Client(api_key="x", base_url=live_server + "/v1", max_retries=0)
+    ranked = client.rerank(QUERY, DOCUMENTS, model="reranker", top_k=top_k)
+    assert len(ranked.results) == (top_k or len(DOCUMENTS))
+    check_top_two(ranked.results[:2], reranker_reference)
+    assert all(r.document == DOCUMENTS[r.index] for r in ranked.results)
+
+
 # -- infinity_client ---------------------------------------------------------------------
 
 

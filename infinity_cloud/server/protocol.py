@@ -46,8 +46,8 @@ class TextDocument(BaseModel):
 
 
 class RerankRequest(_Request):
-    """Every dialect's rerank: Infinity, Jina and Cohere send `documents`, TEI `texts` (and
-    is answered in its own shape), Voyage `top_k` for `top_n`."""
+    """Every dialect's rerank: Infinity, Jina and Cohere send `documents`, TEI `texts`, Voyage
+    `top_k` and `truncation`; TEI and Voyage are answered in their own shapes."""
 
     query: StrictStr
     documents: list[StrictStr | TextDocument] | None = None
@@ -58,6 +58,7 @@ class RerankRequest(_Request):
     return_text: bool = Field(False, description="TEI's return_documents")
     raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
     truncate: bool = True
+    truncation: bool | None = Field(None, description="Voyage's truncate")
     truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
 
     @model_validator(mode="after")
@@ -69,6 +70,14 @@ class RerankRequest(_Request):
     @property
     def tei(self) -> bool:
         return self.texts is not None
+
+    @property
+    def voyage(self) -> bool:
+        return self.top_k is not None or self.truncation is not None
+
+    @property
+    def truncates(self) -> bool:
+        return self.truncate if self.truncation is None else self.truncation
 
     def docs(self) -> list[str]:
         if self.texts is not None:

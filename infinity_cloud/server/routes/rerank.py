@@ -24,10 +24,10 @@ async def rerank(body: RerankRequest, request: Request, style: Style) -> Respons
     documents = body.docs()
     result = await answer(request, "rerank", body.model, len(documents), request.app.state.engine.rerank(
         body.query, documents, body.model,
-        top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncate,
+        top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncates,
     ))
-    # Voyage's request names the limit top_k, and its client reads its own shape back.
-    shape = "voyage" if body.top_k is not None else style
+    # Voyage's client (top_k, truncation) reads its own shape back.
+    shape = "voyage" if body.voyage else style
     return json_response(rerank_body(result, documents, shape, body.return_documents))
 
 
