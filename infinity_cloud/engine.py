@@ -169,9 +169,13 @@ class Engine:
                     param="input",
                 )
             return tokenizer.from_token_ids(ids, truncate)
-        texts = await self._tokenize(openai_tokens.decode, ids)
-        check_texts(texts, self.limits)
-        return await self._tokenize(tokenizer.encode, texts, truncate)
+
+        def decoded_and_encoded() -> list[Encoded]:  # one trip to the tokenizer pool
+            texts = openai_tokens.decode(ids)
+            check_texts(texts, self.limits)
+            return tokenizer.encode(texts, truncate)
+
+        return await self._tokenize(decoded_and_encoded)
 
     # -- capabilities ----------------------------------------------------------------
 

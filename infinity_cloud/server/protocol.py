@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+# TEI's truncation side (only "right" is served; "left" is refused, not ignored).
+Direction = Literal["right", "left", "Right", "Left"]
+
 
 class _Request(BaseModel):
     # Clients send fields we do not use (OpenAI's `user`, Cohere's `max_tokens_per_doc`):
@@ -59,7 +62,7 @@ class RerankRequest(_Request):
     raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
     truncate: bool = True
     truncation: bool | None = Field(None, description="Voyage's truncate")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+    truncation_direction: Direction = "right"
 
     @model_validator(mode="after")
     def _one_list(self) -> RerankRequest:
@@ -115,30 +118,27 @@ class CohereEmbedRequest(_Request):
 
 # -- TEI (text-embeddings-inference) ---------------------------------------------------------
 
-TeiInputs = StrictStr | list[StrictStr]
+
+class _TeiInputs(_Request):
+    inputs: StrictStr | list[StrictStr]
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
 
 
-class _TeiRequest(_Request):
+class _TeiTruncation(_TeiInputs):
     truncate: bool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
-    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+    truncation_direction: Direction = "right"
 
 
-class TeiEmbedRequest(_TeiRequest):
-    inputs: TeiInputs
+class TeiEmbedRequest(_TeiTruncation):
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
     dimensions: StrictInt | None = None
 
-    def texts(self) -> list[str]:
-        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
 
-
-class TeiPredictRequest(_TeiRequest):
-    inputs: TeiInputs
+class TeiPredictRequest(_TeiTruncation):
     raw_scores: bool = False
-
-    def texts(self) -> list[str]:
-        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
 
 
 class TeiAnyRequest(TeiEmbedRequest):
@@ -147,8 +147,7 @@ class TeiAnyRequest(TeiEmbedRequest):
     raw_scores: bool = False
 
 
-class TeiTokenizeRequest(_Request):
-    inputs: TeiInputs
+class TeiTokenizeRequest(_TeiInputs):
     add_special_tokens: bool = True
     prompt_name: str | None = None
 

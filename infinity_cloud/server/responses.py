@@ -82,6 +82,10 @@ def cohere_embed_body(
     return {**body, "response_type": "embeddings_by_type", "embeddings": by_type}
 
 
+def label_rows(result: ClassifyResult) -> list[list[dict[str, Any]]]:
+    """Per input, its labels best first as {label, score}: Infinity's and TEI's row shape."""
+    return [[{"label": label, "score": score} for label, score in row] for row in result.labels]
+
+
 def classify_body(result: ClassifyResult) -> dict[str, Any]:
-    data = [[{"label": label, "score": score} for label, score in row] for row in result.labels]
-    return {**_envelope("classify", result.model, result.prompt_tokens), "data": data}
+    return {**_envelope("classify", result.model, result.prompt_tokens), "data": label_rows(result)}

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.results import RerankResult
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_response, in_tei_shape
@@ -19,13 +20,19 @@ router = APIRouter(tags=["rerank"])
 Style = Literal["infinity", "jina", "cohere"]
 
 
-async def rerank(body: RerankRequest, request: Request, style: Style) -> Response:
+async def _ranked(body: RerankRequest, request: Request) -> tuple[RerankResult, list[str]]:
+    """Every dialect's ranking, and the documents it ranked."""
     check_direction(body.truncation_direction)
     documents = body.docs()
     result = await answer(request, "rerank", body.model, len(documents), request.app.state.engine.rerank(
         body.query, documents, body.model,
         top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncates,
     ))
+    return result, documents
+
+
+async def rerank(body: RerankRequest, request: Request, style: Style) -> Response:
+    result, documents = await _ranked(body, request)
     # Voyage's client (top_k, truncation) reads its own shape back.
     shape = "voyage" if body.voyage else style
     return json_response(rerank_body(result, documents, shape, body.return_documents))
@@ -41,12 +48,8 @@ async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
 async def rerank_tei(body: RerankRequest, request: Request) -> Response:
     """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
     try:
-        check_direction(body.truncation_direction)
-        texts = body.docs()
-        result = await answer(request, "rerank", body.model, len(texts), request.app.state.engine.rerank(
-            body.query, texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
-        ))
-    except InfinityCloudError as exc:
+        result, texts = await _ranked(body, request)
+    except InfinityCloudError as exc:  # the route is Infinity's too, so not a TeiRoute
         return in_tei_shape(error_response(exc))
     return json_response([
         {"index": r.index, "score": r.score, **({"text": texts[r.index]} if body.return_text else {})}

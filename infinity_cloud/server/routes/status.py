@@ -32,9 +32,10 @@ async def models(request: Request) -> Response:
 
 @models_router.get("/models/{model_id:path}", summary="One served model (OpenAI's models.retrieve)")
 async def model(model_id: str, request: Request) -> Response:
-    found = next((entry for entry in _model_entries(request) if entry["id"] == model_id), None)
+    entries = _model_entries(request)
+    found = next((entry for entry in entries if entry["id"] == model_id), None)
     if found is None:
-        served = ", ".join(entry["id"] for entry in _model_entries(request))
+        served = ", ".join(entry["id"] for entry in entries)
         raise ModelNotFoundError(f"model {model_id!r} is not served here; served models: {served}",
                                  param="model")
     return json_response(found)

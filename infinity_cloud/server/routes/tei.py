@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from starlette.responses import Response
@@ -28,6 +27,8 @@ from infinity_cloud.server.protocol import (
     TeiPredictRequest,
     TeiTokenizeRequest,
 )
+from infinity_cloud.server.responses import label_rows
+from infinity_cloud.tasks.pooling import l2_normalize
 
 
 class TeiRoute(APIRoute):
@@ -61,18 +62,17 @@ def check_direction(direction: str) -> None:
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
+    served = engine.model(body.model)
+    if not body.normalize and served.loaded.normalize:
+        raise InvalidInputError(
+            f"model {served.name!r} normalises its embeddings; normalize=false cannot undo that",
+            param="normalize",
+        )
     result = await answer(request, "embed", body.model, len(texts), engine.embed(
         texts, body.model, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
     ))
-    vectors = result.embeddings
-    if body.normalize:  # TEI normalises unless told not to, whatever the model's own head does
-        vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    elif engine.model(body.model).loaded.normalize:
-        raise InvalidInputError(
-            f"model {result.model!r} normalises its embeddings; normalize=false cannot undo that",
-            param="normalize",
-        )
-    return json_response(vectors)
+    # TEI normalises unless told not to, whatever the model's own head does.
+    return json_response(l2_normalize(result.embeddings) if body.normalize else result.embeddings)
 
 
 @router.post("/predict", summary="Classify texts (TEI's shape)")
@@ -82,7 +82,7 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
     result = await answer(request, "classify", body.model, len(texts), engine.classify(
         texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
     ))
-    rows = [[{"label": label, "score": score} for label, score in row] for row in result.labels]
+    rows = label_rows(result)
     return json_response(rows[0] if isinstance(body.inputs, str) else rows)
 
 
@@ -106,9 +106,8 @@ async def embed_sparse(request: Request) -> Response:
 
 @router.post("/tokenize", summary="Tokens with character spans (TEI's shape)")
 async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
-    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     rows = await request.app.state.engine.tokenize(
-        texts, body.model, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
+        body.texts(), body.model, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
     )
     return json_response([[{"id": t.id, "text": t.text, "special": t.special, "start": t.start,
                             "stop": t.stop} for t in row] for row in rows])
