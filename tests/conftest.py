@@ -11,6 +11,7 @@ import tempfile
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"  # haystack reports usage unless told not to
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # litellm fetches its price list at import otherwise
 # Backend exports of the tests (and of the servers they start) go to a private folder, not
 # next to the installed default model in site-packages.
 os.environ["INFINITY_CLOUD_CACHE"] = tempfile.mkdtemp(prefix="infinity-cloud-test-exports-")

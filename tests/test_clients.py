@@ -259,6 +259,46 @@ def test_voyageai_rerank(live_server: str, reranker_reference: np.ndarray, top_k
     assert all(r.document == DOCUMENTS[r.index] for r in ranked.results)
 
 
+# -- litellm ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def litellm():
+    return pytest.importorskip("litellm")
+
+
+EMBEDDING_BASES = [("openai", "/v1"), ("cohere", "/v2/embed"), ("infinity", "")]
+
+
+@pytest.mark.parametrize(("provider", "suffix"), EMBEDDING_BASES)
+def test_litellm_embedding(litellm, live_server: str, minilm_reference, provider: str, suffix: str) -> None:
+    base = live_server + suffix
+    response = litellm.embedding(model=f"{provider}/minilm", input=TEXTS, api_base=base, api_key="x")
+    got = [item["embedding"] for item in sorted(response.data, key=lambda item: item["index"])]
+    assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS))
+
+
+def test_litellm_embedding_null_encoding_format(litellm, live_server: str, minilm_reference) -> None:
+    """litellm passes encoding_format through as given, null included (dspy does this)."""
+    response = litellm.embedding(model="openai/minilm", input=TEXTS[:2], api_base=live_server + "/v1",
+                                 api_key="x", encoding_format=None)
+    got = [d["embedding"] for d in response.data]
+    assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS[:2]))
+
+
+@pytest.mark.parametrize(("provider", "suffix"), [("infinity", ""), ("cohere", ""), ("hosted_vllm", "/v1")])
+def test_litellm_rerank(
+    litellm, live_server: str, reranker_reference: np.ndarray, provider: str, suffix: str
+) -> None:
+    """Each provider's route and document shape: Infinity's string at /rerank, Cohere's
+    {"text"} at /v2/rerank, vLLM's {"text"} at /v1/rerank."""
+    response = litellm.rerank(model=f"{provider}/reranker", query=QUERY, documents=DOCUMENTS, top_n=2,
+                              api_base=live_server + suffix, api_key="x", return_documents=True)
+    results = [type("R", (), r)() for r in response.results]
+    check_top_two(results, reranker_reference)
+    assert [r.document["text"] for r in results] == [DOCUMENTS[r.index] for r in results]
+
+
 # -- infinity_client ---------------------------------------------------------------------
 
 

@@ -147,3 +147,14 @@ def test_llama_index_text_embeddings_inference(minilm_server: str, minilm_refere
     got = np.asarray(embedder.get_text_embedding_batch(TEXTS), dtype=np.float64)
     want = minilm_reference.encode(TEXTS, normalize_embeddings=True)
     assert cosines(got, want).min() >= 0.9999
+
+
+@pytest.mark.slow
+def test_litellm_huggingface_embedding(minilm_server: str, minilm_reference) -> None:
+    """litellm's `huggingface/` provider posts TEI's {"inputs"} to the base URL. It asks the
+    Hub for the model's pipeline unless given the task as input_type (no network here)."""
+    litellm = pytest.importorskip("litellm")
+    response = litellm.embedding(model="huggingface/minilm", input=TEXTS, api_base=minilm_server,
+                                 api_key="x", input_type="feature-extraction")
+    got = np.asarray([d["embedding"] for d in response.data], dtype=np.float64)
+    assert cosines(got, minilm_reference.encode(TEXTS, normalize_embeddings=True)).min() >= 0.9999
