@@ -18,10 +18,10 @@ import numpy as np
 
 from infinity_cloud import openai_tokens
 from infinity_cloud.batching.worker import Observer
+from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.model_files import Capability
 from infinity_cloud.results import ClassifyResult, EmbeddingResult, RankedDocument, RerankResult, Token
 from infinity_cloud.served_model import ServedModel
 from infinity_cloud.tasks.pooling import truncate_dimensions

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infinity_cloud.model_files import Capability
+from infinity_cloud.capability import Capability
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
 # The worst cosine to float32 a precision may show on the probes: bfloat16/float16 keep a

@@ -6,25 +6,19 @@ engine can decide what to load before paying for torch or transformers.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import ModelLoadError, UnsupportedError
 
-
-class Capability(str, enum.Enum):
-    EMBED = "embed"
-    RERANK = "rerank"
-    CLASSIFY = "classify"
-
-    @property
-    def noun(self) -> str:
-        return {"embed": "embedding", "rerank": "reranking", "classify": "classification"}[self.value]
+# What the network's graph returns, which is all a backend needs to know: an encoder's token
+# states (batch, length, width), or a sequence classifier's logits (batch, labels).
+GraphOutput = Literal["token_states", "logits"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,7 @@ class ModelInfo:
     normalize: bool = False
     dense: tuple[DenseLayer, ...] = ()
     labels: tuple[str, ...] = ()
+    output: GraphOutput = "token_states"
     # Named instructions prepended to inputs (sentence-transformers' `prompts`: "query", ...).
     prompts: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -189,9 +184,9 @@ def read_model_info(path: Path) -> ModelInfo:
         labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
         n_labels = int(config.get("num_labels") or len(labels) or 1)
         if n_labels == 1:
-            return ModelInfo(capability=Capability.RERANK, labels=labels, **common)
+            return ModelInfo(capability=Capability.RERANK, labels=labels, output="logits", **common)
         labels = labels or tuple(f"LABEL_{i}" for i in range(n_labels))
-        return ModelInfo(capability=Capability.CLASSIFY, labels=labels, **common)
+        return ModelInfo(capability=Capability.CLASSIFY, labels=labels, output="logits", **common)
     modules = _read_json(path / "modules.json")
     head = _sentence_transformers_head(path, modules) if isinstance(modules, list) else {}
     st_config = _read_json(path / "config_sentence_transformers.json")

@@ -15,10 +15,11 @@ from infinity_cloud.backends import Backend, ModelInputs
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
+from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.fidelity import probe_encodings
-from infinity_cloud.model_files import Capability, ModelInfo, read_model_info
+from infinity_cloud.model_files import ModelInfo, read_model_info
 from infinity_cloud.model_source import resolve_model_dir
 from infinity_cloud.tasks.heads import head_for
 from infinity_cloud.tasks.pooling import supported_activation

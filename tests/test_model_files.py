@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import ModelLoadError, UnsupportedError
-from infinity_cloud.model_files import Capability, read_model_info
+from infinity_cloud.model_files import read_model_info
 
 BERT_CONFIG = {
     "architectures": ["BertModel"],
@@ -70,7 +71,7 @@ def legacy_pooling(*active: str) -> dict[str, Any]:
 
 def test_tiny_embedder(tiny_embedder: Path) -> None:
     info = read_model_info(tiny_embedder)
-    assert info.capability is Capability.EMBED
+    assert (info.capability, info.output) == (Capability.EMBED, "token_states")
     assert (info.model_type, info.architectures) == ("bert", ("BertModel",))
     assert (info.pooling, info.normalize, info.dense) == ("mean", True, ())
     assert (info.hidden_size, info.dimensions, info.max_length) == (32, 32, 128)
@@ -131,14 +132,14 @@ def test_roberta_max_length_drops_padding_offset(build_model) -> None:
 
 def test_reranker(tiny_reranker: Path) -> None:
     info = read_model_info(tiny_reranker)
-    assert info.capability is Capability.RERANK
+    assert (info.capability, info.output) == (Capability.RERANK, "logits")
     assert info.architectures == ("BertForSequenceClassification",)
     assert info.dimensions is None and info.max_length == 128
 
 
 def test_classifier(tiny_classifier: Path) -> None:
     info = read_model_info(tiny_classifier)
-    assert info.capability is Capability.CLASSIFY
+    assert (info.capability, info.output) == (Capability.CLASSIFY, "logits")
     assert info.labels == ("negative", "neutral", "positive")
     assert info.dimensions is None
 
@@ -333,3 +334,13 @@ def test_unreadable_config(tmp_path: Path, content: str) -> None:
     (tmp_path / "config.json").write_text(content)
     with pytest.raises(ModelLoadError):
         read_model_info(tmp_path)
+
+
+def test_backends_know_graphs_not_capabilities() -> None:
+    """A backend runs a graph (`ModelInfo.output`); what the caller wanted from it is the
+    engine's business, so a new capability needs no backend change."""
+    from conftest import ROOT
+
+    for source in sorted((ROOT / "infinity_cloud" / "backends").glob("*.py")):
+        text = source.read_text()
+        assert "Capability" not in text and "info.capability" not in text, source.name

@@ -20,7 +20,7 @@ from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.model_files import Capability, ModelInfo
+from infinity_cloud.model_files import ModelInfo
 
 MODEL_FILE = "model.bin"
 # model_type -> whether the converted encoder takes token type ids. These are the encoder
@@ -88,10 +88,11 @@ class CTranslate2Backend(Backend):
 
 def _check_model(info: ModelInfo) -> None:
     """Refuse, before any conversion, what CTranslate2 cannot run as an embedder."""
-    if info.capability is not Capability.EMBED:
+    if info.output != "token_states":
         raise ModelLoadError(
-            f"the ctranslate2 backend serves embedding models only; {info.path.name} is a "
-            f"{info.capability.noun} model: serve it with {_OTHERS}"
+            f"the ctranslate2 backend runs encoders that give token states (embedding models) "
+            f"only; {info.path.name} is a sequence classifier (reranker or classifier): serve it "
+            f"with {_OTHERS}"
         )
     if info.model_type not in _ENCODERS:
         raise ModelLoadError(

@@ -15,7 +15,7 @@ import numpy as np
 
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.model_files import Capability, ModelInfo
+from infinity_cloud.model_files import ModelInfo
 
 
 class FakeBackend(Backend):
@@ -41,7 +41,7 @@ class FakeBackend(Backend):
         if self.exit_token_id is not None and (inputs.input_ids == self.exit_token_id).any():
             raise SystemExit(f"injected crash: token {self.exit_token_id} in batch")
         states = self._table[inputs.input_ids]
-        if self.info.capability is Capability.EMBED:
+        if self.info.output == "token_states":
             return states
         mask = inputs.attention_mask[:, :, None]
         pooled = (states * mask).sum(1) / mask.sum(1)

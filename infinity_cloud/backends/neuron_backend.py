@@ -26,7 +26,7 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.model_files import Capability, ModelInfo
+from infinity_cloud.model_files import ModelInfo
 
 COMPILE_ENV = "INFINITY_CLOUD_NEURON_COMPILE"
 _DTYPES = ("bfloat16", "float32")
@@ -88,13 +88,13 @@ class NeuronBackend(Backend):
                 "container has them; else pip install 'infinity-cloud[neuron]' --extra-index-url "
                 f"https://pip.repos.neuron.amazonaws.com): {exc}"
             ) from exc
-        if self.info.capability is Capability.EMBED:
+        if self.info.output == "token_states":
             return neuron.NeuronModelForFeatureExtraction
         return neuron.NeuronModelForSequenceClassification
 
     def _load(self, info: ModelInfo, shape: tuple[int, int]) -> Any:
         rows, length = shape
-        options = {"rows": rows, "length": length, "dtype": self.dtype, "capability": info.capability.value}
+        options = {"rows": rows, "length": length, "dtype": self.dtype, "output": info.output}
 
         compiled = exports.verify(exports.export_dir(info.path, "neuron", options))
         if not compiled and not compiling_allowed():
@@ -126,5 +126,5 @@ class NeuronBackend(Backend):
         if not self._token_types:
             del feed["token_type_ids"]
         out = self._graphs[shape](**feed)
-        result = out.last_hidden_state if self.info.capability is Capability.EMBED else out.logits
+        result = out.last_hidden_state if self.info.output == "token_states" else out.logits
         return result[:rows, :length].float().numpy() if result.ndim == 3 else result[:rows].float().numpy()

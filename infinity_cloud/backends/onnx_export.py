@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.model_files import Capability, ModelInfo
+from infinity_cloud.model_files import ModelInfo
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 EXPORT_FILE = "model.onnx"
@@ -46,7 +46,7 @@ def onnx_file(info: ModelInfo, trust_remote_code: bool, backend: str) -> Path:
     folder = cached_export(
         info.path,
         "onnx",
-        {"opset": _OPSET, "capability": info.capability.value},
+        {"opset": _OPSET, "output": info.output},
         lambda out: export_onnx(info, out / EXPORT_FILE, trust_remote_code, backend),
         f"exporting {info.path.name} to ONNX",
     )
@@ -72,7 +72,7 @@ def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend:
     # Eager attention: SDPA paths branch in Python on the mask, which a trace would freeze.
     model = load_model(info, spec, torch.float32, attention="eager")
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if takes_token_types(model) else [])
-    output = "token_states" if info.capability is Capability.EMBED else "logits"
+    output = info.output
 
     class _Graph(torch.nn.Module):
         def __init__(self) -> None:

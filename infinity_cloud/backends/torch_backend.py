@@ -13,7 +13,7 @@ from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
-from infinity_cloud.model_files import Capability, ModelInfo
+from infinity_cloud.model_files import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def load_model(info: ModelInfo, spec: ModelSpec, dtype: torch.dtype, attention: str) -> torch.nn.Module:
     """The transformers model for `info`: the bare encoder for embedders, else its classifier."""
-    auto_class = AutoModel if info.capability is Capability.EMBED else AutoModelForSequenceClassification
+    auto_class = AutoModel if info.output == "token_states" else AutoModelForSequenceClassification
     kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
     try:
         try:
@@ -94,7 +94,7 @@ class TorchBackend(Backend):
             feed["token_type_ids"] = torch.from_numpy(inputs.token_type_ids).to(self._device)
         with torch.inference_mode():
             out = self.model(**feed)
-            result = out.last_hidden_state if self.info.capability is Capability.EMBED else out.logits
+            result = out.last_hidden_state if self.info.output == "token_states" else out.logits
             return result.float().cpu().numpy()
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from infinity_cloud.model_files import Capability, DenseLayer, ModelInfo
+from infinity_cloud.capability import Capability
+from infinity_cloud.model_files import DenseLayer, ModelInfo
 from infinity_cloud.tasks.pooling import apply_dense, l2_normalize, pool
 
 # (backend output, attention mask) -> (batch, ...) rows

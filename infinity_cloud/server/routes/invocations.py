@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.model_files import Capability
 from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
 from infinity_cloud.server.routes.classify import classify
 from infinity_cloud.server.routes.embeddings import embeddings

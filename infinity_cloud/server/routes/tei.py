@@ -15,8 +15,8 @@ from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from infinity_cloud import __version__
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.model_files import Capability
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import handled, in_tei_shape

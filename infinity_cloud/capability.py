@@ -1,0 +1,16 @@
+"""What a served model does for a caller. The engine, its tasks and the routes speak of
+capabilities; backends never do (they run graphs, see `ModelInfo.output`)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Capability(str, enum.Enum):
+    EMBED = "embed"
+    RERANK = "rerank"
+    CLASSIFY = "classify"
+
+    @property
+    def noun(self) -> str:
+        return {"embed": "embedding", "rerank": "reranking", "classify": "classification"}[self.value]
