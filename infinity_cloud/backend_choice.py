@@ -10,9 +10,10 @@ from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.fidelity import MIN_AGREEMENT, agreement, probe_encodings
+from infinity_cloud.fidelity import MIN_AGREEMENT, PROBES, agreement
 from infinity_cloud.model_files import ModelInfo
 from infinity_cloud.tasks.heads import Head
+from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def _verified(
 
     def measure(_: object) -> dict[str, float]:
         loaded.append(cls(info, reference_spec))
-        encodings = probe_encodings(tokenizer, info.capability)
+        encodings = task_for(info.capability).encode_probes(tokenizer, PROBES)
         inputs = ModelInputs.collate(encodings, tokenizer.pad_id)
 
         def outputs(b: Backend) -> np.ndarray:

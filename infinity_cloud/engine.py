@@ -10,34 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import numpy as np
 
-from infinity_cloud import openai_tokens
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
+from infinity_cloud.errors import ModelNotFoundError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RankedDocument, RerankResult, Token
+from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, Token
 from infinity_cloud.served_model import ServedModel
-from infinity_cloud.tasks.pooling import truncate_dimensions
-from infinity_cloud.tasks.scores import label_scores, rank, sigmoid, softmax
-from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import (
-    check_dimensions,
-    check_texts,
-    check_token_ids,
-    check_top_n,
-    is_token_ids,
-)
+from infinity_cloud.tasks.base import Call, Result, Task
+from infinity_cloud.tasks.classify import ClassifyCall
+from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
+from infinity_cloud.tasks.registry import TASKS
+from infinity_cloud.tasks.rerank import RerankCall
+from infinity_cloud.validation import check_texts
 
 log = logging.getLogger(__name__)
 
-Modality = Literal["text", "image", "audio"]
+T = TypeVar("T")
 
 
 class Engine:
@@ -127,7 +122,7 @@ class Engine:
             )
         raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}", param="model")
 
-    async def _tokenize(self, fn: Any, *args: Any) -> list[Encoded]:
+    async def _tokenize(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, fn, *args)
 
@@ -135,47 +130,15 @@ class Engine:
         """The model's named prompts (sentence-transformers' `prompts`), e.g. {"query": ...}."""
         return dict(self.model(model).loaded.info.prompts)
 
-    @staticmethod
-    def _prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:
-        """The texts behind the model's prompt `name` (none: as they are)."""
-        if name is None:
-            return list(texts)
-        prompts = served.loaded.info.prompts
-        if name not in prompts:
-            known = ", ".join(sorted(prompts)) or "none"
-            raise InvalidInputError(
-                f"model {served.name!r} has no prompt named {name!r} (its prompts: {known})",
-                param="prompt_name",
-            )
-        return [prompts[name] + text for text in texts]
-
-    async def _encode_token_ids(
-        self, served: ServedModel, ids: Sequence[Sequence[int]], truncate: bool, openai_sender: bool
-    ) -> list[Encoded]:
-        """Token ids read as the model's spec says (`ModelSpec.token_ids`)."""
-        tokenizer, meaning = served.loaded.tokenizer, served.spec.token_ids
-        if meaning == "refuse":
-            raise InvalidInputError(
-                f"model {served.name!r} takes text, not token ids (it is served with --token-ids refuse)",
-                param="input",
-            )
-        if meaning == "model":
-            if openai_sender:  # its ids are cl100k_base's: read as ours they would be other text
-                raise InvalidInputError(
-                    f"token ids from an OpenAI SDK client are OpenAI's cl100k_base ids, but model "
-                    f"{served.name!r} reads ids as its own vocabulary (--token-ids model); send text "
-                    "(langchain-openai: check_embedding_ctx_length=False) or serve it with "
-                    "--token-ids openai",
-                    param="input",
-                )
-            return tokenizer.from_token_ids(ids, truncate)
-
-        def decoded_and_encoded() -> list[Encoded]:  # one trip to the tokenizer pool
-            texts = openai_tokens.decode(ids)
-            check_texts(texts, self.limits)
-            return tokenizer.encode(texts, truncate)
-
-        return await self._tokenize(decoded_and_encoded)
+    async def run_task(self, task: Task[Call, Result], call: Call, model: str | None = None) -> Result:
+        """Any task the same way: checks on the loop, encoding in the tokenizer pool, the
+        model's batch worker, then the task's own finish. The capabilities below are tasks;
+        so can a caller's own be (tasks/base.py)."""
+        served = self.model(model)
+        task.check(call, served, self.limits)
+        encodings = await self._tokenize(task.encode, call, served, self.limits)
+        rows = await served.run(encodings)
+        return task.finish(np.stack(rows), call, served, encodings)
 
     # -- capabilities ----------------------------------------------------------------
 
@@ -193,25 +156,8 @@ class Engine:
         """`openai_sender`: the inputs come from an OpenAI SDK client, whose token ids are
         OpenAI's cl100k_base ids whatever the model reads ids as. `prompt_name`: one of the
         model's named prompts (`prompts(model)`), prepended to each text."""
-        served = self.model(model)
-        if modality != "text":
-            raise UnsupportedError(
-                f"model {served.name!r} embeds text only; modality {modality!r} is not supported by it",
-                param="modality",
-            )
-        loaded = served.require(Capability.EMBED)
-        check_dimensions(dimensions, loaded.info.dimensions)
-        if is_token_ids(inputs):
-            check_token_ids(inputs, self.limits)  # type: ignore[arg-type]
-            ids: Sequence[Sequence[int]] = inputs  # type: ignore[assignment]
-            encodings = await self._encode_token_ids(served, ids, truncate, openai_sender)
-        else:
-            check_texts(inputs, self.limits)  # type: ignore[arg-type]
-            texts = self._prompted(served, inputs, prompt_name)  # type: ignore[arg-type]
-            encodings = await self._tokenize(loaded.tokenizer.encode, texts, truncate)
-        rows = await served.run(encodings)
-        vectors = truncate_dimensions(np.stack(rows), dimensions, renormalize=loaded.normalize)
-        return EmbeddingResult(served.name, vectors, sum(len(e) for e in encodings))
+        call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name)
+        return await self.run_task(TASKS[Capability.EMBED], call, model)
 
     async def rerank(
         self,
@@ -223,33 +169,8 @@ class Engine:
         raw_scores: bool = False,
         truncate: bool = True,
     ) -> RerankResult:
-        served = self.model(model)
-        loaded = served.require(Capability.RERANK)
-        check_texts([query], self.limits, param="query")
-        check_texts(documents, self.limits, param="documents")
-        check_top_n(top_n)
-        encodings = await self._tokenize(loaded.tokenizer.encode_pairs, query, list(documents), truncate)
-        logits = np.stack(await served.run(encodings))[:, 0]
-        scores = logits if raw_scores else sigmoid(logits)
-        ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, top_n)]
-        return RerankResult(served.name, ranked, sum(len(e) for e in encodings))
-
-    async def tokenize(
-        self, texts: Sequence[str], model: str | None = None, *, add_special_tokens: bool = True,
-        prompt_name: str | None = None,
-    ) -> list[list[Token]]:
-        """Each text (behind the model's prompt `prompt_name`) as the model's tokenizer splits
-        it, with character spans."""
-        served = self.model(model)
-        check_texts(texts, self.limits)
-        prompted = self._prompted(served, texts, prompt_name)
-        return await self._tokenize(served.loaded.tokenizer.tokens, prompted, add_special_tokens)
-
-    def decode(
-        self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
-    ) -> list[str]:
-        """Token ids of the model's own vocabulary back to text."""
-        return self.model(model).loaded.tokenizer.decode(ids, skip_special_tokens)
+        call = RerankCall(query, documents, top_n, raw_scores, truncate)
+        return await self.run_task(TASKS[Capability.RERANK], call, model)
 
     async def classify(
         self,
@@ -259,14 +180,25 @@ class Engine:
         raw_scores: bool = False,
         truncate: bool = True,
     ) -> ClassifyResult:
+        call = ClassifyCall(inputs, raw_scores, truncate)
+        return await self.run_task(TASKS[Capability.CLASSIFY], call, model)
+
+    async def tokenize(
+        self, texts: Sequence[str], model: str | None = None, *, add_special_tokens: bool = True,
+        prompt_name: str | None = None,
+    ) -> list[list[Token]]:
+        """Each text (behind the model's prompt `prompt_name`) as the model's tokenizer splits
+        it, with character spans."""
         served = self.model(model)
-        loaded = served.require(Capability.CLASSIFY)
-        check_texts(inputs, self.limits)
-        encodings = await self._tokenize(loaded.tokenizer.encode, list(inputs), truncate)
-        logits = np.stack(await served.run(encodings))
-        scores = logits if raw_scores else softmax(logits)
-        labels = [label_scores(row, loaded.info.labels) for row in scores]
-        return ClassifyResult(served.name, labels, sum(len(e) for e in encodings))
+        check_texts(texts, self.limits)
+        texts = prompted(served, texts, prompt_name)
+        return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
+
+    def decode(
+        self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
+    ) -> list[str]:
+        """Token ids of the model's own vocabulary back to text."""
+        return self.model(model).loaded.tokenizer.decode(ids, skip_special_tokens)
 
 
 __all__ = ["Engine"]

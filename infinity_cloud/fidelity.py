@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.tokenization import Encoded, TextTokenizer
-
 # The worst cosine to float32 a precision may show on the probes: bfloat16/float16 keep a
 # model's answers at 0.999; dynamic int8 loses more by design (0.989 on all-MiniLM-L6-v2)
 # and wrecks some models (0.83 on all-mpnet-base-v2); it is only warned about, as it is
 # only ever asked for by name.
 MIN_AGREEMENT = {"bfloat16": 0.999, "float16": 0.999, "int8": 0.98}
 
-_PROBES = (
+# Fixed texts each task turns into its inputs (a reranker pairs the first with the rest).
+PROBES = (
     "What is the capital of France?",
     "Paris is the capital and most populous city of France, on the Seine.",
     "how do i reset my router password",
@@ -28,12 +26,6 @@ _PROBES = (
     "def add(a, b):\n    return a + b  # adds two numbers",
     " ".join(["Long inputs exercise positions far from the start of the sequence."] * 12),
 )
-
-
-def probe_encodings(tokenizer: TextTokenizer, capability: Capability) -> list[Encoded]:
-    if capability is Capability.RERANK:
-        return tokenizer.encode_pairs(_PROBES[0], _PROBES[1:])
-    return tokenizer.encode(_PROBES)
 
 
 def agreement(candidate: np.ndarray, reference: np.ndarray) -> float:

@@ -18,11 +18,11 @@ from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
-from infinity_cloud.fidelity import probe_encodings
+from infinity_cloud.fidelity import PROBES
 from infinity_cloud.model_files import ModelInfo, read_model_info
 from infinity_cloud.model_source import resolve_model_dir
-from infinity_cloud.tasks.heads import head_for
 from infinity_cloud.tasks.pooling import supported_activation
+from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,8 @@ class ServedModel:
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
         pooling = spec.pooling or info.pooling
         normalize = info.normalize if spec.normalize is None else spec.normalize
-        head = head_for(info, pooling, normalize)
+        task = task_for(info.capability)
+        head = task.head(info, pooling, normalize)
         backend = open_backend(info, spec, tokenizer, head)
         max_batch = max_batch_size(spec, backend.name)
         queue = BatchQueue(
@@ -112,7 +113,7 @@ class ServedModel:
             return head(wait()[:real], mask[:real])
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
-            finish(run(probe_encodings(tokenizer, info.capability)[:2]), [])
+            finish(run(task.encode_probes(tokenizer, PROBES)[:2]), [])
         worker = BatchWorker(self.name, queue, run, finish, self._observers)
         worker.start()
         return _Loaded(info, tokenizer, backend, normalize, worker)

@@ -226,3 +226,47 @@ def test_label_scores_highest_first() -> None:
 def test_label_scores_ties_keep_label_order() -> None:
     out = label_scores(np.array([0.25, 0.5, 0.25]), ["x", "y", "z"])
     assert [label for label, _ in out] == ["y", "x", "z"]
+
+
+# -- tasks: a capability is a task the engine runs ------------------------------------------
+
+
+def test_every_capability_has_its_task() -> None:
+    from infinity_cloud.capability import Capability
+    from infinity_cloud.tasks.registry import TASKS
+
+    assert set(TASKS) == set(Capability)
+    assert all(task.capability is capability for capability, task in TASKS.items())
+
+
+async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> None:
+    """A task written here (texts -> the length and norm of each embedding) runs on the
+    same batching and backend as the built-in ones: nothing else needs to know of it."""
+    from dataclasses import dataclass
+
+    from conftest import fake
+
+    from infinity_cloud import Engine
+    from infinity_cloud.tasks.embed import EmbedTask
+
+    @dataclass(frozen=True)
+    class NormsCall:
+        texts: list[str]
+
+    class Norms(EmbedTask):
+        def check(self, call, served, limits) -> None:
+            served.require(self.capability)
+
+        def encode(self, call, served, limits):
+            return served.loaded.tokenizer.encode(call.texts)
+
+        def finish(self, rows, call, served, encodings):
+            return [(len(e), float(np.linalg.norm(row))) for e, row in zip(encodings, rows, strict=True)]
+
+    texts = ["hello world", "a somewhat longer text than that"]
+    async with Engine(fake(tiny_embedder, "emb", normalize=False)) as engine:
+        got = await engine.run_task(Norms(), NormsCall(texts))
+        want = (await engine.embed(texts)).embeddings
+        lengths = [len(e) for e in engine.model().loaded.tokenizer.encode(texts)]
+    assert [n for n, _ in got] == lengths
+    np.testing.assert_allclose([norm for _, norm in got], np.linalg.norm(want, axis=1), rtol=1e-6)

@@ -1,4 +1,4 @@
-"""Per-batch postprocessing for each capability: backend output to one row per input."""
+"""Per-batch heads: backend output to one row per input (each task picks its own)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.model_files import DenseLayer, ModelInfo
+from infinity_cloud.model_files import DenseLayer
 from infinity_cloud.tasks.pooling import apply_dense, l2_normalize, pool
 
 # (backend output, attention mask) -> (batch, ...) rows
@@ -25,9 +24,3 @@ def embedding_head(pooling: str, dense: Sequence[DenseLayer], normalize: bool) -
 def logits_head(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Scoring models already return (batch, labels) logits; scores depend on the request."""
     return states.astype(np.float32, copy=False)
-
-
-def head_for(info: ModelInfo, pooling: str, normalize: bool) -> Head:
-    if info.capability is Capability.EMBED:
-        return embedding_head(pooling, info.dense, normalize)
-    return logits_head

@@ -1,0 +1,55 @@
+"""A capability as a task: what it checks of a call, how the call's inputs become model
+inputs, the per-batch head, and how the batch rows become the caller's result.
+
+The engine runs every task the same way (check on the event loop, encode in the tokenizer
+pool, batch, finish), so a new capability is a new task here, a registry entry and its
+routes, and nothing in the backends or the batcher.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.tasks.heads import Head
+from infinity_cloud.tokenization import Encoded, TextTokenizer
+
+if TYPE_CHECKING:  # the served model holds its task's head: only a type here
+    from infinity_cloud.served_model import ServedModel
+
+Call = TypeVar("Call")
+Result = TypeVar("Result")
+
+
+class Task(ABC, Generic[Call, Result]):
+    capability: ClassVar[Capability]
+
+    @abstractmethod
+    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
+        """Backend output and attention mask of a batch -> one row per input."""
+
+    def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
+        """Fixed texts as this task's inputs (warm-up, precision checks)."""
+        return tokenizer.encode(texts)
+
+    def check(self, call: Call, served: ServedModel, limits: LimitsSpec) -> None:
+        """Cheap checks on the event loop, before any work is queued."""
+        served.require(self.capability)
+
+    @abstractmethod
+    def encode(self, call: Call, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+        """The call's inputs as model inputs; runs in the tokenizer pool."""
+
+    @abstractmethod
+    def finish(self, rows: np.ndarray, call: Call, served: ServedModel, encodings: list[Encoded]) -> Result:
+        """The batch rows of this call (in input order) as the caller's result."""
+
+
+def prompt_tokens(encodings: Sequence[Encoded]) -> int:
+    return sum(len(e) for e in encodings)

@@ -1,0 +1,50 @@
+"""Classification: texts to their labels' scores, best first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.results import ClassifyResult
+from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.heads import Head, logits_head
+from infinity_cloud.tasks.scores import label_scores, softmax
+from infinity_cloud.tokenization import Encoded
+from infinity_cloud.validation import check_texts
+
+if TYPE_CHECKING:
+    from infinity_cloud.served_model import ServedModel
+
+
+@dataclass(frozen=True)
+class ClassifyCall:
+    inputs: Sequence[str]
+    raw_scores: bool = False
+    truncate: bool = True
+
+
+class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
+    capability = Capability.CLASSIFY
+
+    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
+        return logits_head
+
+    def check(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> None:
+        super().check(call, served, limits)
+        check_texts(call.inputs, limits)
+
+    def encode(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+        return served.loaded.tokenizer.encode(list(call.inputs), call.truncate)
+
+    def finish(
+        self, rows: np.ndarray, call: ClassifyCall, served: ServedModel, encodings: list[Encoded]
+    ) -> ClassifyResult:
+        scores = rows if call.raw_scores else softmax(rows)
+        labels = [label_scores(row, served.loaded.info.labels) for row in scores]
+        return ClassifyResult(served.name, labels, prompt_tokens(encodings))

@@ -1,0 +1,107 @@
+"""Embedding: texts (behind a model's named prompt) or token ids, to vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from infinity_cloud import openai_tokens
+from infinity_cloud.capability import Capability
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.results import EmbeddingResult
+from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.heads import Head, embedding_head
+from infinity_cloud.tasks.pooling import truncate_dimensions
+from infinity_cloud.tokenization import Encoded
+from infinity_cloud.validation import check_dimensions, check_texts, check_token_ids, is_token_ids
+
+if TYPE_CHECKING:
+    from infinity_cloud.served_model import ServedModel
+
+Modality = Literal["text", "image", "audio"]
+
+
+@dataclass(frozen=True)
+class EmbedCall:
+    inputs: Sequence[str] | Sequence[Sequence[int]]
+    dimensions: int | None = None
+    truncate: bool = True
+    modality: Modality = "text"
+    # From an OpenAI SDK client: its token ids are cl100k_base's whatever the model reads.
+    openai_sender: bool = False
+    prompt_name: str | None = None
+
+
+def prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:
+    """The texts behind the model's prompt `name` (none: as they are)."""
+    if name is None:
+        return list(texts)
+    prompts = served.loaded.info.prompts
+    if name not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise InvalidInputError(
+            f"model {served.name!r} has no prompt named {name!r} (its prompts: {known})",
+            param="prompt_name",
+        )
+    return [prompts[name] + text for text in texts]
+
+
+class EmbedTask(Task[EmbedCall, EmbeddingResult]):
+    capability = Capability.EMBED
+
+    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
+        return embedding_head(pooling, info.dense, normalize)
+
+    def check(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> None:
+        if call.modality != "text":
+            raise UnsupportedError(
+                f"model {served.name!r} embeds text only; modality {call.modality!r} is not supported by it",
+                param="modality",
+            )
+        super().check(call, served, limits)
+        check_dimensions(call.dimensions, served.loaded.info.dimensions)
+        if is_token_ids(call.inputs):
+            check_token_ids(call.inputs, limits)  # type: ignore[arg-type]
+        else:
+            check_texts(call.inputs, limits)  # type: ignore[arg-type]
+
+    def encode(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+        if is_token_ids(call.inputs):
+            return self._token_ids(call, served, limits)
+        texts = prompted(served, call.inputs, call.prompt_name)  # type: ignore[arg-type]
+        return served.loaded.tokenizer.encode(texts, call.truncate)
+
+    @staticmethod
+    def _token_ids(call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+        """Token ids read as the model's spec says (`ModelSpec.token_ids`)."""
+        ids: Sequence[Sequence[int]] = call.inputs  # type: ignore[assignment]
+        tokenizer, meaning = served.loaded.tokenizer, served.spec.token_ids
+        if meaning == "refuse":
+            raise InvalidInputError(
+                f"model {served.name!r} takes text, not token ids (it is served with --token-ids refuse)",
+                param="input",
+            )
+        if meaning == "model":
+            if call.openai_sender:  # its ids are cl100k_base's: read as ours they would be other text
+                raise InvalidInputError(
+                    f"token ids from an OpenAI SDK client are OpenAI's cl100k_base ids, but model "
+                    f"{served.name!r} reads ids as its own vocabulary (--token-ids model); send text "
+                    "(langchain-openai: check_embedding_ctx_length=False) or serve it with "
+                    "--token-ids openai",
+                    param="input",
+                )
+            return tokenizer.from_token_ids(ids, call.truncate)
+        texts = openai_tokens.decode(ids)
+        check_texts(texts, limits)
+        return tokenizer.encode(texts, call.truncate)
+
+    def finish(
+        self, rows: np.ndarray, call: EmbedCall, served: ServedModel, encodings: list[Encoded]
+    ) -> EmbeddingResult:
+        vectors = truncate_dimensions(rows, call.dimensions, renormalize=served.loaded.normalize)
+        return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))

@@ -1,0 +1,58 @@
+"""Reranking: a query against documents, scored as pairs, best first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.results import RankedDocument, RerankResult
+from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.heads import Head, logits_head
+from infinity_cloud.tasks.scores import rank, sigmoid
+from infinity_cloud.tokenization import Encoded, TextTokenizer
+from infinity_cloud.validation import check_texts, check_top_n
+
+if TYPE_CHECKING:
+    from infinity_cloud.served_model import ServedModel
+
+
+@dataclass(frozen=True)
+class RerankCall:
+    query: str
+    documents: Sequence[str]
+    top_n: int | None = None
+    raw_scores: bool = False
+    truncate: bool = True
+
+
+class RerankTask(Task[RerankCall, RerankResult]):
+    capability = Capability.RERANK
+
+    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
+        return logits_head
+
+    def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
+        return tokenizer.encode_pairs(texts[0], texts[1:])
+
+    def check(self, call: RerankCall, served: ServedModel, limits: LimitsSpec) -> None:
+        super().check(call, served, limits)
+        check_texts([call.query], limits, param="query")
+        check_texts(call.documents, limits, param="documents")
+        check_top_n(call.top_n)
+
+    def encode(self, call: RerankCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+        return served.loaded.tokenizer.encode_pairs(call.query, list(call.documents), call.truncate)
+
+    def finish(
+        self, rows: np.ndarray, call: RerankCall, served: ServedModel, encodings: list[Encoded]
+    ) -> RerankResult:
+        logits = rows[:, 0]
+        scores = logits if call.raw_scores else sigmoid(logits)
+        ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, call.top_n)]
+        return RerankResult(served.name, ranked, prompt_tokens(encodings))
