@@ -10,24 +10,25 @@ from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.fidelity import MIN_AGREEMENT, PROBES, agreement
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.fidelity import MIN_AGREEMENT, agreement
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tasks.registry import task_for
-from infinity_cloud.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
 
 
-def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head) -> Backend:
-    """The backend `spec` asks for; for `auto`, the first installed one that loads the model."""
+def open_backend(
+    info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head
+) -> Backend:
+    """The backend `spec` asks for to run `graph`; for `auto`, the first installed one that
+    loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32."""
     if spec.backend != "auto":
-        return _verified(backend_class(spec.backend), info, spec, tokenizer, head)
+        return _verified(backend_class(spec.backend), info, spec, graph, probes, head)
     failures: list[tuple[str, Exception]] = []
     for name in auto_backends(spec.device):
         try:
             chosen = spec.model_copy(update={"backend": name})
-            return _verified(backend_class(name), info, chosen, tokenizer, head)
+            return _verified(backend_class(name), info, chosen, graph, probes, head)
         # A ConfigError too: one backend lacking the dtype or device (int8 on OpenVINO) is
         # no reason to stop before another that has it.
         except (ModelLoadError, ConfigError) as exc:
@@ -46,7 +47,8 @@ def open_backend(info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, hea
 
 
 def _verified(
-    cls: type[Backend], info: ModelInfo, spec: ModelSpec, tokenizer: TextTokenizer, head: Head
+    cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs,
+    head: Head,
 ) -> Backend:
     """Load; for a precision below float32, measure how far its outputs are from float32's.
 
@@ -56,7 +58,7 @@ def _verified(
     with the model's exports (keyed by its files, backend and precision), so only the first
     start pays for loading the float32 reference.
     """
-    backend = cls(info, spec)
+    backend = cls(info, spec, graph)
     if backend.dtype not in MIN_AGREEMENT:
         return backend
     floor = MIN_AGREEMENT[backend.dtype]
@@ -64,18 +66,16 @@ def _verified(
     loaded: list[Backend] = []
 
     def measure(_: object) -> dict[str, float]:
-        loaded.append(cls(info, reference_spec))
-        encodings = task_for(info.capability).encode_probes(tokenizer, PROBES)
-        inputs = ModelInputs.collate(encodings, tokenizer.pad_id)
+        loaded.append(cls(info, reference_spec, graph))
 
         def outputs(b: Backend) -> np.ndarray:
-            return head(b.forward(inputs), inputs.attention_mask)
+            return head(b.forward(probes), probes.attention_mask)
 
         return {"agreement": agreement(outputs(backend), outputs(loaded[0]))}
 
     verdict = exports.cached_export(
         info.path, "fidelity",
-        {"backend": cls.name, "dtype": backend.dtype, "device": backend.device, "min": floor},
+        {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor},
         measure, f"checking {cls.name} {backend.dtype} against float32",
     )
     score = exports.export_metadata(verdict)["agreement"]
@@ -97,6 +97,6 @@ def _verified(
         cls.name, backend.dtype, info.path, score, floor,
     )
     backend.close()
-    reference = loaded[0] if loaded else cls(info, reference_spec)
+    reference = loaded[0] if loaded else cls(info, reference_spec, graph)
     reference.agreement = 1.0
     return reference

@@ -1,5 +1,5 @@
 """What a served model does for a caller. The engine, its tasks and the routes speak of
-capabilities; backends never do (they run graphs, see `ModelInfo.output`)."""
+capabilities; backends never do (they run graphs, see `ModelInfo.towers`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ class Capability(str, enum.Enum):
     EMBED = "embed"
     RERANK = "rerank"
     CLASSIFY = "classify"
+    SPARSE = "sparse"  # SPLADE: one weight per vocabulary term
 
     @property
     def noun(self) -> str:
-        return {"embed": "embedding", "rerank": "reranking", "classify": "classification"}[self.value]
+        return {
+            "embed": "embedding", "rerank": "reranking", "classify": "classification",
+            "sparse": "sparse embedding",
+        }[self.value]

@@ -76,7 +76,13 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("BATCH_BUCKETS", "Static shapes: pad batch rows up to one of e.g. 1,8,32.", _M),
     ),
     "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
-    "pooling": (list[str] | None, _opt("POOLING", "Override pooling: mean, cls, lasttoken, max.", _M)),
+    "pooling": (
+        list[str] | None,
+        _opt(
+            "POOLING", "Override pooling: mean, cls, lasttoken, max, mean_sqrt_len; splade serves a "
+            "masked-LM model as SPLADE (sparse).", _M,
+        ),
+    ),
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
     "latency": (
         bool | None,
@@ -112,6 +118,23 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),
     ),
     "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
+    "max_media_per_request": (
+        int | None, _opt("MAX_MEDIA_PER_REQUEST", "Image/audio inputs per request (default: 64).", _S),
+    ),
+    "media_max_bytes": (
+        int | None, _opt("MEDIA_MAX_BYTES", "Bytes per image/audio input (default: 20 MiB).", _S),
+    ),
+    "media_timeout_s": (
+        float | None, _opt("MEDIA_TIMEOUT_S", "Seconds to fetch one media URL (default: 10).", _S),
+    ),
+    "media_allowed_hosts": (
+        list[str] | None,
+        _opt(
+            "MEDIA_ALLOW_HOST", "Let media URLs reach this non-public host, address or network "
+            "(e.g. 10.0.0.0/8); repeatable. Loopback, private and metadata addresses are refused otherwise.",
+            _S, "--media-allow-host",
+        ),
+    ),
 }
 
 

@@ -18,7 +18,8 @@ DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16", "int8"]
-Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len"]
+# "splade": serve a bare masked-LM folder as a SPLADE sparse embedder.
+Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len", "splade"]
 TokenIds = Literal["openai", "model", "refuse"]
 
 
@@ -100,6 +101,9 @@ class LimitsSpec(_Frozen):
     max_media_per_request: int = Field(64, ge=1)
     media_max_bytes: int = Field(20 * 1024 * 1024, ge=1)
     media_timeout_s: float = Field(10.0, gt=0)
+    # Hosts (names, addresses or networks like 10.0.0.0/8) media URLs may reach although they
+    # are not public; everything else non-public is refused (SSRF).
+    media_allowed_hosts: tuple[str, ...] = ()
 
 
 class ServerSpec(_Frozen):

@@ -12,23 +12,25 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import ModelNotFoundError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, Token
+from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult, Token
 from infinity_cloud.served_model import ServedModel
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
+from infinity_cloud.tasks.sparse import SparseCall
 from infinity_cloud.validation import check_texts
+
+if TYPE_CHECKING:  # imported on first use: it brings httpx
+    from infinity_cloud.media.fetch import MediaFetcher
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Engine:
         self._tokenize_pool = ThreadPoolExecutor(
             max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
+        self._media: MediaFetcher | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -88,6 +91,9 @@ class Engine:
         return self
 
     async def stop(self) -> None:
+        if self._media is not None:
+            await self._media.close()
+            self._media = None
         await asyncio.to_thread(self.close)
 
     async def __aenter__(self) -> Engine:
@@ -130,15 +136,26 @@ class Engine:
         """The model's named prompts (sentence-transformers' `prompts`), e.g. {"query": ...}."""
         return dict(self.model(model).loaded.info.prompts)
 
+    @property
+    def media(self) -> MediaFetcher:
+        """The shared client that fetches media URLs, made on first use (text never needs it)."""
+        if self._media is None:
+            from infinity_cloud.media.fetch import MediaFetcher
+
+            self._media = MediaFetcher(self.limits)
+        return self._media
+
     async def run_task(self, task: Task[Call, Result], call: Call, model: str | None = None) -> Result:
-        """Any task the same way: checks on the loop, encoding in the tokenizer pool, the
-        model's batch worker, then the task's own finish. The capabilities below are tasks;
-        so can a caller's own be (tasks/base.py)."""
+        """Any task the same way: checks on the loop, its media fetched, encoding in the
+        tokenizer pool (images decoded there too), the tower's batch worker, then the task's
+        own finish. The capabilities below are tasks; so can a caller's own be (tasks/base.py)."""
         served = self.model(model)
         task.check(call, served, self.limits)
-        encodings = await self._tokenize(task.encode, call, served, self.limits)
-        rows = await served.run(encodings)
-        return task.finish(np.stack(rows), call, served, encodings)
+        uris = task.media(call)
+        media = await self.media.fetch_all(uris) if uris else []
+        items = await self._tokenize(task.encode, call, served, self.limits, media)
+        rows = await served.run(items, task.tower(call))
+        return task.finish(rows, call, served, items)
 
     # -- capabilities ----------------------------------------------------------------
 
@@ -182,6 +199,18 @@ class Engine:
     ) -> ClassifyResult:
         call = ClassifyCall(inputs, raw_scores, truncate)
         return await self.run_task(TASKS[Capability.CLASSIFY], call, model)
+
+    async def embed_sparse(
+        self,
+        inputs: Sequence[str],
+        model: str | None = None,
+        *,
+        truncate: bool = True,
+        prompt_name: str | None = None,
+    ) -> SparseEmbeddingResult:
+        """SPLADE: each text as its non-zero vocabulary terms and their weights."""
+        call = SparseCall(inputs, truncate, prompt_name)
+        return await self.run_task(TASKS[Capability.SPARSE], call, model)
 
     async def tokenize(
         self, texts: Sequence[str], model: str | None = None, *, add_special_tokens: bool = True,

@@ -16,9 +16,22 @@ import numpy as np
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import ModelLoadError, UnsupportedError
 
-# What the network's graph returns, which is all a backend needs to know: an encoder's token
-# states (batch, length, width), or a sequence classifier's logits (batch, labels).
-GraphOutput = Literal["token_states", "logits"]
+# What a network's graph returns, which is all a backend needs to know (backends/graphs.py
+# builds each from the transformers model):
+# - token_states: an encoder's last hidden states (batch, length, width);
+# - logits: a sequence classifier's (batch, labels);
+# - splade_max / splade_sum: a masked-LM's vocabulary logits, log(1 + relu) and pooled over
+#   the sequence (batch, vocabulary); `_log1p`: a second log1p (OpenSearch's `log1p_relu`).
+#   Pooled inside the graph: the (batch, length, vocabulary) logits are 120 KB per token
+#   and must not cross into the engine;
+# - text_embeds / image_embeds: one tower of a two-tower model (CLIP, SigLIP), projected
+#   (batch, width).
+GraphOutput = Literal[
+    "token_states", "logits", "splade_max", "splade_sum", "splade_max_log1p", "splade_sum_log1p",
+    "text_embeds", "image_embeds",
+]
+# A tower is the graph that takes one modality; text-only models have one, CLIP two.
+Tower = Literal["text", "image", "audio"]
 
 
 @dataclass(frozen=True)
@@ -44,14 +57,19 @@ class ModelInfo:
     normalize: bool = False
     dense: tuple[DenseLayer, ...] = ()
     labels: tuple[str, ...] = ()
-    output: GraphOutput = "token_states"
+    towers: dict[Tower, GraphOutput] = field(default_factory=lambda: {"text": "token_states"})
     # Named instructions prepended to inputs (sentence-transformers' `prompts`: "query", ...).
     prompts: dict[str, str] = field(default_factory=dict)
+    # The image tower's input side and patch (vision_config), for image models.
+    image_size: int | None = None
+    patch_size: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def dimensions(self) -> int | None:
         """Width of an embedding; None for scoring models."""
+        if self.capability is Capability.SPARSE:
+            return self.vocab_size
         if self.capability is not Capability.EMBED:
             return None
         return int(self.dense[-1].weight.shape[0]) if self.dense else self.hidden_size
@@ -126,17 +144,38 @@ def _load_dense(folder: Path) -> DenseLayer:
     )
 
 
+def _splade_graph(config: dict[str, Any]) -> GraphOutput:
+    """A `SpladePooling` module's graph."""
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if strategy not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise ModelLoadError(f"SPLADE pooling {strategy!r} with activation {activation!r} is not supported")
+    return f"splade_{strategy}" + ("_log1p" if activation == "log1p_relu" else "")  # type: ignore[return-value]
+
+
+# sentence-transformers modules the engine reproduces; any other changes the output, so a
+# model that has one is refused rather than served with different vectors.
+_KNOWN_MODULES = {"Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling"}
+
+
 def _sentence_transformers_head(path: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
     head: dict[str, Any] = {"dense": [], "normalize": False}
     for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         folder = path / str(module.get("path", ""))
+        if kind not in _KNOWN_MODULES:
+            raise ModelLoadError(
+                f"{path.name} uses the sentence-transformers module {kind!r}, which this version "
+                "does not serve"
+            )
         if kind == "Pooling":
             head["pooling"] = _pooling_mode(_read_json(folder / "config.json") or {})
         elif kind == "Dense":
             head["dense"].append(_load_dense(folder))
         elif kind == "Normalize":
             head["normalize"] = True
+        elif kind == "SpladePooling":
+            head["splade"] = _splade_graph(_read_json(folder / "config.json") or {})
     return head
 
 
@@ -155,17 +194,17 @@ def _max_length(path: Path, config: dict[str, Any], tok_config: dict[str, Any]) 
     return min(candidates)
 
 
-def read_model_info(path: Path) -> ModelInfo:
-    """Detect a model's capability, pooling, head and limits from its folder."""
+def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
+    """Detect a model's capability, pooling, head and limits from its folder. `pooling`
+    "splade" serves a bare masked-LM folder (no sentence-transformers modules) as SPLADE,
+    as TEI's `--pooling splade` does."""
     config = _read_json(path / "config.json")
     if not isinstance(config, dict):
         raise ModelLoadError(f"{path} holds no readable config.json")
     architectures = tuple(config.get("architectures") or ())
     model_type = str(config.get("model_type", ""))
     if "vision_config" in config or "audio_config" in config:
-        raise UnsupportedError(
-            f"{path.name} is an image or audio model ({model_type}); this version serves text models only"
-        )
+        return _two_tower_info(path, config, model_type, architectures)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     tok_config = _read_json(path / "tokenizer_config.json") or {}
     pad = tok_config.get("pad_token")
@@ -184,18 +223,64 @@ def read_model_info(path: Path) -> ModelInfo:
         labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
         n_labels = int(config.get("num_labels") or len(labels) or 1)
         if n_labels == 1:
-            return ModelInfo(capability=Capability.RERANK, labels=labels, output="logits", **common)
+            return ModelInfo(capability=Capability.RERANK, labels=labels, towers={"text": "logits"}, **common)
         labels = labels or tuple(f"LABEL_{i}" for i in range(n_labels))
-        return ModelInfo(capability=Capability.CLASSIFY, labels=labels, output="logits", **common)
+        return ModelInfo(capability=Capability.CLASSIFY, labels=labels, towers={"text": "logits"}, **common)
     modules = _read_json(path / "modules.json")
     head = _sentence_transformers_head(path, modules) if isinstance(modules, list) else {}
     st_config = _read_json(path / "config_sentence_transformers.json")
     prompts = st_config.get("prompts") if isinstance(st_config, dict) else None
+    common["prompts"] = {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
+    if pooling == "splade" and "splade" not in head:
+        if not any(a.endswith("ForMaskedLM") for a in architectures):
+            raise ModelLoadError(
+                f"--pooling splade needs a masked-language model (a *ForMaskedLM architecture); "
+                f"{path.name} is {', '.join(architectures) or model_type or 'another kind'}"
+            )
+        head["splade"] = "splade_max"  # sentence-transformers' default for such a folder
+    if "splade" in head:
+        splade = {"text": head["splade"]}
+        return ModelInfo(capability=Capability.SPARSE, towers=splade, pooling="splade", **common)
     return ModelInfo(
         capability=Capability.EMBED,
         pooling=head.get("pooling", "mean"),
         normalize=head.get("normalize", False),
         dense=tuple(head.get("dense", ())),
-        prompts={str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {},
         **common,
+    )
+
+
+# Two-tower models whose towers transformers exposes as get_text_features/get_image_features.
+_TWO_TOWERS = {"clip", "siglip", "siglip2"}
+
+
+def _two_tower_info(
+    path: Path, config: dict[str, Any], model_type: str, architectures: tuple[str, ...]
+) -> ModelInfo:
+    """CLIP and SigLIP: a text tower and an image tower into one space, normalised."""
+    if model_type not in _TWO_TOWERS:
+        raise UnsupportedError(
+            f"{path.name} is a {model_type or 'multimodal'} model; image and audio models served are "
+            f"{', '.join(sorted(_TWO_TOWERS))}"
+        )
+    text = config.get("text_config") or {}
+    vision = config.get("vision_config") or {}
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    pad = tok_config.get("pad_token")
+    # CLIP projects both towers to projection_dim; SigLIP's text head keeps the text width.
+    width = config.get("projection_dim") or text.get("projection_size") or text.get("hidden_size")
+    return ModelInfo(
+        path=path,
+        capability=Capability.EMBED,
+        model_type=model_type,
+        architectures=architectures,
+        max_length=_max_length(path, text, tok_config),
+        hidden_size=int(width or 0),
+        vocab_size=text.get("vocab_size"),
+        pad_token=pad.get("content") if isinstance(pad, dict) else pad,
+        normalize=True,
+        towers={"text": "text_embeds", "image": "image_embeds"},
+        image_size=int(vision.get("image_size") or 224),
+        patch_size=int(vision.get("patch_size") or 32),
+        raw=config,
     )

@@ -15,6 +15,32 @@ class EmbeddingResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SparseVector:
+    """The non-zero terms of a vocabulary-sized vector: ids ascending, their weights."""
+
+    indices: np.ndarray  # int64
+    values: np.ndarray  # float32
+
+    @classmethod
+    def from_dense(cls, row: np.ndarray) -> SparseVector:
+        (indices,) = np.nonzero(row)
+        return cls(indices.astype(np.int64), row[indices].astype(np.float32))
+
+    def to_dense(self, size: int) -> np.ndarray:
+        dense = np.zeros(size, dtype=np.float32)
+        dense[self.indices] = self.values
+        return dense
+
+
+@dataclass(frozen=True, slots=True)
+class SparseEmbeddingResult:
+    model: str
+    embeddings: list[SparseVector]  # in input order
+    prompt_tokens: int
+    dimensions: int  # the vocabulary size: what the indices range over
+
+
+@dataclass(frozen=True, slots=True)
 class RankedDocument:
     index: int
     score: float

@@ -19,22 +19,58 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.fidelity import PROBES
-from infinity_cloud.model_files import ModelInfo, read_model_info
+from infinity_cloud.media.images import ImagePreprocessor
+from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
+from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
 from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tasks.registry import task_for
-from infinity_cloud.tokenization import Encoded, TextTokenizer
+from infinity_cloud.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One graph of a model with what feeds it: a text model has one tower, CLIP two (text
+    and image), each with its own backend, queue and batch worker."""
+
+    name: TowerName
+    backend: Backend
+    worker: BatchWorker
 
 
 @dataclass(frozen=True)
 class _Loaded:
     info: ModelInfo
     tokenizer: TextTokenizer
-    backend: Backend
+    towers: dict[TowerName, Tower]
     normalize: bool
-    worker: BatchWorker
+    images: ImagePreprocessor | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return next(iter(self.towers.values())).backend
+
+    @property
+    def worker(self) -> BatchWorker:
+        return next(iter(self.towers.values())).worker
+
+
+# The bytes one token may hold in a graph's intermediates before pooling: SPLADE's
+# vocabulary logits are 4 bytes x vocabulary per token, so its batches hold fewer tokens.
+_SPLADE_BATCH_BYTES = 256 * 1024 * 1024
+
+
+def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
+    """Padded tokens per batch: the spec's, capped for graphs whose per-token intermediates
+    are large (SPLADE: 30,522 floats a token, 2 GB for the default budget)."""
+    if graph.startswith("splade") and info.vocab_size:
+        cap = max(64, _SPLADE_BATCH_BYTES // (4 * int(info.vocab_size)))
+        if spec.batch_tokens > cap:
+            log.info("model %s: SPLADE batches capped at %d tokens (vocabulary logits)", spec.name, cap)
+            return cap
+    return spec.batch_tokens
 
 
 def max_batch_size(spec: ModelSpec, backend: str) -> int:
@@ -81,7 +117,7 @@ class ServedModel:
     def _load(self) -> _Loaded:
         spec = self.spec
         path = resolve_model_dir(spec.model_id, spec.revision)
-        info = read_model_info(path)
+        info = read_model_info(path, spec.pooling)
         for layer in info.dense:
             if not supported_activation(layer.activation):
                 raise ModelLoadError(f"{path}: Dense activation {layer.activation} is not supported")
@@ -89,39 +125,63 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        pooling = spec.pooling or info.pooling
+        images = ImagePreprocessor.load(info) if "image" in info.towers else None
         normalize = info.normalize if spec.normalize is None else spec.normalize
+        towers: dict[TowerName, Tower] = {}
+        try:
+            for name, graph in info.towers.items():
+                towers[name] = self._tower(info, name, graph, tokenizer, images, normalize)
+        except BaseException:
+            for tower in towers.values():
+                tower.worker.stop()
+                tower.backend.close()
+            raise
+        return _Loaded(info, tokenizer, towers, normalize, images)
+
+    def _tower(
+        self, info: ModelInfo, name: TowerName, graph: GraphOutput, tokenizer: TextTokenizer,
+        images: ImagePreprocessor | None, normalize: bool,
+    ) -> Tower:
+        spec = self.spec
         task = task_for(info.capability)
-        head = task.head(info, pooling, normalize)
-        backend = open_backend(info, spec, tokenizer, head)
-        max_batch = max_batch_size(spec, backend.name)
+        head = task.head(info, graph, spec.pooling or info.pooling, normalize)
+        image = images is not None and name == "image"
+        probes: list[Any] = images.probes() if image else task.encode_probes(tokenizer, PROBES)  # type: ignore[union-attr]
+
+        def collate(items: list[Any], static: bool = True) -> ModelInputs:
+            """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
+            rows = bucket(len(items), spec.batch_buckets) if static else None
+            if image:
+                return images.collate(items, rows)  # type: ignore[union-attr]
+            length = bucket(max(len(e) for e in items), spec.length_buckets) if static else None
+            return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)
+
+        backend = open_backend(info, spec, graph, collate(probes, static=False), head)
         queue = BatchQueue(
-            spec.queue_size, spec.batch_tokens, max_batch, fill_wait_s=spec.batch_wait_ms / 1000,
-            padded_length=lambda n: bucket(n, spec.length_buckets),
+            spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
+            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=lambda n: bucket(n, spec.length_buckets),
         )
 
-        def run(encodings: list[Encoded]) -> tuple[Callable[[], np.ndarray], np.ndarray, int]:
-            inputs = ModelInputs.collate(
-                encodings, tokenizer.pad_id,
-                length=bucket(max(len(e) for e in encodings), spec.length_buckets),
-                rows=bucket(len(encodings), spec.batch_buckets),
-            )
-            return backend.submit(inputs), inputs.attention_mask, len(encodings)
+        def run(items: list[Any]) -> tuple[Callable[[], np.ndarray], np.ndarray | None, int]:
+            inputs = collate(items)
+            return backend.submit(inputs), inputs.attention_mask, len(items)
 
-        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray, int], _: list[Encoded]) -> np.ndarray:
+        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray | None, int], _: list[Any]) -> Any:
             wait, mask, real = output  # `real`: static-shape filler rows are dropped
-            return head(wait()[:real], mask[:real])
+            return task.rows(head(wait()[:real], None if mask is None else mask[:real]))
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
-            finish(run(task.encode_probes(tokenizer, PROBES)[:2]), [])
-        worker = BatchWorker(self.name, queue, run, finish, self._observers)
+            finish(run(probes[:2]), [])
+        label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
+        worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()
-        return _Loaded(info, tokenizer, backend, normalize, worker)
+        return Tower(name, backend, worker)
 
     def stop(self) -> None:
         if self._loaded is not None:
-            self._loaded.worker.stop()
-            self._loaded.backend.close()
+            for tower in self._loaded.towers.values():
+                tower.worker.stop()
+                tower.backend.close()
         self.state = "stopped"
 
     # -- serving ---------------------------------------------------------------------
@@ -133,8 +193,9 @@ class ServedModel:
                 self.state, f"failed to load: {self.error}"
             )
             raise ModelNotReadyError(f"model {self.name!r} {reason}")
-        if not self._loaded.worker.alive:
-            raise ModelNotReadyError(f"model {self.name!r} is not serving: {self._loaded.worker.death}")
+        dead = next((t.worker for t in self._loaded.towers.values() if not t.worker.alive), None)
+        if dead is not None:
+            raise ModelNotReadyError(f"model {self.name!r} is not serving: {dead.death}")
         return self._loaded
 
     @property
@@ -150,12 +211,17 @@ class ServedModel:
             )
         return loaded
 
-    async def run(self, encodings: list[Encoded]) -> list[Any]:
-        return await self.loaded.worker.submit(encodings, [len(e) for e in encodings])
+    async def run(self, items: list[Any], tower: TowerName = "text") -> list[Any]:
+        """Each item through the tower's batch worker; its batch cost is its length (tokens)."""
+        worker = self.loaded.towers[tower].worker
+        return await worker.submit(items, [len(item) for item in items])
 
     @property
     def healthy(self) -> bool:
-        return self.state == "ready" and self._loaded is not None and self._loaded.worker.alive
+        return (
+            self.state == "ready" and self._loaded is not None
+            and all(t.worker.alive for t in self._loaded.towers.values())
+        )
 
     def describe(self) -> dict[str, Any]:
         """Facts for /models and /health."""
@@ -165,7 +231,7 @@ class ServedModel:
         if self._loaded is None:
             return out
         loaded = self._loaded
-        worker = loaded.worker
+        workers = [t.worker for t in loaded.towers.values()]
         out.update(
             backend=loaded.backend.name,  # `auto` resolved
             capabilities=[loaded.info.capability.value],
@@ -176,17 +242,19 @@ class ServedModel:
             max_input_tokens=loaded.tokenizer.max_length,
             dimensions=loaded.info.dimensions,
             labels=list(loaded.info.labels) if loaded.info.capability is Capability.CLASSIFY else None,
+            modalities=list(loaded.towers),
             stats={
-                "queue_depth": worker.queue.depth,
-                "batches_done": worker.batches_done,
-                "batches_failed": worker.batches_failed,
-                "inputs_done": worker.inputs_done,
-                "worker_alive": worker.alive,
+                "queue_depth": sum(w.queue.depth for w in workers),
+                "batches_done": sum(w.batches_done for w in workers),
+                "batches_failed": sum(w.batches_failed for w in workers),
+                "inputs_done": sum(w.inputs_done for w in workers),
+                "worker_alive": all(w.alive for w in workers),
                 "load_seconds": round(self.load_seconds or 0.0, 3),
             },
         )
-        if worker.death:
-            out["error"] = worker.death
+        deaths = [w.death for w in workers if w.death]
+        if deaths:
+            out["error"] = "; ".join(deaths)
         return out
 
 

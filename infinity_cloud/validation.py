@@ -33,6 +33,23 @@ def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") 
             )
 
 
+def check_media(inputs: Sequence[Any], limits: LimitsSpec) -> None:
+    """Image or audio inputs: URLs or data URIs, each a non-empty string, and not too many."""
+    check_count(len(inputs), limits)
+    if len(inputs) > limits.max_media_per_request:
+        raise PayloadTooLargeError(
+            f"'input' holds {len(inputs)} media items, more than the limit of "
+            f"{limits.max_media_per_request} per request; split the request",
+            param="input",
+        )
+    for index, item in enumerate(inputs):
+        if not isinstance(item, str) or not item:
+            raise InvalidInputError(
+                f"'input' item {index} must be an http(s) URL or a data: URI for image and audio inputs",
+                param="input",
+            )
+
+
 def check_token_ids(inputs: Sequence[Sequence[int]], limits: LimitsSpec) -> None:
     check_count(len(inputs), limits)
     for index, ids in enumerate(inputs):

@@ -351,6 +351,86 @@ def build_roberta_embedder(path: Path) -> Path:
         return _save_sentence_transformer(Path(tmp), path, "mean", normalize=True)
 
 
+def build_splade(path: Path, sentence_transformers: bool = True) -> Path:
+    """Tiny SPLADE: ``BertForMaskedLM``; with ``sentence_transformers`` saved as a
+    SparseEncoder folder (MLMTransformer + SpladePooling, the library's own writer), else the
+    bare transformers folder (served with ``--pooling splade``)."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    with tempfile.TemporaryDirectory(prefix="tiny-splade-") as tmp:
+        hf_dir = path if not sentence_transformers else Path(tmp)
+        build_wordpiece_tokenizer(hf_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        with _seeded():
+            model = BertForMaskedLM(_tiny_bert_config(len(tokenizer)))
+            # Wider output weights: random logits then reach well past 0, so a term weight
+            # that a wrong mask or pooling would change is not lost in rounding.
+            model.cls.predictions.decoder.weight.data.mul_(8)
+        model.save_pretrained(str(hf_dir))
+        if not sentence_transformers:
+            return path
+        from sentence_transformers import SparseEncoder
+
+        encoder = SparseEncoder(str(hf_dir), device="cpu")
+        path.mkdir(parents=True, exist_ok=True)
+        encoder.save(str(path))
+    return path
+
+
+CLIP_IMAGE = 32  # pixels a side
+CLIP_PATCH = 8
+
+
+def build_clip(path: Path, model_type: str = "clip") -> Path:
+    """Tiny CLIP (or SigLIP): byte-level BPE text tower, 32-pixel ViT image tower, both
+    projected into one space; ``preprocessor_config.json`` from transformers' own image
+    processor (PIL flavour: no torchvision here)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    bos, eos = "<|startoftext|>", "<|endoftext|>"
+    backend = _train_byte_level_bpe([bos, eos], vocab_size=400)
+    bos_id, eos_id = backend.token_to_id(bos), backend.token_to_id(eos)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0 {eos}:0", special_tokens=[(bos, bos_id), (eos, eos_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=bos, eos_token=eos, pad_token=eos, unk_token=eos,
+        model_max_length=77,
+    )
+    text = {
+        "vocab_size": len(tokenizer), "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 77,
+        "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": eos_id,
+    }
+    vision = {
+        "hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "image_size": CLIP_IMAGE, "patch_size": CLIP_PATCH,
+    }
+    if model_type == "clip":
+        from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
+
+        config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=24)
+        model_class = CLIPModel
+        processor = CLIPImageProcessorPil(
+            size={"shortest_edge": CLIP_IMAGE}, crop_size={"height": CLIP_IMAGE, "width": CLIP_IMAGE}
+        )
+    else:
+        from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel
+
+        text["max_position_embeddings"] = 64
+        tokenizer.model_max_length = 64
+        config = SiglipConfig(text_config=text, vision_config=vision)
+        model_class = SiglipModel
+        processor = SiglipImageProcessorPil(size={"height": CLIP_IMAGE, "width": CLIP_IMAGE})
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(path))
+    processor.save_pretrained(str(path))
+    with _seeded():
+        model_class(config).save_pretrained(str(path))
+    return path
+
+
 def _same_files(a: Path, b: Path) -> bool:
     """Byte-compare two built folders (the determinism check)."""
     files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())

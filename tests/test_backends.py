@@ -510,10 +510,10 @@ async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
 ) -> None:
     """Without `onnx`, torch.onnx fails only after the weights load; we refuse up front and
     name the extra that brings it, not a slower backend."""
-    from infinity_cloud.backends import torch_backend
+    from infinity_cloud.backends import graphs
     from infinity_cloud.errors import BackendUnavailableError
 
-    loads = counting(monkeypatch, torch_backend, "load_model")
+    loads = counting(monkeypatch, graphs, "load_model")
     monkeypatch.setitem(sys.modules, "onnx", None)
     fix = r"onnx is not installed\): pip install 'infinity-cloud\[openvino\]'"
     with pytest.raises(BackendUnavailableError, match=fix):

@@ -71,7 +71,7 @@ def legacy_pooling(*active: str) -> dict[str, Any]:
 
 def test_tiny_embedder(tiny_embedder: Path) -> None:
     info = read_model_info(tiny_embedder)
-    assert (info.capability, info.output) == (Capability.EMBED, "token_states")
+    assert (info.capability, info.towers) == (Capability.EMBED, {"text": "token_states"})
     assert (info.model_type, info.architectures) == ("bert", ("BertModel",))
     assert (info.pooling, info.normalize, info.dense) == ("mean", True, ())
     assert (info.hidden_size, info.dimensions, info.max_length) == (32, 32, 128)
@@ -132,14 +132,14 @@ def test_roberta_max_length_drops_padding_offset(build_model) -> None:
 
 def test_reranker(tiny_reranker: Path) -> None:
     info = read_model_info(tiny_reranker)
-    assert (info.capability, info.output) == (Capability.RERANK, "logits")
+    assert (info.capability, info.towers) == (Capability.RERANK, {"text": "logits"})
     assert info.architectures == ("BertForSequenceClassification",)
     assert info.dimensions is None and info.max_length == 128
 
 
 def test_classifier(tiny_classifier: Path) -> None:
     info = read_model_info(tiny_classifier)
-    assert (info.capability, info.output) == (Capability.CLASSIFY, "logits")
+    assert (info.capability, info.towers) == (Capability.CLASSIFY, {"text": "logits"})
     assert info.labels == ("negative", "neutral", "positive")
     assert info.dimensions is None
 
@@ -317,10 +317,10 @@ def test_text_config_nested(tmp_path: Path) -> None:
 # -- refusals --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["vision_config", "audio_config"])
-def test_multimodal_config_unsupported(tmp_path: Path, key: str) -> None:
-    config = {"architectures": ["CLIPModel"], "model_type": "clip", "text_config": {}, key: {}}
-    with pytest.raises(UnsupportedError, match="text models only"):
+@pytest.mark.parametrize("model_type", ["clap", "llava"])
+def test_multimodal_models_not_served_are_named(tmp_path: Path, model_type: str) -> None:
+    config = {"architectures": ["XModel"], "model_type": model_type, "text_config": {}, "audio_config": {}}
+    with pytest.raises(UnsupportedError, match=f"is a {model_type} model; image and audio models served"):
         read_model_info(write_folder(tmp_path, config))
 
 
@@ -337,7 +337,7 @@ def test_unreadable_config(tmp_path: Path, content: str) -> None:
 
 
 def test_backends_know_graphs_not_capabilities() -> None:
-    """A backend runs a graph (`ModelInfo.output`); what the caller wanted from it is the
+    """A backend runs a graph (`ModelInfo.towers`); what the caller wanted from it is the
     engine's business, so a new capability needs no backend change."""
     from conftest import ROOT
 

@@ -62,7 +62,8 @@ def test_the_shapes_are_the_buckets_crossed() -> None:
 
 def test_a_batch_is_fitted_to_a_compiled_shape_without_changing_its_rows() -> None:
     ids = np.array([[101, 7, 102], [101, 102, 0]])
-    inputs = ModelInputs(ids, (ids > 0).astype(np.int64), np.zeros_like(ids))
+    mask = (ids > 0).astype(np.int64)
+    inputs = ModelInputs({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
     fitted = fit(inputs, 4, 8)
     assert {k: v.shape for k, v in fitted.items()} == {k: (4, 8) for k in ("input_ids", "attention_mask",
                                                                          "token_type_ids")}

@@ -247,17 +247,19 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
     from conftest import fake
 
     from infinity_cloud import Engine
+    from infinity_cloud.capability import Capability
+    from infinity_cloud.tasks.base import Task
     from infinity_cloud.tasks.embed import EmbedTask
 
     @dataclass(frozen=True)
     class NormsCall:
         texts: list[str]
 
-    class Norms(EmbedTask):
-        def check(self, call, served, limits) -> None:
-            served.require(self.capability)
+    class Norms(Task):
+        capability = Capability.EMBED
+        head = EmbedTask.head
 
-        def encode(self, call, served, limits):
+        def encode(self, call, served, limits, media):
             return served.loaded.tokenizer.encode(call.texts)
 
         def finish(self, rows, call, served, encodings):

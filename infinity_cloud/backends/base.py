@@ -10,17 +10,43 @@ from typing import ClassVar
 import numpy as np
 
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.tokenization import Encoded
+
+# Every array a graph may take, by its conventional name.
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelInputs:
-    """A padded batch: (batch, length) int64 arrays, padding on the right."""
+    """A batch as named arrays: for text, padded (batch, length) int64 token arrays (padding
+    on the right); for images, (batch, channels, height, width) float32 `pixel_values`."""
 
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    token_type_ids: np.ndarray
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.arrays["input_ids"]
+
+    @property
+    def attention_mask(self) -> np.ndarray | None:
+        """None for inputs without positions to mask (images)."""
+        return self.arrays.get("attention_mask")
+
+    @property
+    def token_type_ids(self) -> np.ndarray:
+        return self.arrays["token_type_ids"]
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    @classmethod
+    def stack(cls, name: str, items: Sequence[np.ndarray], rows: int | None = None) -> ModelInputs:
+        """Equal-shaped inputs (preprocessed images) as one array; filler rows repeat the first."""
+        filled = [*items, *[items[0]] * (max(rows or 0, len(items)) - len(items))]
+        return cls({name: np.stack(filled)})
 
     @classmethod
     def collate(
@@ -42,30 +68,37 @@ class ModelInputs:
             ids[row, :n] = enc.ids
             mask[row, :n] = 1
             types[row, :n] = enc.type_ids
-        return cls(ids, mask, types)
+        return cls({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
 
     def feed(self, names: Iterable[str]) -> dict[str, np.ndarray]:
-        """The arrays a graph declares as inputs, by their conventional names."""
-        arrays = {
-            "input_ids": self.input_ids, "attention_mask": self.attention_mask,
-            "token_type_ids": self.token_type_ids,
-        }
-        return {name: arrays[name] for name in names}
+        """The arrays a graph declares as inputs, by their conventional names, in that order."""
+        return {name: self.arrays[name] for name in names}
 
 
 class Backend(ABC):
-    """Loads a model's weights and runs batches through them.
+    """Loads a model's weights and runs batches through one of its graphs.
 
-    `forward` returns, for an embedding model, the token states (batch, length, width);
-    for a sequence-classification model, the logits (batch, labels). Pooling, heads,
-    normalisation and scoring are the engine's shared code, never a backend's.
+    `forward` returns what the graph returns (`model_files.GraphOutput`): token states for an
+    encoder, logits for a classifier, pooled term weights for SPLADE, a tower's embeddings
+    for CLIP. Pooling, heads, normalisation and scoring are the engine's shared code, never a
+    backend's; the graphs themselves are defined once, in `graphs.py`.
     """
 
     name: ClassVar[str]
+    # The graphs this backend can run.
+    graphs: ClassVar[frozenset[str]] = frozenset(GraphOutput.__args__)  # type: ignore[attr-defined]
+    # Where to turn for a graph this backend does not run.
+    others: ClassVar[str] = "--backend torch (or auto)"
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         self.info = info
         self.spec = spec
+        self.graph: GraphOutput = graph or info.towers["text"]
+        if self.graph not in self.graphs:
+            raise ModelLoadError(
+                f"the {self.name} backend cannot run {info.path.name}'s {self.graph} graph "
+                f"({info.model_type}); it runs {', '.join(sorted(self.graphs))}: serve it with {self.others}"
+            )
         self.device = "cpu"
         self.dtype = "float32"
         # Worst cosine to float32 on the fidelity probes, measured for reduced precisions.

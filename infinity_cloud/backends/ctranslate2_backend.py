@@ -20,7 +20,7 @@ from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 MODEL_FILE = "model.bin"
 # model_type -> whether the converted encoder takes token type ids. These are the encoder
@@ -37,9 +37,11 @@ _OTHERS = "--backend onnx, openvino or torch"
 
 class CTranslate2Backend(Backend):
     name = "ctranslate2"
+    graphs = frozenset({"token_states"})  # CTranslate2's encoders give token states, no heads
+    others = _OTHERS
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         _check_model(info)
         self.device, index = _resolve_device(spec.device)
         self.dtype, self.compute_type = _resolve_dtype(spec.dtype, self.device)
@@ -88,12 +90,6 @@ class CTranslate2Backend(Backend):
 
 def _check_model(info: ModelInfo) -> None:
     """Refuse, before any conversion, what CTranslate2 cannot run as an embedder."""
-    if info.output != "token_states":
-        raise ModelLoadError(
-            f"the ctranslate2 backend runs encoders that give token states (embedding models) "
-            f"only; {info.path.name} is a sequence classifier (reranker or classifier): serve it "
-            f"with {_OTHERS}"
-        )
     if info.model_type not in _ENCODERS:
         raise ModelLoadError(
             f"the ctranslate2 backend cannot run {info.model_type or 'this'} models "

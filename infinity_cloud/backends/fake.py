@@ -15,14 +15,15 @@ import numpy as np
 
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 
 class FakeBackend(Backend):
     name = "fake"
+    graphs = frozenset({"token_states", "logits"})
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         rng = np.random.default_rng(0)
         width = info.hidden_size or 32
         self._table = rng.standard_normal((int(info.vocab_size or 30522), width)).astype(np.float32)
@@ -41,7 +42,7 @@ class FakeBackend(Backend):
         if self.exit_token_id is not None and (inputs.input_ids == self.exit_token_id).any():
             raise SystemExit(f"injected crash: token {self.exit_token_id} in batch")
         states = self._table[inputs.input_ids]
-        if self.info.output == "token_states":
+        if self.graph == "token_states":
             return states
         mask = inputs.attention_mask[:, :, None]
         pooled = (states * mask).sum(1) / mask.sum(1)

@@ -26,7 +26,7 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 COMPILE_ENV = "INFINITY_CLOUD_NEURON_COMPILE"
 _DTYPES = ("bfloat16", "float32")
@@ -49,12 +49,8 @@ def buckets_of(spec: ModelSpec) -> list[tuple[int, int]]:
 def fit(inputs: ModelInputs, rows: int, length: int) -> dict[str, np.ndarray]:
     """The batch padded to a compiled shape: extra rows repeat the last one (dropped after),
     extra positions are padding the attention mask hides."""
-    arrays = {
-        "input_ids": inputs.input_ids, "attention_mask": inputs.attention_mask,
-        "token_type_ids": inputs.token_type_ids,
-    }
     fitted = {}
-    for name, array in arrays.items():
+    for name, array in inputs.arrays.items():
         array = np.pad(array, ((0, 0), (0, length - array.shape[1])))
         if rows > array.shape[0]:
             array = np.concatenate([array, np.repeat(array[-1:], rows - array.shape[0], axis=0)])
@@ -64,9 +60,11 @@ def fit(inputs: ModelInputs, rows: int, length: int) -> dict[str, np.ndarray]:
 
 class NeuronBackend(Backend):
     name = "neuron"
+    # optimum-neuron compiles feature extraction and sequence classification.
+    graphs = frozenset({"token_states", "logits"})
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         if spec.device not in ("auto", "neuron"):
             raise ConfigError(f"the neuron backend runs on neuron devices, not {spec.device!r}")
         if spec.dtype not in ("auto", *_DTYPES):
@@ -88,13 +86,13 @@ class NeuronBackend(Backend):
                 "container has them; else pip install 'infinity-cloud[neuron]' --extra-index-url "
                 f"https://pip.repos.neuron.amazonaws.com): {exc}"
             ) from exc
-        if self.info.output == "token_states":
+        if self.graph == "token_states":
             return neuron.NeuronModelForFeatureExtraction
         return neuron.NeuronModelForSequenceClassification
 
     def _load(self, info: ModelInfo, shape: tuple[int, int]) -> Any:
         rows, length = shape
-        options = {"rows": rows, "length": length, "dtype": self.dtype, "output": info.output}
+        options = {"rows": rows, "length": length, "dtype": self.dtype, "output": self.graph}
 
         compiled = exports.verify(exports.export_dir(info.path, "neuron", options))
         if not compiled and not compiling_allowed():
@@ -126,5 +124,5 @@ class NeuronBackend(Backend):
         if not self._token_types:
             del feed["token_type_ids"]
         out = self._graphs[shape](**feed)
-        result = out.last_hidden_state if self.info.output == "token_states" else out.logits
+        result = out.last_hidden_state if self.graph == "token_states" else out.logits
         return result[:rows, :length].float().numpy() if result.ndim == 3 else result[:rows].float().numpy()

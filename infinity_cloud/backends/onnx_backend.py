@@ -20,7 +20,7 @@ from infinity_cloud.backends.onnx_export import onnx_file, source_label
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +32,14 @@ OPTIMIZED_FILE = "model.onnx"
 class OnnxBackend(Backend):
     name = "onnx"
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
-        source = onnx_file(info, spec.trust_remote_code, self.name)
-        fuse = info.model_type in _BERT_LIKE
+        source = onnx_file(info, self.graph, spec.trust_remote_code, self.name)
+        fuse = info.model_type in _BERT_LIKE and self.graph != "image_embeds"
         # The source by its place in the folder, so a moved folder keeps its exports.
-        options = {"source": source_label(info, source), "dtype": self.dtype, "fuse": fuse}
+        options = {"source": source_label(info, source, self.graph), "dtype": self.dtype, "fuse": fuse}
 
         def optimized() -> Path:
             return exports.cached_export(

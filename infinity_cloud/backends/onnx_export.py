@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 EXPORT_FILE = "model.onnx"
@@ -22,39 +22,50 @@ _OPSET = 17
 EXPORT_MODULES = ("torch", "transformers", "onnx")
 
 
-def own_onnx(info: ModelInfo) -> Path | None:
-    """An ONNX file the model folder ships (e.g. made by optimum-cli), used as is."""
+def own_onnx(info: ModelInfo, graph: GraphOutput | None = None) -> Path | None:
+    """An ONNX file the model folder ships (e.g. made by optimum-cli), used as is. Only for
+    graphs such a file holds: an encoder's states or a classifier's logits."""
+    if (graph or info.towers["text"]) not in ("token_states", "logits"):
+        return None
     for name in OWN_ONNX_FILES:
         if (info.path / name).is_file():
             return info.path / name
     return None
 
 
-def source_label(info: ModelInfo, source: Path) -> str:
+def source_label(info: ModelInfo, source: Path, graph: GraphOutput) -> str:
     """Name an ONNX source in cache keys without its absolute path (a moved folder keeps its
     exports): the folder's own file by its relative path, our export by its digest."""
-    return source.relative_to(info.path).as_posix() if source == own_onnx(info) else source.parent.name
+    own = own_onnx(info, graph)
+    return source.relative_to(info.path).as_posix() if source == own else source.parent.name
 
 
-def onnx_file(info: ModelInfo, trust_remote_code: bool, backend: str) -> Path:
-    """The folder's own ONNX file, else the cached export (built now if missing or corrupt)."""
+def onnx_file(info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str) -> Path:
+    """The folder's own ONNX file, else the cached export of `graph` (built now if missing or
+    corrupt)."""
     from infinity_cloud.backends.exports import cached_export
 
-    own = own_onnx(info)
+    own = own_onnx(info, graph)
     if own is not None:
         return own
     folder = cached_export(
         info.path,
         "onnx",
-        {"opset": _OPSET, "output": info.output},
-        lambda out: export_onnx(info, out / EXPORT_FILE, trust_remote_code, backend),
-        f"exporting {info.path.name} to ONNX",
+        {"opset": _OPSET, "output": graph},
+        lambda out: export_onnx(info, graph, out / EXPORT_FILE, trust_remote_code, backend),
+        f"exporting {info.path.name} ({graph}) to ONNX",
     )
     return folder / EXPORT_FILE
 
 
-def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend: str) -> dict[str, Any]:
-    """Trace the transformers model to ONNX with dynamic batch and sequence axes, in float32."""
+# Which axes of each graph's output vary: every graph's rows; an encoder's positions too.
+_OUTPUT_AXES = {"token_states": {0: "batch", 1: "sequence"}}
+
+
+def export_onnx(
+    info: ModelInfo, graph: GraphOutput, target: Path, trust_remote_code: bool, backend: str
+) -> dict[str, Any]:
+    """Trace the graph (`graphs.py`) to ONNX with dynamic batch (and sequence) axes, in float32."""
     missing = next((name for name in EXPORT_MODULES if importlib.util.find_spec(name) is None), None)
     if missing is not None:
         # Checked before loading any weights, so a missing package costs nothing at each start.
@@ -65,36 +76,30 @@ def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend:
         )
     import torch
 
-    from infinity_cloud.backends.torch_backend import load_model, takes_token_types
+    from infinity_cloud.backends.graphs import build_graph
     from infinity_cloud.config import ModelSpec
 
     spec = ModelSpec(model_id=str(info.path), trust_remote_code=trust_remote_code)
     # Eager attention: SDPA paths branch in Python on the mask, which a trace would freeze.
-    model = load_model(info, spec, torch.float32, attention="eager")
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if takes_token_types(model) else [])
-    output = info.output
-
-    class _Graph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-            out = self.model(**dict(zip(names, tensors, strict=True)))
-            return out.last_hidden_state if output == "token_states" else out.logits
-
-    # The example has padding and two lengths so no mask branch is traced as "no padding".
-    ids = torch.full((2, 8), 5, dtype=torch.long)
-    mask = torch.ones_like(ids)
-    mask[1, 5:] = 0
-    example = (ids, mask, torch.zeros_like(ids))[: len(names)]
-    axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[output] = {0: "batch", 1: "sequence"} if output == "token_states" else {0: "batch"}
+    model = build_graph(info, spec, graph, torch.float32, attention="eager")
+    names = list(model.input_names)
+    if graph == "image_embeds":
+        side = info.image_size or 224
+        example: tuple[torch.Tensor, ...] = (torch.rand(2, 3, side, side),)
+        axes = {"pixel_values": {0: "batch"}}
+    else:
+        # Padding and two lengths, so no mask branch is traced as "no padding".
+        ids = torch.full((2, 8), 5, dtype=torch.long)
+        mask = torch.ones_like(ids)
+        mask[1, 5:] = 0
+        example = (ids, mask, torch.zeros_like(ids))[: len(names)]
+        axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes[graph] = _OUTPUT_AXES.get(graph, {0: "batch"})
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer chatter about Python branches on shapes
             torch.onnx.export(
-                _Graph(), example, str(target), input_names=names, output_names=[output],
+                model, example, str(target), input_names=names, output_names=[graph],
                 dynamic_axes=axes, opset_version=_OPSET, dynamo=False, do_constant_folding=True,
             )
     except Exception as exc:
@@ -102,4 +107,4 @@ def export_onnx(info: ModelInfo, target: Path, trust_remote_code: bool, backend:
             f"exporting {info.path} ({info.model_type}) to ONNX failed: {type(exc).__name__}: {exc}; "
             "serve it with --backend torch instead"
         ) from exc
-    return {"inputs": names, "output": output}
+    return {"inputs": names, "output": graph}

@@ -16,12 +16,12 @@ import numpy as np
 import openvino as ov
 
 from infinity_cloud.backends import exports
-from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.backends.base import INPUT_NAMES, Backend, ModelInputs
 from infinity_cloud.backends.onnx_export import onnx_file, source_label
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 IR_FILE = "model.xml"
 _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -30,17 +30,18 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 class OpenVinoBackend(Backend):
     name = "openvino"
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         if spec.device not in ("auto", "cpu"):
             raise ConfigError(f"the openvino backend runs on cpu, not {spec.device!r}")
         self.core = ov.Core()
         self.dtype = self._resolve_dtype(spec.dtype)
-        source = onnx_file(info, spec.trust_remote_code, self.name)
+        source = onnx_file(info, self.graph, spec.trust_remote_code, self.name)
 
         def converted() -> Path:
             return exports.cached_export(
-                info.path, "openvino", {"source": source_label(info, source), "openvino": ov.__version__},
+                info.path, "openvino",
+                {"source": source_label(info, source, self.graph), "openvino": ov.__version__},
                 lambda out: ov.save_model(ov.convert_model(str(source)), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR",
             )
@@ -55,7 +56,12 @@ class OpenVinoBackend(Backend):
         for _ in range(in_flight):
             self._free.put([self.compiled.create_infer_request() for _ in range(streams)])
         self.streams = streams
-        self._inputs = [port.any_name for port in self.compiled.inputs]
+        # A port has several names (a traced image graph's pixel input also carries its first
+        # cast's): take the one the ONNX file gave it.
+        self._inputs = [
+            next((n for n in port.get_names() if n in INPUT_NAMES), port.any_name)
+            for port in self.compiled.inputs
+        ]
 
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":
@@ -83,7 +89,9 @@ class OpenVinoBackend(Backend):
         return self.submit(inputs)()
 
     def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
-        lengths = inputs.attention_mask.sum(axis=1)
+        mask = inputs.attention_mask
+        # Token inputs are cut to each slice's longest; images are all one size.
+        lengths = mask.sum(axis=1) if mask is not None else np.ones(inputs.rows, dtype=np.int64)
         slices = balanced_slices(lengths, self.streams)
         feed = inputs.feed(self._inputs)
         requests = self._free.get()
@@ -91,7 +99,10 @@ class OpenVinoBackend(Backend):
         try:
             for request, rows in zip(requests, slices, strict=False):
                 width = int(lengths[rows].max())
-                request.start_async({name: array[rows, :width] for name, array in feed.items()})
+                request.start_async({
+                    name: array[rows, :width] if mask is not None else array[rows]
+                    for name, array in feed.items()
+                })
                 started.append(request)
         except BaseException:
             self._release(requests, started)
@@ -105,7 +116,7 @@ class OpenVinoBackend(Backend):
                     parts.append(request.get_output_tensor(0).data.copy())
             finally:
                 self._release(requests, started)
-            return _reassemble(parts, slices, inputs.input_ids.shape[1])
+            return _reassemble(parts, slices, mask.shape[1] if mask is not None else 0)
 
         return wait
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification
 
 from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.backends.graphs import build_graph
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -44,30 +43,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
-def load_model(info: ModelInfo, spec: ModelSpec, dtype: torch.dtype, attention: str) -> torch.nn.Module:
-    """The transformers model for `info`: the bare encoder for embedders, else its classifier."""
-    auto_class = AutoModel if info.output == "token_states" else AutoModelForSequenceClassification
-    kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
-    try:
-        try:
-            model = auto_class.from_pretrained(str(info.path), attn_implementation=attention, **kwargs)
-        except (ValueError, ImportError):  # architectures without that attention implementation
-            model = auto_class.from_pretrained(str(info.path), **kwargs)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot load weights from {info.path}: {exc}") from exc
-    return model.eval()
-
-
-def takes_token_types(model: torch.nn.Module) -> bool:
-    params = inspect.signature(model.forward).parameters
-    return "token_type_ids" in params and bool(getattr(model.config, "type_vocab_size", 0))
-
-
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec) -> None:
-        super().__init__(info, spec)
+    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+        super().__init__(info, spec, graph)
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         if device.type == "cpu":
@@ -78,24 +58,20 @@ class TorchBackend(Backend):
             # on unseen shapes against 8 ms once built, and serving meets new shapes all the
             # time. Memory-efficient attention has no such cost.
             torch.backends.cuda.enable_cudnn_sdp(False)
-        model = load_model(info, spec, dtype, attention="sdpa")
-        self.model = model.to(device)
-        self._device = device
+        self.model = build_graph(info, spec, self.graph, dtype, attention="sdpa").to(device)
+        self._device, self._dtype = device, dtype
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")
-        self._token_types = takes_token_types(self.model)
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
-        feed = {
-            "input_ids": torch.from_numpy(inputs.input_ids).to(self._device),
-            "attention_mask": torch.from_numpy(inputs.attention_mask).to(self._device),
-        }
-        if self._token_types:
-            feed["token_type_ids"] = torch.from_numpy(inputs.token_type_ids).to(self._device)
+        feed = inputs.feed(self.model.input_names)
+        tensors = [
+            # Pixels and audio features come as float32; the weights may be bf16/fp16.
+            torch.from_numpy(array).to(self._device, self._dtype if array.dtype.kind == "f" else None)
+            for array in feed.values()
+        ]
         with torch.inference_mode():
-            out = self.model(**feed)
-            result = out.last_hidden_state if self.info.output == "token_states" else out.logits
-            return result.float().cpu().numpy()
+            return self.model(*tensors).float().cpu().numpy()
 
     def close(self) -> None:
         del self.model

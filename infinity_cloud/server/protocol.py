@@ -29,7 +29,9 @@ class EmbeddingRequest(_Request):
     input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
         ..., description="a text, a list of texts, a list of token ids, or a list of such lists"
     )
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "sparse"] = Field(
+        "float", description="sparse: {indices, values} per input, for SPLADE models"
+    )
     dimensions: StrictInt | None = Field(None, description="Matryoshka truncation; 0 = full")
     modality: Literal["text", "image", "audio"] = "text"
     truncate: bool = Field(True, description="cut inputs to the model's limit instead of a 400")
@@ -135,6 +137,10 @@ class TeiEmbedRequest(_TeiTruncation):
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
     dimensions: StrictInt | None = None
+
+
+class TeiEmbedSparseRequest(_TeiTruncation):
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
 
 
 class TeiPredictRequest(_TeiTruncation):

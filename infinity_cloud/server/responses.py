@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult
+from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult
 from infinity_cloud.server.encoding import vector_base64
 from infinity_cloud.tasks import quantization
 
@@ -28,6 +28,15 @@ def embeddings_body(result: EmbeddingResult, encoding_format: Literal["float", "
                 for i, v in enumerate(vectors)]
     else:
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    return {**_envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+def sparse_embeddings_body(result: SparseEmbeddingResult) -> dict[str, Any]:
+    """OpenAI's envelope, each embedding `{"indices": [...], "values": [...]}` (ids ascending)."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": {"indices": v.indices, "values": v.values}}
+        for i, v in enumerate(result.embeddings)
+    ]
     return {**_envelope("list", result.model, result.prompt_tokens), "data": data}
 
 

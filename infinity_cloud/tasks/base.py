@@ -1,22 +1,23 @@
-"""A capability as a task: what it checks of a call, how the call's inputs become model
-inputs, the per-batch head, and how the batch rows become the caller's result.
+"""A capability as a task: what it checks of a call, which media it needs fetched, how the
+call's inputs become model inputs and for which tower, the per-batch head, and how the batch
+rows become the caller's result.
 
-The engine runs every task the same way (check on the event loop, encode in the tokenizer
-pool, batch, finish), so a new capability is a new task here, a registry entry and its
-routes, and nothing in the backends or the batcher.
+The engine runs every task the same way (check on the event loop, fetch media, encode in the
+tokenizer pool, batch, finish), so a new capability is a new task here, a registry entry and
+its routes, and nothing in the backends or the batcher.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
@@ -31,8 +32,12 @@ class Task(ABC, Generic[Call, Result]):
     capability: ClassVar[Capability]
 
     @abstractmethod
-    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
-        """Backend output and attention mask of a batch -> one row per input."""
+    def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        """Backend output and attention mask of a batch -> the batch's rows, one per input."""
+
+    def rows(self, batch: np.ndarray) -> Sequence[Any]:
+        """A head's batch output as the per-input rows the batcher hands back."""
+        return batch
 
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
         """Fixed texts as this task's inputs (warm-up, precision checks)."""
@@ -42,14 +47,26 @@ class Task(ABC, Generic[Call, Result]):
         """Cheap checks on the event loop, before any work is queued."""
         served.require(self.capability)
 
-    @abstractmethod
-    def encode(self, call: Call, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
-        """The call's inputs as model inputs; runs in the tokenizer pool."""
+    def media(self, call: Call) -> Sequence[str]:
+        """URLs (and data URIs) the engine fetches before `encode`; none for text."""
+        return ()
+
+    def tower(self, call: Call) -> Tower:
+        """Which of the model's towers the call's inputs go through."""
+        return "text"
 
     @abstractmethod
-    def finish(self, rows: np.ndarray, call: Call, served: ServedModel, encodings: list[Encoded]) -> Result:
-        """The batch rows of this call (in input order) as the caller's result."""
+    def encode(
+        self, call: Call, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+    ) -> list[Any]:
+        """The call's inputs (with the bytes of its `media`) as model inputs, each with a
+        length (its batch cost); runs in the tokenizer pool."""
+
+    @abstractmethod
+    def finish(self, rows: list[Any], call: Call, served: ServedModel, encodings: list[Any]) -> Result:
+        """The rows of this call (in input order) as the caller's result."""
 
 
-def prompt_tokens(encodings: Sequence[Encoded]) -> int:
+def prompt_tokens(encodings: Sequence[Any]) -> int:
+    """The tokens the model read: text tokens, or an image's patches."""
     return sum(len(e) for e in encodings)

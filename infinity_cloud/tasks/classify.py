@@ -10,10 +10,10 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import ClassifyResult
 from infinity_cloud.tasks.base import Task, prompt_tokens
-from infinity_cloud.tasks.heads import Head, logits_head
+from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tasks.scores import label_scores, softmax
 from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_texts
@@ -32,19 +32,22 @@ class ClassifyCall:
 class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
     capability = Capability.CLASSIFY
 
-    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
-        return logits_head
+    def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        return passthrough_head
 
     def check(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> None:
         super().check(call, served, limits)
         check_texts(call.inputs, limits)
 
-    def encode(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+    def encode(
+        self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+    ) -> list[Encoded]:
         return served.loaded.tokenizer.encode(list(call.inputs), call.truncate)
 
     def finish(
-        self, rows: np.ndarray, call: ClassifyCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[np.ndarray], call: ClassifyCall, served: ServedModel, encodings: list[Encoded]
     ) -> ClassifyResult:
-        scores = rows if call.raw_scores else softmax(rows)
+        logits = np.stack(rows)
+        scores = logits if call.raw_scores else softmax(logits)
         labels = [label_scores(row, served.loaded.info.labels) for row in scores]
         return ClassifyResult(served.name, labels, prompt_tokens(encodings))

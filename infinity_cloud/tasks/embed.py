@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,18 +12,24 @@ from infinity_cloud import openai_tokens
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import EmbeddingResult
 from infinity_cloud.tasks.base import Task, prompt_tokens
-from infinity_cloud.tasks.heads import Head, embedding_head
+from infinity_cloud.tasks.heads import Head, embedding_head, pooled_head
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import check_dimensions, check_texts, check_token_ids, is_token_ids
+from infinity_cloud.validation import (
+    check_dimensions,
+    check_media,
+    check_texts,
+    check_token_ids,
+    is_token_ids,
+)
 
 if TYPE_CHECKING:
     from infinity_cloud.served_model import ServedModel
 
-Modality = Literal["text", "image", "audio"]
+Modality = Tower
 
 
 @dataclass(frozen=True)
@@ -54,23 +60,46 @@ def prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> lis
 class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     capability = Capability.EMBED
 
-    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
-        return embedding_head(pooling, info.dense, normalize)
+    def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        if graph == "token_states":
+            return embedding_head(pooling, info.dense, normalize)
+        return pooled_head(normalize)
 
     def check(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> None:
-        if call.modality != "text":
+        if served.capability is Capability.SPARSE:
             raise UnsupportedError(
-                f"model {served.name!r} embeds text only; modality {call.modality!r} is not supported by it",
+                f"model {served.name!r} gives sparse embeddings (SPLADE): send encoding_format "
+                "'sparse' to /embeddings or use /embed_sparse (Python: Engine.embed_sparse)",
+                param="encoding_format",
+            )
+        towers = served.require(self.capability).towers
+        if call.modality not in towers:
+            raise UnsupportedError(
+                f"model {served.name!r} embeds {' and '.join(towers)}; modality {call.modality!r} "
+                "is not supported by it",
                 param="modality",
             )
-        super().check(call, served, limits)
         check_dimensions(call.dimensions, served.loaded.info.dimensions)
-        if is_token_ids(call.inputs):
+        if call.modality != "text":
+            check_media(call.inputs, limits)
+        elif is_token_ids(call.inputs):
             check_token_ids(call.inputs, limits)  # type: ignore[arg-type]
         else:
             check_texts(call.inputs, limits)  # type: ignore[arg-type]
 
-    def encode(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+    def media(self, call: EmbedCall) -> Sequence[str]:
+        return () if call.modality == "text" else call.inputs  # type: ignore[return-value]
+
+    def tower(self, call: EmbedCall) -> Tower:
+        return call.modality
+
+    def encode(
+        self, call: EmbedCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+    ) -> list[Any]:
+        if call.modality == "image":
+            images = served.loaded.images
+            assert images is not None, "checked: the model has an image tower"
+            return [images.prepare(data, index) for index, data in enumerate(media)]
         if is_token_ids(call.inputs):
             return self._token_ids(call, served, limits)
         texts = prompted(served, call.inputs, call.prompt_name)  # type: ignore[arg-type]
@@ -101,7 +130,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return tokenizer.encode(texts, call.truncate)
 
     def finish(
-        self, rows: np.ndarray, call: EmbedCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[np.ndarray], call: EmbedCall, served: ServedModel, encodings: list[Any]
     ) -> EmbeddingResult:
-        vectors = truncate_dimensions(rows, call.dimensions, renormalize=served.loaded.normalize)
+        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=served.loaded.normalize)
         return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))

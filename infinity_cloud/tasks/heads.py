@@ -9,18 +9,30 @@ import numpy as np
 from infinity_cloud.model_files import DenseLayer
 from infinity_cloud.tasks.pooling import apply_dense, l2_normalize, pool
 
-# (backend output, attention mask) -> (batch, ...) rows
-Head = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# (backend output, attention mask or None for inputs without positions) -> (batch, ...) rows
+Head = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 
 
 def embedding_head(pooling: str, dense: Sequence[DenseLayer], normalize: bool) -> Head:
-    def head(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def head(states: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        assert mask is not None, "token states come with their mask"
         vectors = apply_dense(pool(states, mask, pooling), dense)
         return l2_normalize(vectors) if normalize else vectors
 
     return head
 
 
-def logits_head(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Scoring models already return (batch, labels) logits; scores depend on the request."""
-    return states.astype(np.float32, copy=False)
+def pooled_head(normalize: bool) -> Head:
+    """Graphs that pool inside (CLIP's towers): their vectors, normalised if the model does."""
+
+    def head(vectors: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        vectors = vectors.astype(np.float32, copy=False)
+        return l2_normalize(vectors) if normalize else vectors
+
+    return head
+
+
+def passthrough_head(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Graphs whose output is final per batch: scoring models' (batch, labels) logits (scores
+    depend on the request), SPLADE's (batch, vocabulary) term weights."""
+    return output.astype(np.float32, copy=False)

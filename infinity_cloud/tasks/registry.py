@@ -9,9 +9,10 @@ from infinity_cloud.tasks.base import Task
 from infinity_cloud.tasks.classify import ClassifyTask
 from infinity_cloud.tasks.embed import EmbedTask
 from infinity_cloud.tasks.rerank import RerankTask
+from infinity_cloud.tasks.sparse import SparseEmbedTask
 
 TASKS: dict[Capability, Task[Any, Any]] = {
-    task.capability: task for task in (EmbedTask(), RerankTask(), ClassifyTask())
+    task.capability: task for task in (EmbedTask(), RerankTask(), ClassifyTask(), SparseEmbedTask())
 }
 
 

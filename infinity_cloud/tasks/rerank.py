@@ -10,10 +10,10 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import RankedDocument, RerankResult
 from infinity_cloud.tasks.base import Task, prompt_tokens
-from infinity_cloud.tasks.heads import Head, logits_head
+from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tasks.scores import rank, sigmoid
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 from infinity_cloud.validation import check_texts, check_top_n
@@ -34,8 +34,8 @@ class RerankCall:
 class RerankTask(Task[RerankCall, RerankResult]):
     capability = Capability.RERANK
 
-    def head(self, info: ModelInfo, pooling: str, normalize: bool) -> Head:
-        return logits_head
+    def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        return passthrough_head
 
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
         return tokenizer.encode_pairs(texts[0], texts[1:])
@@ -46,13 +46,15 @@ class RerankTask(Task[RerankCall, RerankResult]):
         check_texts(call.documents, limits, param="documents")
         check_top_n(call.top_n)
 
-    def encode(self, call: RerankCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+    def encode(
+        self, call: RerankCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+    ) -> list[Encoded]:
         return served.loaded.tokenizer.encode_pairs(call.query, list(call.documents), call.truncate)
 
     def finish(
-        self, rows: np.ndarray, call: RerankCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[np.ndarray], call: RerankCall, served: ServedModel, encodings: list[Encoded]
     ) -> RerankResult:
-        logits = rows[:, 0]
+        logits = np.stack(rows)[:, 0]
         scores = logits if call.raw_scores else sigmoid(logits)
         ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, call.top_n)]
         return RerankResult(served.name, ranked, prompt_tokens(encodings))

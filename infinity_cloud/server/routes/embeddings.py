@@ -3,10 +3,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.protocol import EmbeddingRequest
-from infinity_cloud.server.responses import embeddings_body
+from infinity_cloud.server.responses import embeddings_body, sparse_embeddings_body
 
 router = APIRouter(tags=["embeddings"])
 
@@ -18,11 +19,29 @@ def from_openai_sdk(request: Request) -> bool:
     return "x-stainless-lang" in headers or headers.get("user-agent", "").startswith("OpenAI/")
 
 
-@router.post("/embeddings", summary="Embed texts or token ids (OpenAI-compatible)")
+@router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    inputs = body.inputs()
-    result = await answer(request, "embeddings", body.model, len(inputs), request.app.state.engine.embed(
+    inputs, engine = body.inputs(), request.app.state.engine
+    if body.encoding_format == "sparse":
+        if body.modality != "text":
+            raise UnsupportedError("sparse embeddings are of text; send modality 'text'", param="modality")
+        sparse = await answer(request, "embeddings", body.model, len(inputs), engine.embed_sparse(
+            inputs, body.model, truncate=body.truncate,
+        ))
+        return json_response(sparse_embeddings_body(sparse))
+    result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
         inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
         openai_sender=from_openai_sdk(request),
     ))
     return json_response(embeddings_body(result, body.encoding_format))
+
+
+# Infinity's own routes for media (its infinity_client calls them): /embeddings with the modality set.
+@router.post("/embeddings_image", summary="Embed images (Infinity's route): URLs or data URIs")
+async def embeddings_image(body: EmbeddingRequest, request: Request) -> Response:
+    return await embeddings(body.model_copy(update={"modality": "image"}), request)
+
+
+@router.post("/embeddings_audio", summary="Embed audio (Infinity's route): URLs or data URIs")
+async def embeddings_audio(body: EmbeddingRequest, request: Request) -> Response:
+    return await embeddings(body.model_copy(update={"modality": "audio"}), request)

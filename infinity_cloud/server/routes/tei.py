@@ -24,6 +24,7 @@ from infinity_cloud.server.protocol import (
     TeiAnyRequest,
     TeiDecodeRequest,
     TeiEmbedRequest,
+    TeiEmbedSparseRequest,
     TeiPredictRequest,
     TeiTokenizeRequest,
 )
@@ -98,10 +99,17 @@ async def embed_all(request: Request) -> Response:
     raise UnsupportedError("per-token embeddings (/embed_all) are not served yet; use /embed", param="inputs")
 
 
-@router.post("/embed_sparse", summary="Sparse embeddings (TEI): not served yet")
-async def embed_sparse(request: Request) -> Response:
-    raise UnsupportedError("sparse embeddings (/embed_sparse) need a SPLADE model, not served yet",
-                           param="inputs")
+@router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
+async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Response:
+    check_direction(body.truncation_direction)
+    engine, texts = request.app.state.engine, body.texts()
+    result = await answer(request, "embed_sparse", body.model, len(texts), engine.embed_sparse(
+        texts, body.model, truncate=body.truncate, prompt_name=body.prompt_name,
+    ))
+    return json_response([
+        [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
+        for row in result.embeddings
+    ])
 
 
 @router.post("/tokenize", summary="Tokens with character spans (TEI's shape)")

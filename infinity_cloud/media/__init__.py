@@ -1,0 +1,2 @@
+"""Images and audio: fetching them for a request (`fetch.py`), turning them into model
+inputs (`images.py`)."""

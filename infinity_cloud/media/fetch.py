@@ -1,0 +1,225 @@
+"""The bytes behind a request's media inputs: `data:` URIs decoded, `http(s)` URLs fetched
+concurrently through one shared client, with size and time caps.
+
+SSRF: a URL may not reach loopback, private, link-local (cloud metadata), multicast or
+reserved addresses unless the spec's allow-list names the host or its network. The check
+runs where the connection is made, on the addresses the name resolved to, for the first URL
+and every redirect alike, and the connection goes to the address that was checked, so a DNS
+answer that changes between check and connect (rebinding) gains nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import socket
+import ssl
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
+
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import InvalidInputError, ModelLoadError
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class MediaRefused(Exception):
+    """A URL the policy does not let the server fetch (raised inside the connection)."""
+
+
+def is_public(address: Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+    return address.is_global and not address.is_multicast
+
+
+class AccessPolicy:
+    """Which hosts may be fetched: public addresses, and whatever the allow-list names (a host
+    name, an address, or a network such as 10.0.0.0/8)."""
+
+    def __init__(self, allowed: Iterable[str] = ()) -> None:
+        self.hosts: set[str] = set()
+        self.networks: list[Network] = []
+        for entry in allowed:
+            try:
+                self.networks.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                self.hosts.add(entry.lower().rstrip("."))
+
+    def check(self, host: str, addresses: Sequence[Address]) -> None:
+        if host.lower().rstrip(".") in self.hosts:
+            return
+        for address in addresses:
+            if not is_public(address) and not any(address in net for net in self.networks):
+                raise MediaRefused(
+                    f"{host} resolves to {address}, a non-public address (loopback, private, "
+                    "link-local or metadata); allow it with --media-allow-host if this is intended"
+                )
+
+
+def decode_data_uri(uri: str, index: int) -> bytes:
+    """`data:[<mime>][;base64],<data>` to its bytes."""
+    header, comma, payload = uri.partition(",")
+    if not comma:
+        raise InvalidInputError(f"input {index}: a data URI needs a ',' before its data", param="input")
+    if header.endswith(";base64"):
+        try:
+            return base64.b64decode(payload.strip(), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidInputError(
+                f"input {index}: the data URI's base64 is invalid: {exc}", param="input"
+            ) from exc
+    return unquote_to_bytes(payload)
+
+
+def _resolve(host: str, port: int) -> list[Address]:
+    """Every address `host` resolves to (a literal address resolves to itself)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve {host}: {exc.strerror}") from exc
+    # Scope ids (fe80::1%eth0) are not part of the address.
+    return [ipaddress.ip_address(str(answer[4][0]).split("%")[0]) for answer in answers]
+
+
+def _guarded_backend(policy: AccessPolicy) -> Any:
+    """An httpcore network backend that resolves names itself, refuses what the policy does
+    not allow, and connects to the address it checked."""
+    import httpcore
+
+    class GuardedBackend(httpcore.AsyncNetworkBackend):
+        def __init__(self) -> None:
+            self._inner = httpcore.AnyIOBackend()
+
+        async def connect_tcp(
+            self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+            socket_options: Any = None,
+        ) -> Any:
+            addresses = await asyncio.to_thread(_resolve, host, port)
+            policy.check(host, addresses)
+            return await self._inner.connect_tcp(
+                str(addresses[0]), port, timeout=timeout, local_address=local_address,
+                socket_options=socket_options,
+            )
+
+        async def connect_unix_socket(
+            self, path: str, timeout: float | None = None, socket_options: Any = None
+        ) -> Any:
+            raise MediaRefused("unix sockets are not fetched")
+
+        async def sleep(self, seconds: float) -> None:
+            await self._inner.sleep(seconds)
+
+    return GuardedBackend()
+
+
+class MediaFetcher:
+    """One per engine: a pooled HTTP client shared by every request."""
+
+    def __init__(self, limits: LimitsSpec) -> None:
+        try:
+            import certifi
+            import httpcore
+            import httpx
+        except ImportError as exc:
+            raise ModelLoadError(
+                "fetching media URLs needs httpx: pip install 'infinity-cloud[vision]'"
+            ) from exc
+        self.limits = limits
+        self._httpx = httpx
+        connections = httpx.Limits(max_connections=32, max_keepalive_connections=16)
+        transport = httpx.AsyncHTTPTransport(limits=connections, trust_env=False)
+        # The transport's pool, rebuilt with the guarded network backend (httpx offers no
+        # public way to pass one).
+        transport._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            max_connections=connections.max_connections,
+            max_keepalive_connections=connections.max_keepalive_connections,
+            network_backend=_guarded_backend(AccessPolicy(limits.media_allowed_hosts)),
+        )
+        # No proxies from the environment: a proxy would make every address check moot.
+        self._client = httpx.AsyncClient(
+            transport=transport, follow_redirects=True, max_redirects=5, trust_env=False,
+            timeout=httpx.Timeout(limits.media_timeout_s),
+            headers={"User-Agent": "infinity-cloud media fetcher"},
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def fetch_all(self, uris: Sequence[str]) -> list[bytes]:
+        """Every input's bytes, in order; the first failure is the request's 400."""
+        tasks = [asyncio.ensure_future(self.fetch(uri, index)) for index, uri in enumerate(uris)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:  # one failed: the others are not worth finishing
+                task.cancel()
+
+    async def fetch(self, uri: str, index: int) -> bytes:
+        scheme = urlsplit(uri).scheme.lower()
+        if scheme == "data":
+            data = decode_data_uri(uri, index)
+        elif scheme in ("http", "https"):
+            data = await self._download(uri, index)
+        else:
+            raise InvalidInputError(
+                f"input {index} is not a media URL: send an http(s) URL or a data:<mime>;base64,... URI",
+                param="input",
+            )
+        if len(data) > self.limits.media_max_bytes:
+            raise self._too_large(index)
+        if not data:
+            raise InvalidInputError(f"input {index}: the media is empty", param="input")
+        return data
+
+    def _too_large(self, index: int) -> InvalidInputError:
+        return InvalidInputError(
+            f"input {index} is larger than the {self.limits.media_max_bytes:,} bytes served", param="input"
+        )
+
+    async def _download(self, url: str, index: int) -> bytes:
+        httpx = self._httpx
+        try:
+            # One deadline for the whole download: a server trickling bytes cannot stretch it.
+            return await asyncio.wait_for(self._body(url, index), self.limits.media_timeout_s)
+        except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
+            raise InvalidInputError(
+                f"input {index}: fetching {url} took longer than {self.limits.media_timeout_s:g}s",
+                param="input",
+            ) from exc
+        except MediaRefused as exc:
+            raise InvalidInputError(f"input {index}: {url} is refused: {exc}", param="input") from exc
+        except (httpx.HTTPError, OSError) as exc:
+            cause = exc.__context__ if isinstance(exc.__context__, MediaRefused) else None
+            if cause is not None:
+                raise InvalidInputError(f"input {index}: {url} is refused: {cause}", param="input") from exc
+            raise InvalidInputError(
+                f"input {index}: fetching {url} failed ({type(exc).__name__}: {exc})", param="input"
+            ) from exc
+
+    async def _body(self, url: str, index: int) -> bytes:
+        limit = self.limits.media_max_bytes
+        async with self._client.stream("GET", url) as response:
+            if response.status_code >= 400:
+                raise InvalidInputError(
+                    f"input {index}: fetching {url} gave HTTP {response.status_code}", param="input"
+                )
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise self._too_large(index)
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise self._too_large(index)
+                chunks.append(chunk)
+            return b"".join(chunks)

@@ -1,0 +1,158 @@
+"""Images to a vision tower's `pixel_values`, as the model's own image processor makes them
+(`preprocessor_config.json`: resize, centre crop, rescale, normalise), with Pillow and numpy
+only, so an ONNX or OpenVINO server needs neither torch nor transformers for images.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infinity_cloud.backends.base import ModelInputs
+from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.model_files import ModelInfo
+
+# Below this a picture holds too little to embed (an icon, a tracking pixel): refused, not
+# silently upscaled. Above the pixel cap, decoding alone would take gigabytes.
+MIN_SIDE = 8
+MAX_PIXELS = 64_000_000
+# OpenAI CLIP's statistics (the processor default when the config names none).
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# PIL's resampling filters by transformers' `resample` integers (PIL's own numbering).
+_BICUBIC = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Pixels:
+    """One preprocessed image; its length is what it costs a batch (the tower's tokens)."""
+
+    array: np.ndarray  # (channels, height, width) float32
+    tokens: int
+
+    def __len__(self) -> int:
+        return self.tokens
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ModelLoadError(
+            "serving an image model needs Pillow: pip install 'infinity-cloud[vision]'"
+        ) from exc
+    return Image
+
+
+class ImagePreprocessor:
+    def __init__(self, config: dict[str, Any], image_size: int, patch_size: int) -> None:
+        self._image = _pil()
+        self.size = config.get("size") or {"shortest_edge": image_size}
+        if isinstance(self.size, int):  # old configs: one number, the shortest edge
+            self.size = {"shortest_edge": self.size}
+        self.do_resize = bool(config.get("do_resize", True))
+        self.do_center_crop = bool(config.get("do_center_crop", "shortest_edge" in self.size))
+        crop = config.get("crop_size") or {"height": image_size, "width": image_size}
+        self.crop = (crop, crop) if isinstance(crop, int) else (int(crop["height"]), int(crop["width"]))
+        self.resample = int(config.get("resample", _BICUBIC))
+        self.rescale = float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else 1.0
+        normalize = config.get("do_normalize", True)
+        self.mean = np.array(config.get("image_mean", _CLIP_MEAN) if normalize else (0, 0, 0), np.float32)
+        self.std = np.array(config.get("image_std", _CLIP_STD) if normalize else (1, 1, 1), np.float32)
+        self.tokens = (image_size // patch_size) ** 2 + 1  # patches and the class token
+        self.image_size = image_size
+
+    @classmethod
+    def load(cls, info: ModelInfo) -> ImagePreprocessor:
+        path = info.path / "preprocessor_config.json"
+        try:
+            config = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+        return cls(config, info.image_size or 224, info.patch_size or 32)
+
+    def prepare(self, data: bytes, index: int) -> Pixels:
+        """Decode and preprocess one image; a bad one is a 400 naming input `index`."""
+        image = self._decode(data, index)
+        if self.do_resize:
+            image = image.resize(self._resized(image.width, image.height), self.resample)
+        array = np.asarray(image, dtype=np.float32)  # (height, width, channels)
+        if self.do_center_crop:
+            array = _center_crop(array, *self.crop)
+        array = (array * self.rescale - self.mean) / self.std
+        return Pixels(np.ascontiguousarray(array.transpose(2, 0, 1), dtype=np.float32), self.tokens)
+
+    def _decode(self, data: bytes, index: int) -> Any:
+        Image = self._image
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data))
+                width, height = image.size
+                if width * height > MAX_PIXELS:
+                    raise InvalidInputError(
+                        f"input {index}: the image is {width}x{height} pixels, more than the "
+                        f"{MAX_PIXELS:,} served", param="input",
+                    )
+                image.load()
+        except InvalidInputError:
+            raise
+        except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+            raise InvalidInputError(
+                f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
+                param="input",
+            ) from exc
+        if min(width, height) < MIN_SIDE:
+            raise InvalidInputError(
+                f"input {index}: the image is {width}x{height} pixels; images need at least "
+                f"{MIN_SIDE} pixels a side", param="input",
+            )
+        return image.convert("RGB")
+
+    def _resized(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after resizing, as transformers computes it."""
+        if "shortest_edge" in self.size:
+            edge = int(self.size["shortest_edge"])
+            if width <= height:
+                return edge, int(edge * height / width)
+            return int(edge * width / height), edge
+        return int(self.size["width"]), int(self.size["height"])
+
+    def collate(self, items: Sequence[Pixels], rows: int | None = None) -> ModelInputs:
+        return ModelInputs.stack("pixel_values", [item.array for item in items], rows)
+
+    def probes(self) -> list[Pixels]:
+        """Fixed synthetic pictures (gradients, stripes, noise) for warm-up and precision checks."""
+        side = 64
+        y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+        rng = np.random.default_rng(0)
+        pictures = [
+            np.stack([x, y, 1 - x], axis=-1),
+            np.stack([np.sin(12 * x) * 0.5 + 0.5, y * y, np.cos(9 * y) * 0.5 + 0.5], axis=-1),
+            rng.random((side, side, 3), dtype=np.float32),
+            np.stack([(x > 0.5), (y > 0.5), (x + y > 1)], axis=-1).astype(np.float32),
+        ]
+        out = []
+        for index, picture in enumerate(pictures):
+            buffer = io.BytesIO()
+            self._image.fromarray((picture * 255).astype(np.uint8)).save(buffer, format="PNG")
+            out.append(self.prepare(buffer.getvalue(), index))
+        return out
+
+
+def _center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The middle height x width, zero-padded where the image is smaller (transformers')."""
+    h, w = array.shape[:2]
+    if h < height or w < width:
+        top_pad, left_pad = max(0, (height - h) // 2), max(0, (width - w) // 2)
+        padded = np.zeros((max(h, height), max(w, width), array.shape[2]), dtype=array.dtype)
+        padded[top_pad : top_pad + h, left_pad : left_pad + w] = array
+        array, h, w = padded, padded.shape[0], padded.shape[1]
+    top, left = (h - height) // 2, (w - width) // 2
+    return array[top : top + height, left : left + width]

@@ -1,0 +1,60 @@
+"""Sparse embedding (SPLADE): texts to one weight per vocabulary term, kept as the terms
+that are not zero."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.results import SparseEmbeddingResult, SparseVector
+from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.embed import prompted
+from infinity_cloud.tasks.heads import Head, passthrough_head
+from infinity_cloud.tokenization import Encoded
+from infinity_cloud.validation import check_texts, is_token_ids
+
+if TYPE_CHECKING:
+    from infinity_cloud.served_model import ServedModel
+
+
+@dataclass(frozen=True)
+class SparseCall:
+    inputs: Sequence[str]
+    truncate: bool = True
+    prompt_name: str | None = None
+
+
+class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
+    capability = Capability.SPARSE
+
+    def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        return passthrough_head  # the graph pools (`graphs.py`): (batch, vocabulary) weights
+
+    def rows(self, batch: np.ndarray) -> list[SparseVector]:
+        # Sparse as soon as the batch is done: a dense row is 120 KB, its terms a few hundred.
+        return [SparseVector.from_dense(row) for row in batch]
+
+    def check(self, call: SparseCall, served: ServedModel, limits: LimitsSpec) -> None:
+        super().check(call, served, limits)
+        if is_token_ids(call.inputs):
+            raise InvalidInputError("sparse embeddings take text, not token ids", param="input")
+        check_texts(call.inputs, limits)
+
+    def encode(
+        self, call: SparseCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+    ) -> list[Encoded]:
+        texts = prompted(served, call.inputs, call.prompt_name)
+        return served.loaded.tokenizer.encode(texts, call.truncate)
+
+    def finish(
+        self, rows: list[SparseVector], call: SparseCall, served: ServedModel, encodings: list[Encoded]
+    ) -> SparseEmbeddingResult:
+        vocabulary = served.loaded.info.vocab_size or 0
+        return SparseEmbeddingResult(served.name, rows, prompt_tokens(encodings), vocabulary)

@@ -1,0 +1,280 @@
+"""Image embedding (CLIP): both towers against transformers on the same folder through every
+backend, images from a local HTTP server and as data URIs, the real clients' image calls,
+every bad-media case as a 400 naming the input, and SSRF refusals."""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cosines, serve_in_process, spec_of
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.config import LimitsSpec
+from infinity_cloud.media.fetch import AccessPolicy, is_public
+
+TEXTS = ["a photo of a cat", "a diagram of the water cycle", "red"]
+
+
+@pytest.fixture(scope="session")
+def clip(build_model: Callable[..., Path]) -> Path:
+    return build_model("clip")
+
+
+def picture(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(width, height)
+    pixels = np.stack([x, y, rng.random((height, width))], axis=-1) * 255
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+# Non-square, larger and smaller than the model's 32 pixels, and a JPEG: resize and crop matter.
+PICTURES = {
+    "wide.png": picture(60, 40, 1), "tall.png": picture(33, 90, 2), "square.jpg": picture(32, 32, 3, "JPEG"),
+}
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def reference(path: Path, texts: list[str], images: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' CLIPModel with its own tokenizer and (PIL) image processor, normalised."""
+    import torch
+    from PIL import Image
+    from transformers import AutoTokenizer, CLIPImageProcessorPil, CLIPModel
+
+    model = CLIPModel.from_pretrained(str(path)).eval()
+    tokens = AutoTokenizer.from_pretrained(str(path))(texts or ["-"], padding=True, return_tensors="pt")
+    pixels = CLIPImageProcessorPil.from_pretrained(str(path))(
+        [Image.open(io.BytesIO(b)) for b in images], return_tensors="pt"
+    )
+    with torch.no_grad():
+        text = model.get_text_features(**tokens).pooler_output.numpy()
+        image = model.get_image_features(**pixels).pooler_output.numpy()
+    return unit(text), unit(image)
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+async def embed_images(client, inputs: list[str], model: str = "clip"):
+    return await client.post("/embeddings", json={"model": model, "input": inputs, "modality": "image"})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        name = self.path.lstrip("/")
+        if name in PICTURES:
+            return self._send(200, PICTURES[name], "image/png")
+        if name.startswith("redirect/"):
+            self.send_response(302)
+            self.send_header("Location", "http://" + name.removeprefix("redirect/"))
+            self.end_headers()
+            return None
+        if name == "slow.png":
+            time.sleep(2)
+            return self._send(200, PICTURES["wide.png"], "image/png")
+        if name == "big.png":
+            return self._send(200, b"\0" * 300_000, "image/png")
+        if name == "text.png":
+            return self._send(200, b"this is not a picture", "image/png")
+        if name == "tiny.png":
+            return self._send(200, picture(4, 4, 5), "image/png")
+        return self._send(404, b"no such picture", "text/plain")
+
+    def _send(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # the fetcher hangs up on slow and over-large answers, as it should
+
+
+@pytest.fixture(scope="module")
+def pictures_host() -> Iterator[str]:
+    """A local picture server on 127.0.0.1 (allow-listed by the tests that fetch from it)."""
+    server = _Server(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx", "openvino"])
+async def test_both_towers_match_transformers(clip: Path, backend: str) -> None:
+    images = list(PICTURES.values())
+    want_text, want_image = reference(clip, TEXTS, images)
+    async with Engine(ModelSpec(model_id=str(clip), backend=backend, dtype="float32")) as engine:
+        text = await engine.embed(TEXTS)
+        image = await engine.embed([data_uri(b) for b in images], modality="image")
+        facts = engine.describe()[0]
+    assert facts["modalities"] == ["text", "image"] and facts["dimensions"] == want_text.shape[1]
+    assert cosines(text.embeddings, want_text).min() > 0.999
+    assert cosines(image.embeddings, want_image).min() > 0.999
+    # Each image is nearest its own reference: a wrong crop or channel order would not be.
+    assert (np.argmax(image.embeddings @ want_image.T, axis=1) == np.arange(len(images))).all()
+    assert image.prompt_tokens == len(images) * ((32 // 8) ** 2 + 1)
+
+
+async def test_images_by_url_and_data_uri_in_one_request(clip: Path, pictures_host: str) -> None:
+    """Served as users would (auto backend, over HTTP): URLs fetched from a local server
+    (allow-listed), data URIs decoded, answered in input order; base64 works too."""
+    names = ["tall.png", "wide.png", "square.jpg", "wide.png"]
+    inputs = [f"http://{pictures_host}/{n}" for n in names[:2]] + [data_uri(PICTURES[n]) for n in names[2:]]
+    _, want = reference(clip, [], [PICTURES[n] for n in names])
+    allowed = {"media_allowed_hosts": ["127.0.0.1"]}
+    spec = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"), limits=allowed)
+    async with serve_in_process(spec) as client:
+        response = await embed_images(client, inputs)
+        assert response.status_code == 200, response.text
+        packed = await client.post(
+            "/embeddings_image", json={"model": "clip", "input": inputs[2], "encoding_format": "base64"}
+        )
+        assert packed.status_code == 200, packed.text
+        text = await client.post("/embeddings", json={"model": "clip", "input": TEXTS})
+        assert text.status_code == 200
+    got = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+    assert [d["index"] for d in response.json()["data"]] == [0, 1, 2, 3]
+    assert cosines(got, want).min() > 0.999
+    np.testing.assert_allclose(np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), "<f4"),
+                               got[2], atol=1e-6)
+
+
+async def test_the_real_clients_embed_images(clip: Path) -> None:
+    """infinity_client's image call and the openai SDK (base64, the modality in extra_body)."""
+    import httpx
+    from infinity_client import Client
+    from infinity_client.api.default import embeddings_image
+    from infinity_client.models import OpenAIEmbeddingInputImage
+    from openai import AsyncOpenAI
+
+    _, want = reference(clip, [], [PICTURES["wide.png"]])
+    uri = data_uri(PICTURES["wide.png"])
+    async with serve_in_process(spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"))) as client:
+        transport = client._transport
+        sdk = AsyncOpenAI(api_key="x", base_url="http://testserver/v1", http_client=httpx.AsyncClient(
+            transport=transport, base_url="http://testserver/v1"))
+        by_openai = await sdk.embeddings.create(model="clip", input=[uri], extra_body={"modality": "image"})
+        infinity = Client(base_url="http://testserver")
+        infinity.set_async_httpx_client(httpx.AsyncClient(transport=transport, base_url="http://testserver"))
+        by_infinity = await embeddings_image.asyncio(
+            client=infinity, body=OpenAIEmbeddingInputImage(input_=[uri], model="clip")
+        )
+    assert cosines(np.array([by_openai.data[0].embedding]), want)[0] > 0.999
+    assert cosines(np.array([by_infinity.data[0].embedding]), want)[0] > 0.999
+
+
+async def test_bad_media_is_a_400_naming_the_input(clip: Path, tiny_embedder: Path, pictures_host: str):
+    limits = {"limits": {
+        "media_allowed_hosts": ["127.0.0.1"], "media_timeout_s": 0.5, "media_max_bytes": 200_000,
+        "max_media_per_request": 4,
+    }}
+    spec = spec_of(
+        ModelSpec(model_id=str(clip), served_model_name="clip"),
+        ModelSpec(model_id=str(tiny_embedder), served_model_name="text"), **limits,
+    )
+    good = data_uri(PICTURES["wide.png"])
+    url = f"http://{pictures_host}"
+    cases = [
+        ([good, f"{url}/missing.png"], "input 1", "HTTP 404"),
+        ([f"{url}/text.png"], "input 0", "not an image"),
+        ([good, good, "data:image/png;base64,@@@"], "input 2", "base64"),
+        ([f"{url}/tiny.png"], "input 0", "at least 8 pixels"),
+        ([f"{url}/slow.png"], "input 0", "longer than 0.5s"),
+        ([f"{url}/big.png"], "input 0", "larger than the 200,000 bytes"),
+        (["a cat.png"], "input 0", "http(s) URL or a data"),
+        (["ftp://example.com/a.png"], "input 0", "http(s) URL or a data"),
+        ([good] * 5, "5 media items", "limit of 4"),
+        (["http://unresolvable.invalid/a.png"], "input 0", "cannot resolve"),
+    ]
+    async with serve_in_process(spec) as client:
+        for inputs, where, what in cases:
+            started = time.monotonic()
+            response = await embed_images(client, inputs)
+            assert response.status_code in (400, 413), (inputs[-1][:60], response.text)
+            assert where in response.text and what in response.text, (inputs[-1][:60], response.text)
+            assert time.monotonic() - started < 5
+        for body, what in [
+            ({"model": "text", "input": [good], "modality": "image"}, "embeds text"),
+            ({"model": "clip", "input": [good], "modality": "audio"}, "embeds text and image"),
+            ({"model": "clip", "input": [[1, 2, 3]], "modality": "image"}, "URL or a data"),
+        ]:
+            response = await client.post("/embeddings", json=body)
+            assert response.status_code == 400 and what in response.text, response.text
+        assert (await embed_images(client, [good])).status_code == 200  # the server is still fine
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
+    "::1", "fe80::1", "fd00:ec2::254", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "224.0.0.1", "ff02::1",
+])
+def test_non_public_addresses_are_refused(address: str) -> None:
+    import ipaddress
+
+    assert not is_public(ipaddress.ip_address(address))
+
+
+def test_the_allow_list_takes_names_addresses_and_networks() -> None:
+    import ipaddress
+
+    from infinity_cloud.media.fetch import MediaRefused
+
+    policy = AccessPolicy(["images.internal", "10.0.0.0/8", "::1"])
+    policy.check("images.internal", [ipaddress.ip_address("192.168.0.5")])
+    policy.check("files", [ipaddress.ip_address("10.9.8.7"), ipaddress.ip_address("::1")])
+    policy.check("example.com", [ipaddress.ip_address("93.184.215.14")])
+    with pytest.raises(MediaRefused, match=r"192\.168\.0\.5"):
+        policy.check("files", [ipaddress.ip_address("10.9.8.7"), ipaddress.ip_address("192.168.0.5")])
+
+
+async def test_ssrf_is_refused_unless_allow_listed(clip: Path, pictures_host: str) -> None:
+    """Loopback by address and by a name resolving to it, metadata and private addresses,
+    and a redirect from an allowed host to a refused one: all 400, nothing fetched; the
+    same picture with its host allow-listed works."""
+    port = pictures_host.split(":")[1]
+    refused = [
+        f"http://127.0.0.1:{port}/wide.png",
+        f"http://localhost:{port}/wide.png",
+        f"http://[::1]:{port}/wide.png",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/a.png",
+        f"http://[::ffff:127.0.0.1]:{port}/wide.png",
+    ]
+    # localhost is allowed by name; the redirect it answers leads to 127.0.0.1, which is not.
+    bounced = f"http://localhost:{port}/redirect/127.0.0.1:{port}/wide.png"
+    spec = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"),
+                   limits=LimitsSpec(media_timeout_s=2))
+    allowed_by_name = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"),
+                              limits=LimitsSpec(media_allowed_hosts=("localhost",)))
+    async with serve_in_process(spec) as client:
+        for url in refused:
+            response = await embed_images(client, [url])
+            assert response.status_code == 400, (url, response.text)
+            assert "refused" in response.text and "non-public" in response.text, (url, response.text)
+    async with serve_in_process(allowed_by_name) as client:
+        ok = await embed_images(client, [f"http://localhost:{port}/wide.png"])
+        assert ok.status_code == 200, ok.text
+        response = await embed_images(client, [bounced])
+        assert response.status_code == 400, response.text
+        assert "127.0.0.1" in response.text and "refused" in response.text, response.text
