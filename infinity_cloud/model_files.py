@@ -63,6 +63,9 @@ class ModelInfo:
     # The image tower's input side and patch (vision_config), for image models.
     image_size: int | None = None
     patch_size: int | None = None
+    # SigLIP was trained on texts padded to its full length, without an attention mask: its
+    # text tower pools the last position, so it must see what it was trained on.
+    pad_to_max_length: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -251,7 +254,7 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
 
 
 # Two-tower models whose towers transformers exposes as get_text_features/get_image_features.
-_TWO_TOWERS = {"clip", "siglip", "siglip2"}
+_TWO_TOWERS = {"clip", "siglip"}
 
 
 def _two_tower_info(
@@ -282,5 +285,6 @@ def _two_tower_info(
         towers={"text": "text_embeds", "image": "image_embeds"},
         image_size=int(vision.get("image_size") or 224),
         patch_size=int(vision.get("patch_size") or 32),
+        pad_to_max_length=model_type == "siglip",
         raw=config,
     )

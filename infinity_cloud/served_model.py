@@ -148,18 +148,22 @@ class ServedModel:
         image = images is not None and name == "image"
         probes: list[Any] = images.probes() if image else task.encode_probes(tokenizer, PROBES)  # type: ignore[union-attr]
 
+        def padded_length(longest: int) -> int:
+            return tokenizer.max_length if info.pad_to_max_length else bucket(longest, spec.length_buckets)
+
         def collate(items: list[Any], static: bool = True) -> ModelInputs:
             """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
             rows = bucket(len(items), spec.batch_buckets) if static else None
             if image:
                 return images.collate(items, rows)  # type: ignore[union-attr]
-            length = bucket(max(len(e) for e in items), spec.length_buckets) if static else None
+            longest = max(len(e) for e in items)
+            length = padded_length(longest) if static or info.pad_to_max_length else None
             return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)
 
         backend = open_backend(info, spec, graph, collate(probes, static=False), head)
         queue = BatchQueue(
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
-            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=lambda n: bucket(n, spec.length_buckets),
+            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length,
         )
 
         def run(items: list[Any]) -> tuple[Callable[[], np.ndarray], np.ndarray | None, int]:

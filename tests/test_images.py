@@ -28,6 +28,11 @@ def clip(build_model: Callable[..., Path]) -> Path:
     return build_model("clip")
 
 
+@pytest.fixture(scope="session")
+def siglip(build_model: Callable[..., Path]) -> Path:
+    return build_model("clip", model_type="siglip")
+
+
 def picture(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
     from PIL import Image
 
@@ -50,16 +55,30 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
 
 
 def reference(path: Path, texts: list[str], images: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """transformers' CLIPModel with its own tokenizer and (PIL) image processor, normalised."""
+    """transformers' model with its own tokenizer and (PIL) image processor, normalised:
+    CLIP pads to the longest text with a mask; SigLIP, as its processor does, to its full
+    length, ids only."""
     import torch
     from PIL import Image
-    from transformers import AutoTokenizer, CLIPImageProcessorPil, CLIPModel
-
-    model = CLIPModel.from_pretrained(str(path)).eval()
-    tokens = AutoTokenizer.from_pretrained(str(path))(texts or ["-"], padding=True, return_tensors="pt")
-    pixels = CLIPImageProcessorPil.from_pretrained(str(path))(
-        [Image.open(io.BytesIO(b)) for b in images], return_tensors="pt"
+    from transformers import (
+        AutoConfig,
+        AutoModel,
+        AutoTokenizer,
+        CLIPImageProcessorPil,
+        SiglipImageProcessorPil,
     )
+
+    siglip = AutoConfig.from_pretrained(str(path)).model_type == "siglip"
+    model = AutoModel.from_pretrained(str(path)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if siglip:
+        tokens = tokenizer(texts or ["-"], padding="max_length", max_length=64, return_tensors="pt")
+        tokens = {"input_ids": tokens["input_ids"]}
+    else:
+        tokens = tokenizer(texts or ["-"], padding=True, return_tensors="pt")
+    processor = SiglipImageProcessorPil if siglip else CLIPImageProcessorPil
+    pictures = [Image.open(io.BytesIO(b)) for b in images]
+    pixels = processor.from_pretrained(str(path))(pictures, return_tensors="pt")
     with torch.no_grad():
         text = model.get_text_features(**tokens).pooler_output.numpy()
         image = model.get_image_features(**pixels).pooler_output.numpy()
@@ -121,11 +140,13 @@ def pictures_host() -> Iterator[str]:
     server.shutdown()
 
 
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
 @pytest.mark.parametrize("backend", ["torch", "onnx", "openvino"])
-async def test_both_towers_match_transformers(clip: Path, backend: str) -> None:
+async def test_both_towers_match_transformers(request: pytest.FixtureRequest, kind: str, backend: str):
+    path = request.getfixturevalue(kind)
     images = list(PICTURES.values())
-    want_text, want_image = reference(clip, TEXTS, images)
-    async with Engine(ModelSpec(model_id=str(clip), backend=backend, dtype="float32")) as engine:
+    want_text, want_image = reference(path, TEXTS, images)
+    async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
         text = await engine.embed(TEXTS)
         image = await engine.embed([data_uri(b) for b in images], modality="image")
         facts = engine.describe()[0]
@@ -134,7 +155,8 @@ async def test_both_towers_match_transformers(clip: Path, backend: str) -> None:
     assert cosines(image.embeddings, want_image).min() > 0.999
     # Each image is nearest its own reference: a wrong crop or channel order would not be.
     assert (np.argmax(image.embeddings @ want_image.T, axis=1) == np.arange(len(images))).all()
-    assert image.prompt_tokens == len(images) * ((32 // 8) ** 2 + 1)
+    # Each image costs its patches (and CLIP's class token).
+    assert image.prompt_tokens == len(images) * ((32 // 8) ** 2 + (kind == "clip"))
 
 
 async def test_images_by_url_and_data_uri_in_one_request(clip: Path, pictures_host: str) -> None:

@@ -79,6 +79,8 @@ class Graph(torch.nn.Module):
         self.kind = kind
         if kind == "image_embeds":
             self.input_names: tuple[str, ...] = IMAGE_INPUTS
+        elif kind == "text_embeds" and model.config.model_type == "siglip":
+            self.input_names = TEXT_INPUTS[:1]  # trained without a mask (`ModelInfo.pad_to_max_length`)
         elif kind == "text_embeds" or not takes_token_types(model):
             self.input_names = TEXT_INPUTS[:2]
         else:

@@ -90,8 +90,10 @@ class OpenVinoBackend(Backend):
 
     def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
         mask = inputs.attention_mask
-        # Token inputs are cut to each slice's longest; images are all one size.
-        lengths = mask.sum(axis=1) if mask is not None else np.ones(inputs.rows, dtype=np.int64)
+        # Token inputs are cut to each slice's longest, where the graph masks padding; images
+        # are all one size, and a graph without a mask (SigLIP's text) sees every position.
+        cut = mask is not None and "attention_mask" in self._inputs
+        lengths = mask.sum(axis=1) if cut else np.ones(inputs.rows, dtype=np.int64)
         slices = balanced_slices(lengths, self.streams)
         feed = inputs.feed(self._inputs)
         requests = self._free.get()
@@ -100,7 +102,7 @@ class OpenVinoBackend(Backend):
             for request, rows in zip(requests, slices, strict=False):
                 width = int(lengths[rows].max())
                 request.start_async({
-                    name: array[rows, :width] if mask is not None else array[rows]
+                    name: array[rows, :width] if cut else array[rows]
                     for name, array in feed.items()
                 })
                 started.append(request)

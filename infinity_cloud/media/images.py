@@ -51,7 +51,7 @@ def _pil() -> Any:
 
 
 class ImagePreprocessor:
-    def __init__(self, config: dict[str, Any], image_size: int, patch_size: int) -> None:
+    def __init__(self, config: dict[str, Any], image_size: int, patch_size: int, class_token: bool) -> None:
         self._image = _pil()
         self.size = config.get("size") or {"shortest_edge": image_size}
         if isinstance(self.size, int):  # old configs: one number, the shortest edge
@@ -65,7 +65,7 @@ class ImagePreprocessor:
         normalize = config.get("do_normalize", True)
         self.mean = np.array(config.get("image_mean", _CLIP_MEAN) if normalize else (0, 0, 0), np.float32)
         self.std = np.array(config.get("image_std", _CLIP_STD) if normalize else (1, 1, 1), np.float32)
-        self.tokens = (image_size // patch_size) ** 2 + 1  # patches and the class token
+        self.tokens = (image_size // patch_size) ** 2 + class_token  # patches (and CLIP's class token)
         self.image_size = image_size
 
     @classmethod
@@ -75,7 +75,8 @@ class ImagePreprocessor:
             config = json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"cannot read {path}: {exc}") from exc
-        return cls(config, info.image_size or 224, info.patch_size or 32)
+        clip = info.model_type == "clip"
+        return cls(config, info.image_size or 224, info.patch_size or 32, class_token=clip)
 
     def prepare(self, data: bytes, index: int) -> Pixels:
         """Decode and preprocess one image; a bad one is a 400 naming input `index`."""
