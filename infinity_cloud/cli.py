@@ -96,6 +96,11 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
              "cl100k_base ids, as langchain-openai sends, decoded and re-tokenized), model (the "
              "model's own vocabulary; OpenAI SDK clients refused) or refuse.", _M),
     ),
+    "embedding_dtype": (
+        list[str] | None,
+        _opt("EMBEDDING_DTYPE", "What /embeddings returns: float32 (default), int8 or uint8 (calibrated "
+             "offline), binary or ubinary (packed sign bits).", _M),
+    ),
     "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
     "api_keys": (

@@ -21,6 +21,7 @@ Dtype = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 # "splade": serve a bare masked-LM folder as a SPLADE sparse embedder.
 Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len", "splade"]
 TokenIds = Literal["openai", "model", "refuse"]
+EmbeddingDtype = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
 class _Frozen(BaseModel):
@@ -67,6 +68,11 @@ class ModelSpec(_Frozen):
         "OpenAIEmbeddings does by default), decoded to text and tokenized by the model; 'model': "
         "ids of the model's own vocabulary (OpenAI SDK clients are then refused, their ids would "
         "mean other text); 'refuse': a 400",
+    )
+    embedding_dtype: EmbeddingDtype = Field(
+        "float32",
+        description="what /embeddings returns: float32, or int8/uint8 (each dimension's range, calibrated "
+        "offline on standard-library docstrings, in 256 steps), binary/ubinary (sign bits, packed)",
     )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="settings only one backend reads"
@@ -195,7 +201,7 @@ class DeploymentSpec(_Frozen):
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
-    "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids",
+    "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids", "embedding_dtype",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

@@ -14,16 +14,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
+
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import ModelNotFoundError
+from infinity_cloud.errors import InvalidInputError, ModelNotFoundError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult, Token
 from infinity_cloud.served_model import ServedModel
+from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
+from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.sparse import SparseCall
@@ -60,6 +64,9 @@ class Engine:
             max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
         self._media: MediaFetcher | None = None
+        # Calibration vectors for int8/uint8, per model, made on first use.
+        self._calibration: dict[str, np.ndarray] = {}
+        self._calibrating: dict[str, asyncio.Lock] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -88,6 +95,9 @@ class Engine:
 
     async def start(self) -> Engine:
         await asyncio.to_thread(self.load)
+        for model in self.models.values():  # calibrated now, not in a caller's first request
+            if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES:
+                await self.calibration(model.name)
         return self
 
     async def stop(self) -> None:
@@ -199,6 +209,34 @@ class Engine:
     ) -> ClassifyResult:
         call = ClassifyCall(inputs, raw_scores, truncate)
         return await self.run_task(TASKS[Capability.CLASSIFY], call, model)
+
+    async def calibration(self, model: str | None = None, dimensions: int | None = None) -> np.ndarray:
+        """(2, d) per-dimension ranges of the model's embeddings (Matryoshka-truncated to
+        `dimensions`) over the calibration texts, for int8/uint8: embedded once, on first use."""
+        served = self.model(model)
+        lock = self._calibrating.setdefault(served.name, asyncio.Lock())
+        async with lock:
+            if served.name not in self._calibration:
+                texts = await asyncio.to_thread(quantization.calibration_texts)
+                self._calibration[served.name] = (await self.embed(texts, served.name)).embeddings
+                log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
+        vectors = truncate_dimensions(
+            self._calibration[served.name], dimensions, renormalize=served.loaded.normalize
+        )
+        return quantization.ranges(vectors)
+
+    async def quantize(self, result: EmbeddingResult, kind: str, dimensions: int | None = None) -> np.ndarray:
+        """`result`'s vectors as `kind` (float, int8, uint8, binary, ubinary); int8/uint8 with
+        the model's calibrated ranges (`dimensions`: the truncation the result was made with)."""
+        if kind not in quantization.EMBEDDING_TYPES:
+            raise InvalidInputError(
+                f"embedding type {kind!r} is not served; ask for {', '.join(quantization.EMBEDDING_TYPES)}",
+                param="embedding_types",
+            )
+        bounds = None
+        if kind in quantization.CALIBRATED_TYPES:
+            bounds = await self.calibration(result.model, dimensions)
+        return quantization.quantize(result.embeddings, kind, bounds)
 
     async def embed_sparse(
         self,

@@ -228,6 +228,31 @@ def test_cohere_v2_embed_by_type(live_server: str, minilm_reference) -> None:
         minilm_reference, TEXTS)
 
 
+def test_cohere_v2_embed_int8_and_uint8(live_server: str, minilm_reference) -> None:
+    """Calibrated per model, offline: the server's int8/uint8 are sentence-transformers'
+    `quantize_embeddings` of the reference vectors with ranges calibrated on the same
+    texts, up to a step or two where bfloat16 and float32 round differently (MiniLM's three
+    dead dimensions, whose range is 1e-32, excepted: there rounding is all there is)."""
+    from sentence_transformers.quantization import quantize_embeddings
+
+    from infinity_cloud.tasks.quantization import calibration_texts
+
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    response = client.embed(model="minilm", texts=TEXTS, input_type="search_document",
+                            embedding_types=["int8", "uint8", "float"])
+    calibration = reference_embeddings(minilm_reference, calibration_texts())
+    ranges = np.stack([calibration.min(axis=0), calibration.max(axis=0)])
+    want = reference_embeddings(minilm_reference, TEXTS)
+    live = ranges[1] - ranges[0] > 1e-6
+    for kind, got in (("int8", response.embeddings.int8), ("uint8", response.embeddings.uint8)):
+        expected = quantize_embeddings(want, kind, ranges=ranges).astype(int)
+        steps = np.abs(np.asarray(got, dtype=int) - expected)[:, live]
+        assert steps.max() <= 3 and steps.mean() < 0.5, (kind, steps.max(), steps.mean())
+    # The quantised vectors still rank as the floats do: each text nearest itself.
+    ints = np.asarray(response.embeddings.int8, dtype=np.float32)
+    assert (np.argmax(ints @ want.T, axis=1) == np.arange(len(TEXTS))).all()
+
+
 def test_cohere_v1_embed_floats(live_server: str, minilm_reference) -> None:
     client = cohere.Client(api_key="x", base_url=live_server, max_retries=0)
     response = client.embed(model="minilm", texts=TEXTS[:3], input_type="search_query")
@@ -236,7 +261,7 @@ def test_cohere_v1_embed_floats(live_server: str, minilm_reference) -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"embedding_types": ["int8"]}, "embedding type 'int8' is not served"),
+    ({"embedding_types": ["int4"]}, "embedding type 'int4' is not served"),
     ({"truncate": "START"}, "truncate START"),
     ({"embedding_types": ["float"], "truncate": "NONE", "texts": ["word " * 400]}, "limit of 256"),
 ])

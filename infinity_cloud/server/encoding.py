@@ -18,5 +18,7 @@ def json_response(content: Any, status: int = 200, headers: Mapping[str, str] | 
 
 
 def vector_base64(vector: np.ndarray) -> str:
-    """Little-endian float32 bytes, as the OpenAI SDK decodes them."""
-    return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    """Little-endian float32 bytes, as the OpenAI SDK decodes them; a quantised vector's own
+    bytes (int8, uint8, packed bits)."""
+    dtype = "<f4" if vector.dtype.kind == "f" else vector.dtype
+    return base64.b64encode(np.ascontiguousarray(vector, dtype=dtype).tobytes()).decode("ascii")

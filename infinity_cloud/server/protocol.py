@@ -106,16 +106,22 @@ class ClassifyRequest(_Request):
 class CohereEmbedRequest(_Request):
     """Cohere's embed (v1 and v2): texts, and how they will be used."""
 
-    texts: list[StrictStr] = Field(..., description="the texts to embed")
+    texts: list[StrictStr] | None = Field(None, description="the texts to embed (or images)")
     input_type: (
         Literal["search_document", "search_query", "classification", "clustering", "image"] | None
     ) = Field(None, description="mapped to the model's matching prompt when it declares one")
     embedding_types: list[StrictStr] | None = Field(
-        None, description="float, binary, ubinary (int8 and uint8 need calibration: not yet)"
+        None, description="float, int8, uint8 (calibrated per model, offline), binary, ubinary"
     )
     truncate: Literal["NONE", "START", "END"] = Field("END", description="NONE: too long is a 400")
     output_dimension: StrictInt | None = Field(None, description="Matryoshka truncation")
-    images: list[StrictStr] | None = Field(None, description="refused: this API serves text models")
+    images: list[StrictStr] | None = Field(None, description="data URIs, for a model that embeds images")
+
+    @model_validator(mode="after")
+    def _texts_or_images(self) -> CohereEmbedRequest:
+        if (self.texts is None) == (self.images is None):
+            raise ValueError("send either 'texts' or 'images'")
+        return self
 
 
 # -- TEI (text-embeddings-inference) ---------------------------------------------------------

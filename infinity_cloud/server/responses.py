@@ -6,9 +6,10 @@ import time
 import uuid
 from typing import Any, Literal
 
+import numpy as np
+
 from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult
 from infinity_cloud.server.encoding import vector_base64
-from infinity_cloud.tasks import quantization
 
 
 def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
@@ -21,8 +22,11 @@ def _envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
     }
 
 
-def embeddings_body(result: EmbeddingResult, encoding_format: Literal["float", "base64"]) -> dict[str, Any]:
-    vectors = result.embeddings
+def embeddings_body(
+    result: EmbeddingResult, vectors: np.ndarray, encoding_format: Literal["float", "base64"]
+) -> dict[str, Any]:
+    """OpenAI's shape; `vectors` are the result's, maybe quantised (then `base64` holds their
+    own bytes: int8, uint8, or packed bits)."""
     if encoding_format == "base64":
         data = [{"object": "embedding", "index": i, "embedding": vector_base64(v)}
                 for i, v in enumerate(vectors)]
@@ -73,21 +77,19 @@ def rerank_body(
 
 
 def cohere_embed_body(
-    result: EmbeddingResult, texts: list[str], types: list[str] | None, version: int
+    result: EmbeddingResult, texts: list[str], by_type: dict[str, np.ndarray] | None, version: int
 ) -> dict[str, Any]:
     """Cohere's shapes: v1 without `embedding_types` gives a bare float list
     (`embeddings_floats`); otherwise `embeddings` maps each asked type to its vectors."""
-    vectors = result.embeddings
     body: dict[str, Any] = {
         "id": str(uuid.uuid4()),
         "texts": texts,
         "meta": {"api_version": {"version": str(version)},
                  "billed_units": {"input_tokens": result.prompt_tokens}},
     }
-    if version == 1 and types is None:
-        return {**body, "response_type": "embeddings_floats", "embeddings": vectors}
-    packers = {"binary": quantization.binary, "ubinary": quantization.ubinary}
-    by_type = {t: vectors if t == "float" else packers[t](vectors) for t in types or ["float"]}
+    if version == 1 and by_type is None:
+        return {**body, "response_type": "embeddings_floats", "embeddings": result.embeddings}
+    by_type = by_type or {"float": result.embeddings}
     return {**body, "response_type": "embeddings_by_type", "embeddings": by_type}
 
 

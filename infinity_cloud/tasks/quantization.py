@@ -2,15 +2,75 @@
 
 Binary quantisation is a sign per dimension, eight packed into a byte (`ubinary`), or those
 bytes shifted into int8 (`binary`): the layout Cohere's API and sentence-transformers'
-`quantize_embeddings` use, so stored indexes agree. It needs no calibration; int8/uint8 do
-(a range per dimension) and are not served yet.
+`quantize_embeddings` use, so stored indexes agree. `int8`/`uint8` map each dimension's range
+onto 256 steps; the range is calibrated per model, without network (Infinity downloads its
+calibration texts at run time), on paragraphs of the Python standard library's own
+docstrings: real English prose that every installation has.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from collections.abc import Callable
+
 import numpy as np
 
 PACKED_TYPES = ("binary", "ubinary")
+CALIBRATED_TYPES = ("int8", "uint8")
+EMBEDDING_TYPES = ("float", *CALIBRATED_TYPES, *PACKED_TYPES)
+CALIBRATION_SIZE = 512
+
+_MODULES = (
+    "builtins", "os", "re", "json", "string", "collections", "itertools", "functools", "pathlib", "textwrap",
+    "typing", "datetime", "math", "statistics", "random", "inspect", "argparse", "logging", "asyncio",
+    "unittest", "decimal", "fractions", "heapq", "bisect", "csv", "zipfile", "tarfile", "shutil",
+    "subprocess", "threading", "queue", "socket", "hashlib", "base64", "pickle", "copy", "enum",
+    "dataclasses", "contextlib", "abc", "operator", "io", "time", "calendar", "difflib", "pprint",
+    "traceback", "warnings", "weakref", "types",
+)
+
+
+def calibration_texts(count: int = CALIBRATION_SIZE) -> list[str]:
+    """`count` paragraphs of standard-library docstrings, spread over all there are, in a
+    fixed order (60 to 600 characters each). Only the modules' own classes and functions:
+    which submodules a module holds depends on what the process imported before."""
+    paragraphs: dict[str, None] = {}
+    for name in _MODULES:
+        module = importlib.import_module(name)
+        for obj in [module, *(getattr(module, a) for a in sorted(dir(module)) if not a.startswith("_"))]:
+            if obj is not module and not (inspect.isclass(obj) or inspect.isroutine(obj)):
+                continue
+            for paragraph in (inspect.getdoc(obj) or "").split("\n\n"):
+                text = " ".join(paragraph.split())
+                if 60 <= len(text) <= 600:
+                    paragraphs.setdefault(text)
+    texts = list(paragraphs)
+    picks = np.linspace(0, len(texts) - 1, num=min(count, len(texts))).astype(int)
+    return [texts[i] for i in picks]
+
+
+def ranges(calibration: np.ndarray) -> np.ndarray:
+    """(2, d): each dimension's lowest and highest value over the calibration vectors."""
+    return np.stack([calibration.min(axis=0), calibration.max(axis=0)]).astype(np.float32)
+
+
+def _steps(vectors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Each value as its step in [0, 255] of its dimension's range, floored, values outside
+    the range clipped to it (sentence-transformers' `quantize_embeddings`, so stored indexes
+    agree); a dimension without range is step 0."""
+    low, high = bounds
+    steps = (high - low) / 255
+    return np.clip(np.floor((vectors - low) / np.where(steps == 0, 1, steps)), 0, 255)
+
+
+def uint8(vectors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    return _steps(vectors, bounds).astype(np.uint8)
+
+
+def int8(vectors: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """`uint8` shifted by -128, as sentence-transformers computes it."""
+    return (_steps(vectors, bounds) - 128).astype(np.int8)
 
 
 def ubinary(vectors: np.ndarray) -> np.ndarray:
@@ -21,3 +81,15 @@ def ubinary(vectors: np.ndarray) -> np.ndarray:
 def binary(vectors: np.ndarray) -> np.ndarray:
     """`ubinary` shifted into int8 (byte - 128)."""
     return (ubinary(vectors).astype(np.int16) - 128).astype(np.int8)
+
+
+def quantize(vectors: np.ndarray, kind: str, bounds: np.ndarray | None = None) -> np.ndarray:
+    """`vectors` as `kind` (one of EMBEDDING_TYPES); int8/uint8 need the calibrated `bounds`."""
+    if kind == "float":
+        return vectors
+    if kind in CALIBRATED_TYPES:
+        if bounds is None:
+            raise ValueError(f"{kind} quantisation needs calibrated ranges")
+        calibrated: Callable[[np.ndarray, np.ndarray], np.ndarray] = int8 if kind == "int8" else uint8
+        return calibrated(vectors, bounds)
+    return binary(vectors) if kind == "binary" else ubinary(vectors)

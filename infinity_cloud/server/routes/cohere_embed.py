@@ -6,16 +6,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.protocol import CohereEmbedRequest
 from infinity_cloud.server.responses import cohere_embed_body
-from infinity_cloud.tasks.quantization import PACKED_TYPES
+from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 
 router = APIRouter(tags=["embeddings"])
 
-SERVED_TYPES = ("float", *PACKED_TYPES)
 # Cohere's input types, and the sentence-transformers prompt names that mean the same.
 PROMPTS_FOR = {
     "search_query": ("query", "search_query"),
@@ -27,28 +26,33 @@ PROMPTS_FOR = {
 
 async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
     engine = request.app.state.engine
-    if body.images or body.input_type == "image":
-        raise UnsupportedError("images are not served here: this server embeds text", param="images")
     if body.truncate == "START":
         raise InvalidInputError(
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
             param="truncate",
         )
-    unserved = [t for t in body.embedding_types or () if t not in SERVED_TYPES]
+    unserved = [t for t in body.embedding_types or () if t not in EMBEDDING_TYPES]
     if unserved:
         raise InvalidInputError(
-            f"embedding type {unserved[0]!r} is not served; ask for {', '.join(SERVED_TYPES)} "
-            "(int8 and uint8 need a calibration this server does not have yet)",
+            f"embedding type {unserved[0]!r} is not served; ask for {', '.join(EMBEDDING_TYPES)}",
             param="embedding_types",
         )
-    # A prompt the model declares for this use (e5's "query: ", ...); none: the text as is.
-    declared = engine.prompts(body.model)
-    prompt = next((p for p in PROMPTS_FOR.get(body.input_type or "", ()) if p in declared), None)
-    result = await answer(request, "embed", body.model, len(body.texts), engine.embed(
-        body.texts, body.model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
-        prompt_name=prompt,
+    if body.images:  # Cohere v2 sends images as data URIs, for a model that embeds images
+        inputs, modality, prompt = body.images, "image", None
+    else:
+        # A prompt the model declares for this use (e5's "query: ", ...); none: the text as is.
+        declared = engine.prompts(body.model)
+        inputs, modality = body.texts or [], "text"
+        prompt = next((p for p in PROMPTS_FOR.get(body.input_type or "", ()) if p in declared), None)
+    result = await answer(request, "embed", body.model, len(inputs), engine.embed(
+        inputs, body.model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
+        prompt_name=prompt, modality=modality,
     ))
-    return json_response(cohere_embed_body(result, body.texts, body.embedding_types, version))
+    types = body.embedding_types
+    by_type = None if types is None else {
+        t: await engine.quantize(result, t, body.output_dimension) for t in types
+    }
+    return json_response(cohere_embed_body(result, body.texts or [], by_type, version))
 
 
 @router.post("/v1/embed", summary="Embed texts (Cohere v1 shape)")

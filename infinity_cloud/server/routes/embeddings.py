@@ -33,7 +33,10 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
         openai_sender=from_openai_sdk(request),
     ))
-    return json_response(embeddings_body(result, body.encoding_format))
+    # The model's --embedding-dtype: float32, or the same vectors in fewer bits.
+    kind = engine.model(body.model).spec.embedding_dtype
+    vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dimensions)
+    return json_response(embeddings_body(result, vectors, body.encoding_format))
 
 
 # Infinity's own routes for media (its infinity_client calls them): /embeddings with the modality set.

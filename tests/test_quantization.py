@@ -1,0 +1,70 @@
+"""Quantised embeddings: int8/uint8 (calibrated offline, per model) and packed bits, the same
+numbers as sentence-transformers' `quantize_embeddings`, served per model on /embeddings."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, serve_in_process, spec_of
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.tasks import quantization
+
+
+@pytest.mark.parametrize("kind", ["int8", "uint8", "binary", "ubinary"])
+def test_the_numbers_are_sentence_transformers(kind: str) -> None:
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    rng = np.random.default_rng(0)
+    calibration = rng.standard_normal((300, 40)).astype(np.float32)
+    vectors = rng.standard_normal((20, 40)).astype(np.float32) * 1.2  # some beyond the range
+    bounds = quantization.ranges(calibration)
+    got = quantization.quantize(vectors, kind, bounds)
+    want = quantize_embeddings(vectors, kind, ranges=bounds)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_calibration_texts_do_not_depend_on_what_was_imported() -> None:
+    """Modules gain submodule attributes as a process imports them: the texts must not."""
+    code = "from infinity_cloud.tasks.quantization import calibration_texts as c; import json; "
+    code += "print(json.dumps(c()))"
+    outputs = []
+    for before in ("", "import json.tool, unittest.mock, email.mime.text, concurrent.futures, xml.dom; "):
+        run = subprocess.run([sys.executable, "-c", before + code], capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode == 0, run.stderr
+        outputs.append(json.loads(run.stdout))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == quantization.CALIBRATION_SIZE and len(set(outputs[0])) == len(outputs[0])
+
+
+async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
+    """--embedding-dtype int8: /embeddings answers the calibrated int8 vectors (JSON ints, or
+    their bytes in base64), Matryoshka-truncated ones calibrated at their own width."""
+    texts = ["hello world", "a somewhat longer text about the weather", "x"]
+    float_spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32")
+    async with Engine(float_spec) as engine:
+        full = await engine.embed(texts)
+        want = await engine.quantize(full, "int8")
+        short = await engine.embed(texts, dimensions=16)
+        want_short = await engine.quantize(short, "int8", 16)
+    spec = spec_of(
+        float_spec.model_copy(update={"embedding_dtype": "int8", "served_model_name": "q"}),
+        ModelSpec(model_id=str(tiny_embedder), served_model_name="bits", embedding_dtype="ubinary"),
+    )
+    async with serve_in_process(spec) as client:
+        plain = (await client.post("/embeddings", json={"model": "q", "input": texts})).json()
+        short_b64 = {"model": "q", "input": texts, "encoding_format": "base64", "dimensions": 16}
+        packed = (await client.post("/embeddings", json=short_b64)).json()
+        bits = (await client.post("/embeddings", json={"model": "bits", "input": texts})).json()
+    got = np.array([d["embedding"] for d in plain["data"]])
+    assert np.array_equal(got, want) and got.min() >= -128 and got.max() <= 127
+    got_short = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), np.int8) for d in packed["data"]])
+    assert np.array_equal(got_short, want_short)
+    signs = np.packbits(full.embeddings > 0, axis=-1)
+    assert np.array_equal(np.array([d["embedding"] for d in bits["data"]]), signs)
