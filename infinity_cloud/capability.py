@@ -11,10 +11,11 @@ class Capability(str, enum.Enum):
     RERANK = "rerank"
     CLASSIFY = "classify"
     SPARSE = "sparse"  # SPLADE: one weight per vocabulary term
+    MULTI_VECTOR = "multi_vector"  # ColPali: one vector per token, scored by late interaction
 
     @property
     def noun(self) -> str:
         return {
             "embed": "embedding", "rerank": "reranking", "classify": "classification",
-            "sparse": "sparse embedding",
+            "sparse": "sparse embedding", "multi_vector": "multi-vector embedding",
         }[self.value]

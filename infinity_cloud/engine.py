@@ -19,19 +19,29 @@ import numpy as np
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import InvalidInputError, ModelNotFoundError
+from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult, Token
+from infinity_cloud.results import (
+    ClassifyResult,
+    EmbeddingResult,
+    MultiVectorResult,
+    RankedDocument,
+    RerankResult,
+    SparseEmbeddingResult,
+    Token,
+)
 from infinity_cloud.served_model import ServedModel
 from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
+from infinity_cloud.tasks.multi_vector import MultiVectorCall
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
+from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
-from infinity_cloud.validation import check_texts
+from infinity_cloud.validation import check_texts, check_top_n
 
 if TYPE_CHECKING:  # imported on first use: it brings httpx
     from infinity_cloud.media.fetch import MediaFetcher
@@ -195,9 +205,35 @@ class Engine:
         top_n: int | None = None,
         raw_scores: bool = False,
         truncate: bool = True,
+        modality: Modality = "text",
     ) -> RerankResult:
+        """A cross-encoder scores each pair; a multi-vector model (ColPali) scores the query
+        against each document by late interaction (MaxSim sums, not probabilities), the
+        documents read as `modality` (images: URLs or data URIs)."""
+        served = self.model(model)
+        if served.capability is Capability.MULTI_VECTOR:
+            return await self._late_interaction(served.name, query, documents, top_n, truncate, modality)
+        if modality != "text":
+            raise UnsupportedError(
+                f"model {served.name!r} ranks text documents; modality {modality!r} needs a multi-vector "
+                "model such as ColPali",
+                param="modality",
+            )
         call = RerankCall(query, documents, top_n, raw_scores, truncate)
-        return await self.run_task(TASKS[Capability.RERANK], call, model)
+        return await self.run_task(TASKS[Capability.RERANK], call, served.name)
+
+    async def _late_interaction(
+        self, model: str, query: str, documents: Sequence[str], top_n: int | None, truncate: bool,
+        modality: Modality,
+    ) -> RerankResult:
+        check_top_n(top_n)
+        asked, read = await asyncio.gather(  # the two towers work at once
+            self.embed_multi_vector([query], model, truncate=truncate),
+            self.embed_multi_vector(documents, model, modality=modality, truncate=truncate),
+        )
+        scores = maxsim(asked.embeddings[0], read.embeddings)
+        ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, top_n)]
+        return RerankResult(model, ranked, asked.prompt_tokens + read.prompt_tokens)
 
     async def classify(
         self,
@@ -237,6 +273,15 @@ class Engine:
         if kind in quantization.CALIBRATED_TYPES:
             bounds = await self.calibration(result.model, dimensions)
         return quantization.quantize(result.embeddings, kind, bounds)
+
+    async def embed_multi_vector(
+        self, inputs: Sequence[str], model: str | None = None, *, modality: Modality = "text",
+        truncate: bool = True,
+    ) -> MultiVectorResult:
+        """ColPali: each query (text) or page (image URL or data URI) as one vector per token;
+        score them with `infinity_cloud.tasks.scores.maxsim`."""
+        call = MultiVectorCall(inputs, modality, truncate)
+        return await self.run_task(TASKS[Capability.MULTI_VECTOR], call, model)
 
     async def embed_sparse(
         self,

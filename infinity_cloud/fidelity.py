@@ -30,7 +30,11 @@ PROBES = (
 
 def agreement(candidate: np.ndarray, reference: np.ndarray) -> float:
     """Worst row cosine for embeddings; for logits, the cosine of the centred score columns
-    (a scalar reranker score has no direction of its own, its ranking across inputs does)."""
+    (a scalar reranker score has no direction of its own, its ranking across inputs does).
+    Per-token outputs (batch, length, width) count each real token's vector (padding is zero)."""
+    if reference.ndim == 3:
+        real = np.linalg.norm(reference, axis=-1) > 0
+        candidate, reference = candidate[real], reference[real]
     if reference.ndim == 2 and reference.shape[1] > 1 and candidate.shape == reference.shape:
         a, b = candidate, reference
     else:

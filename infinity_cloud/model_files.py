@@ -25,10 +25,12 @@ from infinity_cloud.errors import ModelLoadError, UnsupportedError
 #   Pooled inside the graph: the (batch, length, vocabulary) logits are 120 KB per token
 #   and must not cross into the engine;
 # - text_embeds / image_embeds: one tower of a two-tower model (CLIP, SigLIP), projected
-#   (batch, width).
+#   (batch, width);
+# - colpali_text / colpali_image: ColPali's token vectors (batch, length, width), normalised
+#   and zero where masked, for a query (tokens) or a page (an image behind its prompt tokens).
 GraphOutput = Literal[
     "token_states", "logits", "splade_max", "splade_sum", "splade_max_log1p", "splade_sum_log1p",
-    "text_embeds", "image_embeds",
+    "text_embeds", "image_embeds", "colpali_text", "colpali_image",
 ]
 # A tower is the graph that takes one modality; text-only models have one, CLIP two.
 Tower = Literal["text", "image", "audio"]
@@ -66,13 +68,20 @@ class ModelInfo:
     # SigLIP was trained on texts padded to its full length, without an attention mask: its
     # text tower pools the last position, so it must see what it was trained on.
     pad_to_max_length: bool = False
+    # Text a model reads around its inputs, "{}" standing for the input (ColPali's query
+    # "<bos>Question: {}<pad>...\n"; "image": the prompt its pages are read behind).
+    templates: dict[str, str] = field(default_factory=dict)
+    # The image processor's settings (preprocessor_config.json, or inside processor_config.json).
+    image_processor: dict[str, Any] = field(default_factory=dict, repr=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def dimensions(self) -> int | None:
-        """Width of an embedding; None for scoring models."""
+        """Width of an embedding (of each vector, for multi-vector models); None for scoring models."""
         if self.capability is Capability.SPARSE:
             return self.vocab_size
+        if self.capability is Capability.MULTI_VECTOR:
+            return self.hidden_size
         if self.capability is not Capability.EMBED:
             return None
         return int(self.dense[-1].weight.shape[0]) if self.dense else self.hidden_size
@@ -206,7 +215,7 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
         raise ModelLoadError(f"{path} holds no readable config.json")
     architectures = tuple(config.get("architectures") or ())
     model_type = str(config.get("model_type", ""))
-    if "vision_config" in config or "audio_config" in config:
+    if "vision_config" in config or "audio_config" in config or "vlm_config" in config:
         return _two_tower_info(path, config, model_type, architectures)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     tok_config = _read_json(path / "tokenizer_config.json") or {}
@@ -255,16 +264,71 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
 
 # Two-tower models whose towers transformers exposes as get_text_features/get_image_features.
 _TWO_TOWERS = {"clip", "siglip"}
+_SERVED_MULTIMODAL = (*sorted(_TWO_TOWERS), "colpali")
+
+
+def _image_processor(path: Path) -> dict[str, Any]:
+    """Hub folders keep it in preprocessor_config.json; transformers 5 saves it inside
+    processor_config.json."""
+    own = _read_json(path / "preprocessor_config.json")
+    if isinstance(own, dict):
+        return own
+    processor = _read_json(path / "processor_config.json")
+    nested = processor.get("image_processor") if isinstance(processor, dict) else None
+    return nested if isinstance(nested, dict) else {}
+
+
+def _tokens(tok_config: dict[str, Any], name: str, default: str) -> str:
+    value = tok_config.get(name) or default
+    return str(value.get("content", default)) if isinstance(value, dict) else str(value)
+
+
+def _colpali_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
+    """ColPali: a PaliGemma reading a query, or a page image behind its prompt, to one
+    normalised vector per token (late interaction)."""
+    vlm = config.get("vlm_config") or {}
+    text, vision = vlm.get("text_config") or {}, vlm.get("vision_config") or {}
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    processor = _read_json(path / "processor_config.json")
+    processor = processor if isinstance(processor, dict) else {}
+    images = _image_processor(path)
+    bos, pad = _tokens(tok_config, "bos_token", "<bos>"), _tokens(tok_config, "pad_token", "<pad>")
+    image_size, patch_size = int(vision.get("image_size") or 448), int(vision.get("patch_size") or 14)
+    image_tokens = int(images.get("image_seq_length") or (image_size // patch_size) ** 2)
+    query_prefix = processor.get("query_prefix", "Question: ")
+    visual_prefix = processor.get("visual_prompt_prefix", "Describe the image.")
+    return ModelInfo(
+        path=path,
+        capability=Capability.MULTI_VECTOR,
+        model_type="colpali",
+        architectures=architectures,
+        max_length=int(text.get("max_position_embeddings") or 512),
+        hidden_size=int(config.get("embedding_dim") or 128),
+        vocab_size=vlm.get("vocab_size") or text.get("vocab_size"),
+        pad_token=pad,
+        towers={"text": "colpali_text", "image": "colpali_image"},
+        image_size=image_size,
+        patch_size=patch_size,
+        # ColPaliProcessor: queries padded with ten <pad> ("query augmentation"), which count.
+        templates={
+            "query": f"{bos}{query_prefix}{{}}{pad * 10}\n",
+            "image": "<image>" * image_tokens + f"{bos}{visual_prefix}\n",
+        },
+        image_processor=images,
+        raw=config,
+    )
 
 
 def _two_tower_info(
     path: Path, config: dict[str, Any], model_type: str, architectures: tuple[str, ...]
 ) -> ModelInfo:
     """CLIP and SigLIP: a text tower and an image tower into one space, normalised."""
+    if model_type == "colpali":
+        return _colpali_info(path, config, architectures)
     if model_type not in _TWO_TOWERS:
         raise UnsupportedError(
             f"{path.name} is a {model_type or 'multimodal'} model; image and audio models served are "
-            f"{', '.join(sorted(_TWO_TOWERS))}"
+            f"{', '.join(_SERVED_MULTIMODAL)}"
         )
     text = config.get("text_config") or {}
     vision = config.get("vision_config") or {}
@@ -286,5 +350,6 @@ def _two_tower_info(
         image_size=int(vision.get("image_size") or 224),
         patch_size=int(vision.get("patch_size") or 32),
         pad_to_max_length=model_type == "siglip",
+        image_processor=_image_processor(path),
         raw=config,
     )

@@ -41,6 +41,13 @@ class SparseEmbeddingResult:
 
 
 @dataclass(frozen=True, slots=True)
+class MultiVectorResult:
+    model: str
+    embeddings: list[np.ndarray]  # per input, in input order: (its tokens, dimensions) float32
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class RankedDocument:
     index: int
     score: float

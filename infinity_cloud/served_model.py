@@ -125,7 +125,12 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        images = ImagePreprocessor.load(info) if "image" in info.towers else None
+        images = None
+        if "image" in info.towers:
+            # A model that reads each page behind a prompt (ColPali) gets its ids once, here.
+            prompt = info.templates.get("image")
+            ids = tokenizer.encode([prompt], truncate=False, special_tokens=False)[0].ids if prompt else None
+            images = ImagePreprocessor.load(info, ids)
         normalize = info.normalize if spec.normalize is None else spec.normalize
         towers: dict[TowerName, Tower] = {}
         try:
@@ -172,7 +177,8 @@ class ServedModel:
 
         def finish(output: tuple[Callable[[], np.ndarray], np.ndarray | None, int], _: list[Any]) -> Any:
             wait, mask, real = output  # `real`: static-shape filler rows are dropped
-            return task.rows(head(wait()[:real], None if mask is None else mask[:real]))
+            mask = None if mask is None else mask[:real]
+            return task.rows(head(wait()[:real], mask), mask)
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
             finish(run(probes[:2]), [])

@@ -95,9 +95,14 @@ class TextTokenizer:
             out.append(Encoded(enc.ids, enc.type_ids))
         return out
 
-    def encode(self, texts: Sequence[str], truncate: bool = True) -> list[Encoded]:
+    def encode(
+        self, texts: Sequence[str], truncate: bool = True, special_tokens: bool = True
+    ) -> list[Encoded]:
+        """`special_tokens` False: the texts hold the model's special tokens themselves (a
+        template's)."""
         tokenizer = self._truncating if truncate else self._full
-        return self._finish(tokenizer.encode_batch(list(texts)), truncate)
+        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=special_tokens)
+        return self._finish(encodings, truncate)
 
     def encode_pairs(self, query: str, documents: Sequence[str], truncate: bool = True) -> list[Encoded]:
         tokenizer = self._truncating if truncate else self._full

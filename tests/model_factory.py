@@ -431,6 +431,60 @@ def build_clip(path: Path, model_type: str = "clip") -> Path:
     return path
 
 
+def build_colpali(path: Path) -> Path:
+    """Tiny ColPali: a Gemma-style BPE (byte fallback, the special tokens ColPaliProcessor
+    adds), a 32-pixel SigLIP vision tower with patch 8 (16 image tokens), a two-layer Gemma,
+    16-wide token vectors; saved with transformers' own ColPaliProcessor (PIL image processor)."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import (
+        ColPaliConfig,
+        ColPaliForRetrieval,
+        ColPaliProcessor,
+        GemmaTokenizer,
+        SiglipImageProcessorPil,
+    )
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"] + [f"<0x{i:02X}>" for i in range(256)]
+    bpe = Tokenizer(models.BPE(byte_fallback=True))
+    bpe.normalizer = normalizers.Replace(" ", "\u2581")
+    bpe.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    bpe.train_from_iterator(
+        [*_BPE_CORPUS, "Describe the image.", "Question: what is the revenue?"],
+        trainers.BpeTrainer(vocab_size=600, special_tokens=special, show_progress=False),
+    )
+    trained = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    tokenizer = GemmaTokenizer(vocab=trained["vocab"], merges=merges, padding_side="right")
+    image = {"height": CLIP_IMAGE, "width": CLIP_IMAGE}
+    processor = ColPaliProcessor(
+        image_processor=SiglipImageProcessorPil(size=image, image_seq_length=(CLIP_IMAGE // CLIP_PATCH) ** 2),
+        tokenizer=tokenizer,
+    )
+    vocab = len(processor.tokenizer)  # with the <image>, <loc...> and <seg...> tokens it added
+    text = {
+        "model_type": "gemma", "vocab_size": vocab, "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 8,
+        "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+    }
+    vision = {
+        "model_type": "siglip_vision_model", "hidden_size": HIDDEN, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": CLIP_IMAGE, "patch_size": CLIP_PATCH,
+        "vision_use_head": False,
+    }
+    config = ColPaliConfig(embedding_dim=16, vlm_config={
+        "model_type": "paligemma", "image_token_index": processor.image_token_id, "vocab_size": vocab,
+        "projection_dim": HIDDEN, "hidden_size": HIDDEN, "text_config": text, "vision_config": vision,
+    })
+    with _seeded():
+        model = ColPaliForRetrieval(config).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    processor.save_pretrained(str(path))
+    return path
+
+
 def _same_files(a: Path, b: Path) -> bool:
     """Byte-compare two built folders (the determinism check)."""
     files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())

@@ -9,7 +9,12 @@ import weakref
 from typing import Any
 
 import torch
-from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+from transformers import (
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+)
 
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
@@ -24,6 +29,8 @@ def _auto_class(graph: GraphOutput) -> Any:
         return AutoModelForSequenceClassification
     if graph.startswith("splade"):
         return AutoModelForMaskedLM
+    if graph.startswith("colpali"):
+        return AutoModelForPreTraining  # ColPaliForRetrieval: AutoModel does not map it
     return AutoModel  # encoders, and CLIP/SigLIP whose towers are methods of the whole model
 
 
@@ -79,6 +86,10 @@ class Graph(torch.nn.Module):
         self.kind = kind
         if kind == "image_embeds":
             self.input_names: tuple[str, ...] = IMAGE_INPUTS
+        elif kind.startswith("colpali"):
+            # Token types (all zero) make PaliGemma attend both ways over the real tokens;
+            # without them a padded batch is read causally.
+            self.input_names = TEXT_INPUTS + (IMAGE_INPUTS if kind == "colpali_image" else ())
         elif kind == "text_embeds" and model.config.model_type == "siglip":
             self.input_names = TEXT_INPUTS[:1]  # trained without a mask (`ModelInfo.pad_to_max_length`)
         elif kind == "text_embeds" or not takes_token_types(model):
@@ -97,6 +108,8 @@ class Graph(torch.nn.Module):
             return _pooled(self.model.get_text_features(**feed))
         if kind == "image_embeds":
             return _pooled(self.model.get_image_features(**feed))
+        if kind.startswith("colpali"):
+            return self.model(**feed).embeddings  # normalised per token, zero where masked
         return _splade(self.model(**feed).logits, feed["attention_mask"], kind)
 
 

@@ -58,8 +58,9 @@ def onnx_file(info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, back
     return folder / EXPORT_FILE
 
 
-# Which axes of each graph's output vary: every graph's rows; an encoder's positions too.
-_OUTPUT_AXES = {"token_states": {0: "batch", 1: "sequence"}}
+# Which axes of each graph's output vary: every graph's rows; per-token outputs' positions too.
+_PER_TOKEN = ("token_states", "colpali_text", "colpali_image")
+_OUTPUT_AXES = {name: {0: "batch", 1: "sequence"} for name in _PER_TOKEN}
 
 
 def export_onnx(

@@ -1,12 +1,12 @@
 """Images to a vision tower's `pixel_values`, as the model's own image processor makes them
 (`preprocessor_config.json`: resize, centre crop, rescale, normalise), with Pillow and numpy
-only, so an ONNX or OpenVINO server needs neither torch nor transformers for images.
+only, so an ONNX or OpenVINO server needs neither torch nor transformers for images. A model
+that reads an image behind a prompt (ColPali) gets the prompt's token ids with each batch.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +51,10 @@ def _pil() -> Any:
 
 
 class ImagePreprocessor:
-    def __init__(self, config: dict[str, Any], image_size: int, patch_size: int, class_token: bool) -> None:
+    def __init__(
+        self, config: dict[str, Any], image_size: int, patch_size: int, class_token: bool,
+        prompt_ids: list[int] | None = None,
+    ) -> None:
         self._image = _pil()
         self.size = config.get("size") or {"shortest_edge": image_size}
         if isinstance(self.size, int):  # old configs: one number, the shortest edge
@@ -65,28 +68,27 @@ class ImagePreprocessor:
         normalize = config.get("do_normalize", True)
         self.mean = np.array(config.get("image_mean", _CLIP_MEAN) if normalize else (0, 0, 0), np.float32)
         self.std = np.array(config.get("image_std", _CLIP_STD) if normalize else (1, 1, 1), np.float32)
-        self.tokens = (image_size // patch_size) ** 2 + class_token  # patches (and CLIP's class token)
+        self.prompt_ids = prompt_ids
+        # What an image costs a batch: its patches (and CLIP's class token), or its prompt's tokens.
+        self.tokens = len(prompt_ids) if prompt_ids else (image_size // patch_size) ** 2 + class_token
         self.image_size = image_size
 
     @classmethod
-    def load(cls, info: ModelInfo) -> ImagePreprocessor:
-        path = info.path / "preprocessor_config.json"
-        try:
-            config = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    def load(cls, info: ModelInfo, prompt_ids: list[int] | None = None) -> ImagePreprocessor:
         clip = info.model_type == "clip"
-        return cls(config, info.image_size or 224, info.patch_size or 32, class_token=clip)
+        return cls(info.image_processor, info.image_size or 224, info.patch_size or 32, clip, prompt_ids)
 
     def prepare(self, data: bytes, index: int) -> Pixels:
         """Decode and preprocess one image; a bad one is a 400 naming input `index`."""
         image = self._decode(data, index)
         if self.do_resize:
             image = image.resize(self._resized(image.width, image.height), self.resample)
-        array = np.asarray(image, dtype=np.float32)  # (height, width, channels)
+        array = np.asarray(image)  # (height, width, channels) bytes
         if self.do_center_crop:
             array = _center_crop(array, *self.crop)
-        array = (array * self.rescale - self.mean) / self.std
+        # Rescaled in float64, then normalised in float32: transformers' order, to the bit.
+        array = (array.astype(np.float64) * self.rescale).astype(np.float32)
+        array = (array - self.mean) / self.std
         return Pixels(np.ascontiguousarray(array.transpose(2, 0, 1), dtype=np.float32), self.tokens)
 
     def _decode(self, data: bytes, index: int) -> Any:
@@ -114,7 +116,11 @@ class ImagePreprocessor:
                 f"input {index}: the image is {width}x{height} pixels; images need at least "
                 f"{MIN_SIDE} pixels a side", param="input",
             )
-        return image.convert("RGB")
+        if image.mode == "RGB":
+            return image
+        # transformers' convert_to_rgb: transparency composited onto white, not dropped.
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
     def _resized(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) after resizing, as transformers computes it."""
@@ -126,7 +132,14 @@ class ImagePreprocessor:
         return int(self.size["width"]), int(self.size["height"])
 
     def collate(self, items: Sequence[Pixels], rows: int | None = None) -> ModelInputs:
-        return ModelInputs.stack("pixel_values", [item.array for item in items], rows)
+        inputs = ModelInputs.stack("pixel_values", [item.array for item in items], rows)
+        if self.prompt_ids is None:
+            return inputs
+        ids = np.tile(np.array(self.prompt_ids, dtype=np.int64), (inputs.rows, 1))
+        return ModelInputs({
+            "input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids),
+            **inputs.arrays,
+        })
 
     def probes(self) -> list[Pixels]:
         """Fixed synthetic pictures (gradients, stripes, noise) for warm-up and precision checks."""

@@ -65,6 +65,10 @@ class RerankRequest(_Request):
     truncate: bool = True
     truncation: bool | None = Field(None, description="Voyage's truncate")
     truncation_direction: Direction = "right"
+    modality: Literal["text", "image"] = Field(
+        "text", description="what the documents are: image URLs or data URIs for a multi-vector model "
+        "(ColPali)"
+    )
 
     @model_validator(mode="after")
     def _one_list(self) -> RerankRequest:

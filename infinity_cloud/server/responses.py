@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from infinity_cloud.results import ClassifyResult, EmbeddingResult, RerankResult, SparseEmbeddingResult
+from infinity_cloud.results import (
+    ClassifyResult,
+    EmbeddingResult,
+    MultiVectorResult,
+    RerankResult,
+    SparseEmbeddingResult,
+)
 from infinity_cloud.server.encoding import vector_base64
 
 
@@ -32,6 +38,21 @@ def embeddings_body(
                 for i, v in enumerate(vectors)]
     else:
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    return {**_envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+def multi_vector_body(
+    result: MultiVectorResult, encoding_format: Literal["float", "base64"]
+) -> dict[str, Any]:
+    """Per input a list of vectors; with base64 the row-major float32 matrix, and its `shape`."""
+    data: list[dict[str, Any]] = []
+    for i, matrix in enumerate(result.embeddings):
+        item: dict[str, Any] = {"object": "embedding", "index": i}
+        if encoding_format == "base64":
+            item.update(embedding=vector_base64(matrix), shape=list(matrix.shape))
+        else:
+            item["embedding"] = matrix
+        data.append(item)
     return {**_envelope("list", result.model, result.prompt_tokens), "data": data}
 
 

@@ -35,7 +35,7 @@ class Task(ABC, Generic[Call, Result]):
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         """Backend output and attention mask of a batch -> the batch's rows, one per input."""
 
-    def rows(self, batch: np.ndarray) -> Sequence[Any]:
+    def rows(self, batch: np.ndarray, mask: np.ndarray | None) -> Sequence[Any]:
         """A head's batch output as the per-input rows the batcher hands back."""
         return batch
 

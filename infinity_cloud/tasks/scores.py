@@ -32,6 +32,12 @@ def rank(scores: Sequence[float] | np.ndarray, top_n: int | None) -> list[int]:
     return [int(i) for i in order]
 
 
+def maxsim(query: np.ndarray, documents: Sequence[np.ndarray]) -> np.ndarray:
+    """Late interaction (ColBERT, ColPali): for each document, the sum over the query's vectors
+    of each one's best dot product with the document's vectors."""
+    return np.array([float((query @ d.T).max(axis=1).sum()) for d in documents])
+
+
 def label_scores(row: np.ndarray, labels: Sequence[str]) -> list[tuple[str, float]]:
     """One input's (label, score) pairs, highest score first."""
     return [(labels[i], float(row[i])) for i in rank(row, None)]

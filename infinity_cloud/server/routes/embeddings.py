@@ -3,11 +3,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.protocol import EmbeddingRequest
-from infinity_cloud.server.responses import embeddings_body, sparse_embeddings_body
+from infinity_cloud.server.responses import embeddings_body, multi_vector_body, sparse_embeddings_body
 
 router = APIRouter(tags=["embeddings"])
 
@@ -29,6 +30,14 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
             inputs, body.model, truncate=body.truncate,
         ))
         return json_response(sparse_embeddings_body(sparse))
+    if engine.model(body.model).capability is Capability.MULTI_VECTOR:
+        if body.dimensions:
+            raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
+                                   param="dimensions")
+        multi = await answer(request, "embeddings", body.model, len(inputs), engine.embed_multi_vector(
+            inputs, body.model, modality=body.modality, truncate=body.truncate,
+        ))
+        return json_response(multi_vector_body(multi, body.encoding_format))
     result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
         inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
         openai_sender=from_openai_sdk(request),

@@ -26,7 +26,7 @@ async def _ranked(body: RerankRequest, request: Request) -> tuple[RerankResult, 
     documents = body.docs()
     result = await answer(request, "rerank", body.model, len(documents), request.app.state.engine.rerank(
         body.query, documents, body.model,
-        top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncates,
+        top_n=body.limit, raw_scores=body.raw_scores, truncate=body.truncates, modality=body.modality,
     ))
     return result, documents
 

@@ -1,0 +1,119 @@
+"""ColPali: queries and page images to one vector per token, the same as transformers'
+ColPaliForRetrieval with its own processor on the same folder; late-interaction scores the
+same as the processor's `score_retrieval`, from Python and through the rerank routes."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import serve_in_process, spec_of
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.tasks.scores import maxsim
+
+QUERIES = ["what was the revenue in the last quarter?", "a fox"]
+
+
+@pytest.fixture(scope="session")
+def colpali(build_model: Callable[..., Path]) -> Path:
+    return build_model("colpali")
+
+
+def pages() -> list[bytes]:
+    """Pictures of several sizes and modes (RGBA: transparency goes onto white)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    out = []
+    for (height, width), mode in [((40, 60), "RGB"), ((64, 32), "RGB"), ((30, 45), "RGBA"), ((32, 32), "L")]:
+        channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+        pixels = (rng.random((height, width, channels)) * 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode).save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    return out
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def reference(path: Path, queries: list[str], images: list[bytes]):
+    import torch
+    from PIL import Image
+    from transformers import ColPaliForRetrieval, ColPaliProcessor
+
+    model = ColPaliForRetrieval.from_pretrained(str(path)).eval()
+    processor = ColPaliProcessor.from_pretrained(str(path))
+    asked = processor.process_queries(queries)
+    read = processor.process_images([Image.open(io.BytesIO(b)) for b in images])
+    with torch.no_grad():
+        q, p = model(**asked).embeddings, model(**read).embeddings
+    lengths = asked["attention_mask"].sum(dim=1).tolist()
+    query_vectors = [q[i, :n].numpy() for i, n in enumerate(lengths)]
+    return query_vectors, list(p.numpy()), processor.score_retrieval(q, p).numpy()
+
+
+async def test_queries_and_pages_match_transformers(colpali: Path) -> None:
+    images = pages()
+    want_queries, want_pages, want_scores = reference(colpali, QUERIES, images)
+    async with Engine(ModelSpec(model_id=str(colpali), dtype="float32")) as engine:
+        asked = await engine.embed_multi_vector(QUERIES)
+        read = await engine.embed_multi_vector([data_uri(b) for b in images], modality="image")
+        facts = engine.describe()[0]
+    assert facts["capabilities"] == ["multi_vector"] and facts["modalities"] == ["text", "image"]
+    assert facts["dimensions"] == 16
+    for got, want in zip([*asked.embeddings, *read.embeddings], [*want_queries, *want_pages], strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    scores = np.array([maxsim(q, read.embeddings) for q in asked.embeddings])
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-4)
+
+
+async def test_multi_vectors_over_http_and_rerank_by_image(colpali: Path) -> None:
+    images = pages()
+    want_queries, want_pages, want_scores = reference(colpali, QUERIES, images)
+    uris = [data_uri(b) for b in images]
+    # float32: random tiny weights leave scores too close together for bfloat16 to keep their order.
+    model = ModelSpec(model_id=str(colpali), served_model_name="colpali", dtype="float32")
+    async with serve_in_process(spec_of(model)) as client:
+        plain = await client.post("/v1/embeddings", json={"model": "colpali", "input": QUERIES})
+        as_bytes = {"model": "colpali", "input": uris, "modality": "image", "encoding_format": "base64"}
+        packed = await client.post("/embeddings", json=as_bytes)
+        ranked = await client.post("/rerank", json={
+            "model": "colpali", "query": QUERIES[0], "documents": uris, "modality": "image", "top_n": 3,
+        })
+        cohere = await client.post("/v2/rerank", json={
+            "model": "colpali", "query": QUERIES[1], "documents": uris, "modality": "image",
+        })
+        refused = [
+            await client.post("/embeddings", json={"model": "colpali", "input": QUERIES, "dimensions": 8}),
+            await client.post("/embeddings", json={"model": "colpali", "input": uris, "modality": "audio"}),
+        ]
+    assert plain.status_code == packed.status_code == ranked.status_code == cohere.status_code == 200
+    for item, want in zip(plain.json()["data"], want_queries, strict=True):
+        np.testing.assert_allclose(np.array(item["embedding"]), want, atol=1e-4)
+    for item, want in zip(packed.json()["data"], want_pages, strict=True):
+        matrix = np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(item["shape"])
+        np.testing.assert_allclose(matrix, want, atol=1e-4)
+    best = list(np.argsort(-want_scores[0], kind="stable")[:3])
+    assert [r["index"] for r in ranked.json()["results"]] == best
+    np.testing.assert_allclose([r["relevance_score"] for r in ranked.json()["results"]], want_scores[0][best],
+                               rtol=1e-3)
+    assert [r["index"] for r in cohere.json()["results"]] == list(np.argsort(-want_scores[1], kind="stable"))
+    assert all(r.status_code == 400 for r in refused), [r.text for r in refused]
+    assert "dimensions" in refused[0].text and "modality" in refused[1].text
+
+
+async def test_image_documents_need_a_multi_vector_model(tiny_reranker: Path) -> None:
+    spec = spec_of(ModelSpec(model_id=str(tiny_reranker), served_model_name="r"))
+    async with serve_in_process(spec) as client:
+        response = await client.post("/rerank", json={
+            "model": "r", "query": "q", "documents": [data_uri(pages()[0])], "modality": "image",
+        })
+    assert response.status_code == 400 and "multi-vector" in response.text, response.text
