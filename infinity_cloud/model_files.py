@@ -25,12 +25,12 @@ from infinity_cloud.errors import ModelLoadError, UnsupportedError
 #   Pooled inside the graph: the (batch, length, vocabulary) logits are 120 KB per token
 #   and must not cross into the engine;
 # - text_embeds / image_embeds: one tower of a two-tower model (CLIP, SigLIP), projected
-#   (batch, width);
+#   (batch, width); audio_embeds: CLAP's audio tower, likewise;
 # - colpali_text / colpali_image: ColPali's token vectors (batch, length, width), normalised
 #   and zero where masked, for a query (tokens) or a page (an image behind its prompt tokens).
 GraphOutput = Literal[
     "token_states", "logits", "splade_max", "splade_sum", "splade_max_log1p", "splade_sum_log1p",
-    "text_embeds", "image_embeds", "colpali_text", "colpali_image",
+    "text_embeds", "image_embeds", "audio_embeds", "colpali_text", "colpali_image",
 ]
 # A tower is the graph that takes one modality; text-only models have one, CLIP two.
 Tower = Literal["text", "image", "audio"]
@@ -73,6 +73,8 @@ class ModelInfo:
     templates: dict[str, str] = field(default_factory=dict)
     # The image processor's settings (preprocessor_config.json, or inside processor_config.json).
     image_processor: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The audio feature extractor's settings, likewise.
+    audio_processor: dict[str, Any] = field(default_factory=dict, repr=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -264,18 +266,47 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
 
 # Two-tower models whose towers transformers exposes as get_text_features/get_image_features.
 _TWO_TOWERS = {"clip", "siglip"}
-_SERVED_MULTIMODAL = (*sorted(_TWO_TOWERS), "colpali")
+_SERVED_MULTIMODAL = (*sorted(_TWO_TOWERS), "clap", "colpali")
 
 
-def _image_processor(path: Path) -> dict[str, Any]:
+def _image_processor(path: Path, kind: str = "image_processor") -> dict[str, Any]:
     """Hub folders keep it in preprocessor_config.json; transformers 5 saves it inside
-    processor_config.json."""
+    processor_config.json (`kind`: image_processor or feature_extractor)."""
     own = _read_json(path / "preprocessor_config.json")
     if isinstance(own, dict):
         return own
     processor = _read_json(path / "processor_config.json")
-    nested = processor.get("image_processor") if isinstance(processor, dict) else None
+    nested = processor.get(kind) if isinstance(processor, dict) else None
     return nested if isinstance(nested, dict) else {}
+
+
+def _clap_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
+    """CLAP: a RoBERTa text tower and an HTSAT audio tower into one space, normalised."""
+    text, audio = config.get("text_config") or {}, config.get("audio_config") or {}
+    if audio.get("enable_fusion"):
+        raise UnsupportedError(
+            f"{path.name} is a fused CLAP model (random crops of long audio); unfused CLAP models are served"
+        )
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    pad = tok_config.get("pad_token")
+    positions = int(text.get("max_position_embeddings") or 514) - 2  # RoBERTa offsets by padding
+    limit = tok_config.get("model_max_length")
+    if isinstance(limit, int | float) and limit < 1e6:  # transformers' sentinel for "no limit" is huge
+        positions = min(positions, int(limit))
+    return ModelInfo(
+        path=path,
+        capability=Capability.EMBED,
+        model_type="clap",
+        architectures=architectures,
+        max_length=positions,
+        hidden_size=int(config.get("projection_dim") or 512),
+        vocab_size=text.get("vocab_size"),
+        pad_token=pad.get("content") if isinstance(pad, dict) else pad,
+        normalize=True,
+        towers={"text": "text_embeds", "audio": "audio_embeds"},
+        audio_processor=_image_processor(path, "feature_extractor"),
+        raw=config,
+    )
 
 
 def _tokens(tok_config: dict[str, Any], name: str, default: str) -> str:
@@ -325,6 +356,8 @@ def _two_tower_info(
     """CLIP and SigLIP: a text tower and an image tower into one space, normalised."""
     if model_type == "colpali":
         return _colpali_info(path, config, architectures)
+    if model_type == "clap":
+        return _clap_info(path, config, architectures)
     if model_type not in _TWO_TOWERS:
         raise UnsupportedError(
             f"{path.name} is a {model_type or 'multimodal'} model; image and audio models served are "

@@ -19,7 +19,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.fidelity import PROBES
-from infinity_cloud.media.images import ImagePreprocessor
+from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
@@ -46,7 +46,8 @@ class _Loaded:
     tokenizer: TextTokenizer
     towers: dict[TowerName, Tower]
     normalize: bool
-    images: ImagePreprocessor | None = None
+    # The preprocessor of each tower that reads media (image, audio), by tower.
+    media: dict[TowerName, MediaPreprocessor]
 
     @property
     def backend(self) -> Backend:
@@ -71,6 +72,24 @@ def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
             log.info("model %s: SPLADE batches capped at %d tokens (vocabulary logits)", spec.name, cap)
             return cap
     return spec.batch_tokens
+
+
+def media_preprocessors(info: ModelInfo, tokenizer: TextTokenizer) -> dict[TowerName, MediaPreprocessor]:
+    """The preprocessor of each tower that reads images or audio (imported only then: Pillow,
+    soundfile)."""
+    media: dict[TowerName, MediaPreprocessor] = {}
+    if "image" in info.towers:
+        from infinity_cloud.media.images import ImagePreprocessor
+
+        # A model that reads each page behind a prompt (ColPali) gets its ids once, here.
+        prompt = info.templates.get("image")
+        ids = tokenizer.encode([prompt], truncate=False, special_tokens=False)[0].ids if prompt else None
+        media["image"] = ImagePreprocessor.load(info, ids)
+    if "audio" in info.towers:
+        from infinity_cloud.media.audio import AudioPreprocessor
+
+        media["audio"] = AudioPreprocessor.load(info)
+    return media
 
 
 def max_batch_size(spec: ModelSpec, backend: str) -> int:
@@ -125,33 +144,27 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        images = None
-        if "image" in info.towers:
-            # A model that reads each page behind a prompt (ColPali) gets its ids once, here.
-            prompt = info.templates.get("image")
-            ids = tokenizer.encode([prompt], truncate=False, special_tokens=False)[0].ids if prompt else None
-            images = ImagePreprocessor.load(info, ids)
+        media = media_preprocessors(info, tokenizer)
         normalize = info.normalize if spec.normalize is None else spec.normalize
         towers: dict[TowerName, Tower] = {}
         try:
             for name, graph in info.towers.items():
-                towers[name] = self._tower(info, name, graph, tokenizer, images, normalize)
+                towers[name] = self._tower(info, name, graph, tokenizer, media.get(name), normalize)
         except BaseException:
             for tower in towers.values():
                 tower.worker.stop()
                 tower.backend.close()
             raise
-        return _Loaded(info, tokenizer, towers, normalize, images)
+        return _Loaded(info, tokenizer, towers, normalize, media)
 
     def _tower(
         self, info: ModelInfo, name: TowerName, graph: GraphOutput, tokenizer: TextTokenizer,
-        images: ImagePreprocessor | None, normalize: bool,
+        preprocessor: MediaPreprocessor | None, normalize: bool,
     ) -> Tower:
         spec = self.spec
         task = task_for(info.capability)
         head = task.head(info, graph, spec.pooling or info.pooling, normalize)
-        image = images is not None and name == "image"
-        probes: list[Any] = images.probes() if image else task.encode_probes(tokenizer, PROBES)  # type: ignore[union-attr]
+        probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
 
         def padded_length(longest: int) -> int:
             return tokenizer.max_length if info.pad_to_max_length else bucket(longest, spec.length_buckets)
@@ -159,8 +172,8 @@ class ServedModel:
         def collate(items: list[Any], static: bool = True) -> ModelInputs:
             """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
             rows = bucket(len(items), spec.batch_buckets) if static else None
-            if image:
-                return images.collate(items, rows)  # type: ignore[union-attr]
+            if preprocessor:
+                return preprocessor.collate(items, rows)
             longest = max(len(e) for e in items)
             length = padded_length(longest) if static or info.pad_to_max_length else None
             return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)

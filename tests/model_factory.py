@@ -485,6 +485,50 @@ def build_colpali(path: Path) -> Path:
     return path
 
 
+def build_clap(path: Path) -> Path:
+    """Tiny CLAP: RoBERTa-style text tower (byte-level BPE, pad 1, positions = length + 2), the
+    smallest HTSAT audio tower that takes CLAP's (1, 1001, 64) log-mel input (spec 256, patch
+    16, two stages), unfused; the feature extractor of the real laion checkpoints (48 kHz,
+    10 s, 64 mel bins from 50 Hz)."""
+    from transformers import (
+        ClapAudioConfig,
+        ClapConfig,
+        ClapFeatureExtractor,
+        ClapModel,
+        ClapTextConfig,
+        RobertaTokenizerFast,
+    )
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0..4, pad=1 as in RoBERTa
+    backend = _train_byte_level_bpe(specials, vocab_size=400)
+    with tempfile.TemporaryDirectory(prefix="tiny-clap-") as tmp:
+        backend.model.save(tmp)
+        files = {"vocab": f"{tmp}/vocab.json", "merges": f"{tmp}/merges.txt"}  # v4's *_file names are ignored
+        tokenizer = RobertaTokenizerFast(**files, model_max_length=64)
+    assert tokenizer.pad_token_id == 1, tokenizer.pad_token_id
+    text = ClapTextConfig(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64 + 2, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        type_vocab_size=1,
+    )
+    audio = ClapAudioConfig(
+        spec_size=256, num_mel_bins=64, patch_size=16, patch_stride=[16, 16], patch_embeds_hidden_size=16,
+        depths=[1, 1], num_attention_heads=[2, 4], window_size=4, hidden_size=HIDDEN, enable_fusion=False,
+        mlp_ratio=2.0,
+    )
+    config = ClapConfig(text_config=text.to_dict(), audio_config=audio.to_dict(), projection_dim=24)
+    extractor = ClapFeatureExtractor(
+        feature_size=64, sampling_rate=48_000, hop_length=480, max_length_s=10, fft_window_size=1024,
+        frequency_min=50, frequency_max=14_000, truncation="rand_trunc", padding="repeatpad",
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    with _seeded():
+        ClapModel(config).eval().save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    extractor.save_pretrained(str(path))
+    return path
+
+
 def _same_files(a: Path, b: Path) -> bool:
     """Byte-compare two built folders (the determinism check)."""
     files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())

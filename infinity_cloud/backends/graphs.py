@@ -22,6 +22,7 @@ from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 IMAGE_INPUTS = ("pixel_values",)
+AUDIO_INPUTS = ("input_features",)
 
 
 def _auto_class(graph: GraphOutput) -> Any:
@@ -84,8 +85,11 @@ class Graph(torch.nn.Module):
         super().__init__()
         self.model = model
         self.kind = kind
+        self.eval()  # a new module trains by default; exporting would put the model back so
         if kind == "image_embeds":
             self.input_names: tuple[str, ...] = IMAGE_INPUTS
+        elif kind == "audio_embeds":
+            self.input_names = AUDIO_INPUTS
         elif kind.startswith("colpali"):
             # Token types (all zero) make PaliGemma attend both ways over the real tokens;
             # without them a padded batch is read causally.
@@ -108,6 +112,8 @@ class Graph(torch.nn.Module):
             return _pooled(self.model.get_text_features(**feed))
         if kind == "image_embeds":
             return _pooled(self.model.get_image_features(**feed))
+        if kind == "audio_embeds":  # unfused CLAP: `is_longer` is not read
+            return _pooled(self.model.get_audio_features(**feed))
         if kind.startswith("colpali"):
             return self.model(**feed).embeddings  # normalised per token, zero where masked
         return _splade(self.model(**feed).logits, feed["attention_mask"], kind)

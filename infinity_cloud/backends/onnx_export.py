@@ -88,6 +88,12 @@ def export_onnx(
         side = info.image_size or 224
         example: tuple[torch.Tensor, ...] = (torch.rand(2, 3, side, side),)
         axes = {"pixel_values": {0: "batch"}}
+    elif graph == "audio_embeds":  # log-mel frames x bins of CLAP's window
+        audio = info.audio_processor
+        frames = int(float(audio.get("max_length_s", 10)) * int(audio.get("sampling_rate", 48_000)))
+        frames = frames // int(audio.get("hop_length", 480)) + 1
+        example = (torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40,)
+        axes = {"input_features": {0: "batch"}}
     else:
         # Padding and two lengths, so no mask branch is traced as "no padding".
         ids = torch.full((2, 8), 5, dtype=torch.long)

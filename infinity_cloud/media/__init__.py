@@ -1,2 +1,20 @@
-"""Images and audio: fetching them for a request (`fetch.py`), turning them into model
-inputs (`images.py`)."""
+"""Images and audio: fetching them for a request (`fetch.py`), turning them into a tower's
+inputs (`images.py`, `audio.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from infinity_cloud.backends.base import ModelInputs
+
+
+class MediaPreprocessor(Protocol):
+    """What a tower that reads media needs: one input's bytes to a model input (whose length is
+    its batch cost), a batch of them as arrays, and fixed probes for warm-up and fidelity."""
+
+    def prepare(self, data: bytes, index: int) -> Any: ...
+
+    def collate(self, items: Sequence[Any], rows: int | None = None) -> ModelInputs: ...
+
+    def probes(self) -> list[Any]: ...

@@ -96,10 +96,9 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     def encode(
         self, call: EmbedCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
     ) -> list[Any]:
-        if call.modality == "image":
-            images = served.loaded.images
-            assert images is not None, "checked: the model has an image tower"
-            return [images.prepare(data, index) for index, data in enumerate(media)]
+        if call.modality != "text":
+            preprocessor = served.loaded.media[call.modality]  # checked: the model has that tower
+            return [preprocessor.prepare(data, index) for index, data in enumerate(media)]
         if is_token_ids(call.inputs):
             return self._token_ids(call, served, limits)
         texts = prompted(served, call.inputs, call.prompt_name)  # type: ignore[arg-type]

@@ -69,9 +69,9 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
     ) -> list[Any]:
         loaded = served.loaded
-        if call.modality == "image":
-            assert loaded.images is not None, "checked: the model has an image tower"
-            return [loaded.images.prepare(data, index) for index, data in enumerate(media)]
+        if call.modality != "text":
+            preprocessor = loaded.media[call.modality]  # checked: the model has that tower
+            return [preprocessor.prepare(data, index) for index, data in enumerate(media)]
         texts = templated(loaded.info, "query", call.inputs)
         own_specials = "query" not in loaded.info.templates  # a template writes them itself
         return loaded.tokenizer.encode(texts, call.truncate, special_tokens=own_specials)
