@@ -35,7 +35,7 @@ from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
-from infinity_cloud.tasks.multi_vector import MultiVectorCall
+from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
@@ -227,9 +227,9 @@ class Engine:
         modality: Modality,
     ) -> RerankResult:
         check_top_n(top_n)
-        asked, read = await asyncio.gather(  # the two towers work at once
-            self.embed_multi_vector([query], model, truncate=truncate),
-            self.embed_multi_vector(documents, model, modality=modality, truncate=truncate),
+        asked, read = await asyncio.gather(  # the two towers (or roles) at once
+            self.embed_multi_vector([query], model, truncate=truncate, role="query"),
+            self.embed_multi_vector(documents, model, modality=modality, truncate=truncate, role="document"),
         )
         scores = maxsim(asked.embeddings[0], read.embeddings)
         ranked = [RankedDocument(i, float(scores[i])) for i in rank(scores, top_n)]
@@ -276,11 +276,12 @@ class Engine:
 
     async def embed_multi_vector(
         self, inputs: Sequence[str], model: str | None = None, *, modality: Modality = "text",
-        truncate: bool = True,
+        truncate: bool = True, role: Role | None = None,
     ) -> MultiVectorResult:
-        """ColPali: each query (text) or page (image URL or data URI) as one vector per token;
-        score them with `infinity_cloud.tasks.scores.maxsim`."""
-        call = MultiVectorCall(inputs, modality, truncate)
+        """ColBERT: each text, read as a query or a document (`role`), as one vector per token;
+        ColPali: each query (text) or page (image URL or data URI). Score them with
+        `infinity_cloud.tasks.scores.maxsim`."""
+        call = MultiVectorCall(inputs, modality, truncate, role)
         return await self.run_task(TASKS[Capability.MULTI_VECTOR], call, model)
 
     async def embed_sparse(

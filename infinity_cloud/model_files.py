@@ -7,7 +7,7 @@ engine can decide what to load before paying for torch or transformers.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +46,23 @@ class DenseLayer:
 
 
 @dataclass(frozen=True)
+class LateInteraction:
+    """How a ColBERT-style model (sentence-transformers' MultiVectorEncoder) reads queries and
+    documents: token limits per role, query expansion (queries padded with a token whose
+    vectors count in scoring; the encoder attends to them or not), and tokens (punctuation)
+    dropped from documents' vectors."""
+
+    query_length: int | None = None
+    document_length: int | None = None
+    expansion: str | None = None  # "fixed": every query exactly `expansion_length`; "min": at least
+    expansion_length: int = 32
+    expansion_token: str | None = None  # None: the tokenizer's mask token
+    attend_expansion: bool = False
+    skiplist: tuple[str, ...] = ()
+    skiplist_roles: tuple[str, ...] = ("document",)
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     path: Path
     capability: Capability
@@ -75,6 +92,7 @@ class ModelInfo:
     image_processor: dict[str, Any] = field(default_factory=dict, repr=False)
     # The audio feature extractor's settings, likewise.
     audio_processor: dict[str, Any] = field(default_factory=dict, repr=False)
+    late_interaction: LateInteraction | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -83,7 +101,7 @@ class ModelInfo:
         if self.capability is Capability.SPARSE:
             return self.vocab_size
         if self.capability is Capability.MULTI_VECTOR:
-            return self.hidden_size
+            return int(self.dense[-1].weight.shape[0]) if self.dense else self.hidden_size
         if self.capability is not Capability.EMBED:
             return None
         return int(self.dense[-1].weight.shape[0]) if self.dense else self.hidden_size
@@ -169,27 +187,62 @@ def _splade_graph(config: dict[str, Any]) -> GraphOutput:
 
 # sentence-transformers modules the engine reproduces; any other changes the output, so a
 # model that has one is refused rather than served with different vectors.
-_KNOWN_MODULES = {"Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling"}
+_KNOWN_MODULES = {
+    "Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling", "MultiVectorMask",
+}
+
+
+def _late_interaction(transformer: dict[str, Any], mask: dict[str, Any]) -> LateInteraction:
+    expansion = transformer.get("query_expansion") or {}
+    if expansion and expansion.get("strategy") not in ("fixed", "min"):
+        raise ModelLoadError(f"query expansion {expansion.get('strategy')!r} is not supported")
+    if mask.get("keep_only_token_ids"):
+        raise ModelLoadError("a multi-vector mask that keeps only some token ids is not supported")
+    roles = mask.get("skiplist_tasks", ["document"])
+    return LateInteraction(
+        query_length=transformer.get("query_length"),
+        document_length=transformer.get("document_length"),
+        expansion=expansion.get("strategy"),
+        expansion_length=int(expansion.get("length") or 32),
+        expansion_token=expansion.get("token"),
+        attend_expansion=bool(expansion.get("attend", False)),
+        skiplist=tuple(mask.get("skiplist_words") or ()),
+        skiplist_roles=(roles,) if isinstance(roles, str) else tuple(roles),
+    )
 
 
 def _sentence_transformers_head(path: Path, modules: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the modules after the transformer do. A multi-vector model's Dense and Normalize
+    work on token vectors; its modules that read a sentence vector (there is none) do nothing."""
     head: dict[str, Any] = {"dense": [], "normalize": False}
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    multi_vector = "MultiVectorMask" in kinds
+    for kind, module in zip(kinds, modules, strict=True):
         folder = path / str(module.get("path", ""))
         if kind not in _KNOWN_MODULES:
             raise ModelLoadError(
                 f"{path.name} uses the sentence-transformers module {kind!r}, which this version "
                 "does not serve"
             )
+        config = _read_json(folder / "config.json") or {}
+        per_token = config.get("module_input_name", "sentence_embedding") == "token_embeddings"
+        if kind in ("Dense", "Normalize") and per_token != multi_vector:
+            if multi_vector:
+                continue  # reads a sentence vector, which a multi-vector model never makes
+            raise ModelLoadError(
+                f"{path.name}: a {kind} module on token vectors before pooling is not supported"
+            )
         if kind == "Pooling":
-            head["pooling"] = _pooling_mode(_read_json(folder / "config.json") or {})
+            head["pooling"] = _pooling_mode(config)
         elif kind == "Dense":
             head["dense"].append(_load_dense(folder))
         elif kind == "Normalize":
             head["normalize"] = True
         elif kind == "SpladePooling":
-            head["splade"] = _splade_graph(_read_json(folder / "config.json") or {})
+            head["splade"] = _splade_graph(config)
+        elif kind == "MultiVectorMask":
+            transformer = _read_json(path / "sentence_bert_config.json") or {}
+            head["late_interaction"] = _late_interaction(transformer, config)
     return head
 
 
@@ -255,6 +308,14 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
     if "splade" in head:
         splade = {"text": head["splade"]}
         return ModelInfo(capability=Capability.SPARSE, towers=splade, pooling="splade", **common)
+    if "late_interaction" in head:
+        rules = head["late_interaction"]
+        if rules.expansion_token is None:  # sentence-transformers expands with the mask token
+            rules = replace(rules, expansion_token=_tokens(tok_config, "mask_token", "[MASK]"))
+        return ModelInfo(
+            capability=Capability.MULTI_VECTOR, normalize=head["normalize"], dense=tuple(head["dense"]),
+            late_interaction=rules, **common,
+        )
     return ModelInfo(
         capability=Capability.EMBED,
         pooling=head.get("pooling", "mean"),

@@ -188,13 +188,13 @@ class ServedModel:
             inputs = collate(items)
             return backend.submit(inputs), inputs.attention_mask, len(items)
 
-        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray | None, int], _: list[Any]) -> Any:
+        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray | None, int], items: list[Any]) -> Any:
+            """The batch's rows, one per item (its model input)."""
             wait, mask, real = output  # `real`: static-shape filler rows are dropped
-            mask = None if mask is None else mask[:real]
-            return task.rows(head(wait()[:real], mask), mask)
+            return task.rows(head(wait()[:real], None if mask is None else mask[:real]), items)
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
-            finish(run(probes[:2]), [])
+            finish(run(probes[:2]), probes[:2])
         label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
         worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()

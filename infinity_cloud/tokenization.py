@@ -22,6 +22,9 @@ class Encoded:
 
     ids: list[int]
     type_ids: list[int]
+    # The encoder attends to the first `attended` positions only (None: all). ColBERT's query
+    # expansion appends tokens the encoder does not attend to but whose vectors are scored.
+    attended: int | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -68,6 +71,7 @@ class TextTokenizer:
         self.vocab_size = vocab_size or tokenizer.get_vocab_size(with_added_tokens=True)
         self.pad_id = self._pad_id(tokenizer, pad_token)
         self._prefix, self._suffix = _special_tokens_around(tokenizer)
+        self._shorter: dict[int, Tokenizer] = {}  # truncating at limits below max_length
 
     @classmethod
     def load(
@@ -83,26 +87,42 @@ class TextTokenizer:
                 return token_id
         return 0  # masked out anyway; any valid id will do
 
-    def _finish(self, encodings: list[Encoding], truncate: bool) -> list[Encoded]:
+    def _finish(
+        self, encodings: list[Encoding], truncate: bool, max_length: int | None = None
+    ) -> list[Encoded]:
+        limit = min(self.max_length, max_length or self.max_length)
         out = []
         for index, enc in enumerate(encodings):
-            if not truncate and len(enc.ids) > self.max_length:
+            if not truncate and len(enc.ids) > limit:
                 raise InputTooLongError(
                     f"input {index} has {len(enc.ids)} tokens, more than the model's limit of "
-                    f"{self.max_length}; shorten it or send truncate=true",
+                    f"{limit}; shorten it or send truncate=true",
                     param="input",
                 )
             out.append(Encoded(enc.ids, enc.type_ids))
         return out
 
     def encode(
-        self, texts: Sequence[str], truncate: bool = True, special_tokens: bool = True
+        self, texts: Sequence[str], truncate: bool = True, special_tokens: bool = True,
+        max_length: int | None = None,
     ) -> list[Encoded]:
         """`special_tokens` False: the texts hold the model's special tokens themselves (a
-        template's)."""
-        tokenizer = self._truncating if truncate else self._full
+        template's). `max_length`: a shorter limit than the model's (ColBERT's queries)."""
+        tokenizer = self._truncating_at(max_length) if truncate else self._full
         encodings = tokenizer.encode_batch(list(texts), add_special_tokens=special_tokens)
-        return self._finish(encodings, truncate)
+        return self._finish(encodings, truncate, max_length)
+
+    def _truncating_at(self, max_length: int | None) -> Tokenizer:
+        if max_length is None or max_length >= self.max_length:
+            return self._truncating
+        if max_length not in self._shorter:
+            shorter = Tokenizer.from_str(self._full.to_str())
+            shorter.enable_truncation(max_length=max_length, strategy="longest_first")
+            self._shorter[max_length] = shorter
+        return self._shorter[max_length]
+
+    def token_id(self, token: str) -> int | None:
+        return self._full.token_to_id(token)
 
     def encode_pairs(self, query: str, documents: Sequence[str], truncate: bool = True) -> list[Encoded]:
         tokenizer = self._truncating if truncate else self._full

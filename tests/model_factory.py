@@ -485,6 +485,46 @@ def build_colpali(path: Path) -> Path:
     return path
 
 
+def build_colbert(path: Path, strategy: str = "fixed", attend: bool = False) -> Path:
+    """Tiny ColBERT as sentence-transformers 6 writes one (MultiVectorEncoder): BERT with added
+    "[Q] "/"[D] " prompt tokens, queries expanded with [MASK] to 16 tokens (``strategy``, the
+    encoder attending to them or not), documents cut at 64 tokens, a bias-free 16-wide Dense
+    and Normalize on token vectors, punctuation skipped in documents."""
+    import string
+
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+    from transformers import AutoTokenizer, BertModel
+
+    with tempfile.TemporaryDirectory(prefix="tiny-colbert-") as tmp:
+        _build_bert_base(Path(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        tokenizer.add_tokens(["[Q] ", "[D] "])
+        tokenizer.save_pretrained(tmp)
+        model = BertModel.from_pretrained(tmp)
+        with _seeded():
+            model.resize_token_embeddings(len(tokenizer))
+        model.save_pretrained(tmp)
+        with _seeded(SEED + 1):
+            transformer = Transformer(
+                tmp, max_seq_length=MAX_LENGTH, query_length=32, document_length=64,
+                query_expansion={"strategy": strategy, "attend": attend, "length": 16},
+            )
+            token_level = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}
+            modules = [
+                transformer,
+                Dense(HIDDEN, 16, bias=False, activation_function=torch.nn.Identity(), **token_level),
+                Normalize(**token_level),
+                MultiVectorMask(skiplist_words=list(string.punctuation)),
+            ]
+            prompts = {"query": "[Q] ", "document": "[D] "}
+            encoder = MultiVectorEncoder(modules=modules, prompts=prompts, device="cpu")
+        path.mkdir(parents=True, exist_ok=True)
+        encoder.save(str(path))
+    return path
+
+
 def build_clap(path: Path) -> Path:
     """Tiny CLAP: RoBERTa-style text tower (byte-level BPE, pad 1, positions = length + 2), the
     smallest HTSAT audio tower that takes CLAP's (1, 1001, 64) log-mel input (spec 256, patch

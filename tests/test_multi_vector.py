@@ -117,3 +117,57 @@ async def test_image_documents_need_a_multi_vector_model(tiny_reranker: Path) ->
             "model": "r", "query": "q", "documents": [data_uri(pages()[0])], "modality": "image",
         })
     assert response.status_code == 400 and "multi-vector" in response.text, response.text
+
+
+# -- ColBERT -------------------------------------------------------------------------------
+
+COLBERT_QUERIES = [
+    "what is the capital of france?",
+    "a much longer query that goes on about many things in the world, with more words than sixteen tokens",
+]
+COLBERT_DOCUMENTS = ["Paris is the capital, and the largest city, of France!", "water boils at 100 degrees."]
+
+
+@pytest.mark.parametrize(("strategy", "attend"), [("fixed", False), ("min", True)])
+@pytest.mark.parametrize("backend", ["torch", "onnx", "openvino"])
+async def test_colbert_matches_sentence_transformers(
+    build_model: Callable[..., Path], strategy: str, attend: bool, backend: str
+) -> None:
+    """Queries expanded with [MASK] (attended or not; cut to 16, or only padded to 16),
+    documents without their punctuation: every vector equal to MultiVectorEncoder's."""
+    from sentence_transformers import MultiVectorEncoder
+
+    path = build_model("colbert", strategy=strategy, attend=attend)
+    reference = MultiVectorEncoder(str(path), device="cpu")
+    want = [t.numpy() for t in reference.encode_query(COLBERT_QUERIES)]
+    want += [t.numpy() for t in reference.encode_document(COLBERT_DOCUMENTS)]
+    async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
+        asked = await engine.embed_multi_vector(COLBERT_QUERIES, role="query")
+        read = await engine.embed_multi_vector(COLBERT_DOCUMENTS, role="document")
+        ranked = await engine.rerank(COLBERT_QUERIES[0], COLBERT_DOCUMENTS)
+    for got, expected in zip([*asked.embeddings, *read.embeddings], want, strict=True):
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    scores = maxsim(want[0], want[2:])
+    assert [r.index for r in ranked.results] == list(np.argsort(-scores))
+    np.testing.assert_allclose([r.score for r in ranked.results], np.sort(scores)[::-1], rtol=1e-5)
+
+
+async def test_colbert_roles_over_http(build_model: Callable[..., Path]) -> None:
+    from sentence_transformers import MultiVectorEncoder
+
+    path = build_model("colbert", strategy="fixed", attend=False)
+    reference = MultiVectorEncoder(str(path), device="cpu")
+    spec = spec_of(ModelSpec(model_id=str(path), served_model_name="colbert", dtype="float32"))
+    async with serve_in_process(spec) as client:
+        as_queries = await client.post(
+            "/embeddings", json={"model": "colbert", "input": COLBERT_QUERIES, "input_type": "query"}
+        )
+        as_documents = await client.post("/embeddings", json={"model": "colbert", "input": COLBERT_DOCUMENTS})
+    assert as_queries.status_code == as_documents.status_code == 200
+    for item, want in zip(as_queries.json()["data"], reference.encode_query(COLBERT_QUERIES), strict=True):
+        np.testing.assert_allclose(np.array(item["embedding"]), want.numpy(), atol=1e-5)
+    # No input_type: documents, as sentence-transformers' encode() reads them.
+    documents = reference.encode_document(COLBERT_DOCUMENTS)
+    for item, want in zip(as_documents.json()["data"], documents, strict=True):
+        np.testing.assert_allclose(np.array(item["embedding"]), want.numpy(), atol=1e-5)

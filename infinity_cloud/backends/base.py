@@ -24,6 +24,9 @@ class ModelInputs:
     on the right); for images, (batch, channels, height, width) float32 `pixel_values`."""
 
     arrays: dict[str, np.ndarray]
+    # Positions holding input per row, where some are not attended to (ColBERT's query
+    # expansion); None: the attention mask says.
+    lengths: np.ndarray | None = None
 
     @property
     def input_ids(self) -> np.ndarray:
@@ -66,9 +69,12 @@ class ModelInputs:
         for row, enc in enumerate(filled):
             n = len(enc.ids)
             ids[row, :n] = enc.ids
-            mask[row, :n] = 1
+            mask[row, : enc.attended if enc.attended is not None else n] = 1
             types[row, :n] = enc.type_ids
-        return cls({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        if all(e.attended is None for e in filled):
+            return cls(arrays)
+        return cls(arrays, np.array([len(e.ids) for e in filled], dtype=np.int64))
 
     def feed(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """The arrays a graph declares as inputs, by their conventional names, in that order."""

@@ -95,7 +95,10 @@ class OpenVinoBackend(Backend):
         # Token inputs are cut to each slice's longest, where the graph masks padding; images
         # are all one size, and a graph without a mask (SigLIP's text) sees every position.
         cut = mask is not None and "attention_mask" in self._inputs
-        lengths = mask.sum(axis=1) if cut else np.ones(inputs.rows, dtype=np.int64)
+        if not cut:
+            lengths = np.ones(inputs.rows, dtype=np.int64)
+        else:
+            lengths = inputs.lengths if inputs.lengths is not None else mask.sum(axis=1)
         slices = balanced_slices(lengths, self.streams)
         feed = inputs.feed(self._inputs)
         requests = self._free.get()

@@ -34,6 +34,9 @@ class EmbeddingRequest(_Request):
     )
     dimensions: StrictInt | None = Field(None, description="Matryoshka truncation; 0 = full")
     modality: Literal["text", "image", "audio"] = "text"
+    input_type: Literal["query", "document"] | None = Field(
+        None, description="for multi-vector (ColBERT) models: read the texts as queries or documents"
+    )
     truncate: bool = Field(True, description="cut inputs to the model's limit instead of a 400")
     user: str | None = None
 

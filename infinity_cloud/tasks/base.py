@@ -35,8 +35,9 @@ class Task(ABC, Generic[Call, Result]):
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         """Backend output and attention mask of a batch -> the batch's rows, one per input."""
 
-    def rows(self, batch: np.ndarray, mask: np.ndarray | None) -> Sequence[Any]:
-        """A head's batch output as the per-input rows the batcher hands back."""
+    def rows(self, batch: np.ndarray, items: Sequence[Any]) -> Sequence[Any]:
+        """A head's batch output as the per-input rows the batcher hands back (`items`: the
+        batch's model inputs, in its order)."""
         return batch
 
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:

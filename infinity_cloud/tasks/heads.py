@@ -22,6 +22,17 @@ def embedding_head(pooling: str, dense: Sequence[DenseLayer], normalize: bool) -
     return head
 
 
+def token_head(dense: Sequence[DenseLayer], normalize: bool) -> Head:
+    """Token states through the Dense layers (and normalised) token by token: ColBERT's vectors.
+    Padding comes out as it went in; rows are cut to their inputs afterwards."""
+
+    def head(states: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        vectors = apply_dense(states.astype(np.float32, copy=False), dense)
+        return l2_normalize(vectors) if normalize else vectors
+
+    return head
+
+
 def pooled_head(normalize: bool) -> Head:
     """Graphs that pool inside (CLIP's towers): their vectors, normalised if the model does."""
 

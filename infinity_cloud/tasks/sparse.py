@@ -37,7 +37,7 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         return passthrough_head  # the graph pools (`graphs.py`): (batch, vocabulary) weights
 
-    def rows(self, batch: np.ndarray, mask: np.ndarray | None) -> list[SparseVector]:
+    def rows(self, batch: np.ndarray, items: Sequence[Encoded]) -> list[SparseVector]:
         # Sparse as soon as the batch is done: a dense row is 120 KB, its terms a few hundred.
         return [SparseVector.from_dense(row) for row in batch]
 

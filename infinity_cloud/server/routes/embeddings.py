@@ -35,7 +35,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
             raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
                                    param="dimensions")
         multi = await answer(request, "embeddings", body.model, len(inputs), engine.embed_multi_vector(
-            inputs, body.model, modality=body.modality, truncate=body.truncate,
+            inputs, body.model, modality=body.modality, truncate=body.truncate, role=body.input_type,
         ))
         return json_response(multi_vector_body(multi, body.encoding_format))
     result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
