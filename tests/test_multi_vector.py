@@ -59,10 +59,11 @@ def reference(path: Path, queries: list[str], images: list[bytes]):
     return query_vectors, list(p.numpy()), processor.score_retrieval(q, p).numpy()
 
 
-async def test_queries_and_pages_match_transformers(colpali: Path) -> None:
+@pytest.mark.parametrize("backend", ["torch", "onnx", "openvino"])
+async def test_queries_and_pages_match_transformers(colpali: Path, backend: str) -> None:
     images = pages()
     want_queries, want_pages, want_scores = reference(colpali, QUERIES, images)
-    async with Engine(ModelSpec(model_id=str(colpali), dtype="float32")) as engine:
+    async with Engine(ModelSpec(model_id=str(colpali), backend=backend, dtype="float32")) as engine:
         asked = await engine.embed_multi_vector(QUERIES)
         read = await engine.embed_multi_vector([data_uri(b) for b in images], modality="image")
         facts = engine.describe()[0]

@@ -31,8 +31,6 @@ OPTIMIZED_FILE = "model.onnx"
 
 class OnnxBackend(Backend):
     name = "onnx"
-    # ColPali's graphs are not exported yet (its page graph needs the prompt's ids traced in).
-    graphs = Backend.graphs - {"colpali_text", "colpali_image"}
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         super().__init__(info, spec, graph)

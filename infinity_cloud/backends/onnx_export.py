@@ -94,6 +94,13 @@ def export_onnx(
         frames = frames // int(audio.get("hop_length", 480)) + 1
         example = (torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40,)
         axes = {"input_features": {0: "batch"}}
+    elif graph == "colpali_image":  # a page: its image tokens, then the prompt's text
+        vlm = info.raw.get("vlm_config") or {}
+        side = info.image_size or 448
+        tokens = (side // (info.patch_size or 14)) ** 2
+        ids = torch.tensor([[int(vlm.get("image_token_index", 0))] * tokens + [2, 5, 6, 7]] * 2)
+        example = (ids, torch.ones_like(ids), torch.zeros_like(ids), torch.rand(2, 3, side, side))
+        axes = {name: {0: "batch", 1: "sequence"} for name in names[:3]} | {"pixel_values": {0: "batch"}}
     else:
         # Padding and two lengths, so no mask branch is traced as "no padding".
         ids = torch.full((2, 8), 5, dtype=torch.long)

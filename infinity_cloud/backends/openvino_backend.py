@@ -29,8 +29,6 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 class OpenVinoBackend(Backend):
     name = "openvino"
-    # ColPali's graphs are not exported yet (its page graph needs the prompt's ids traced in).
-    graphs = Backend.graphs - {"colpali_text", "colpali_image"}
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         super().__init__(info, spec, graph)

@@ -66,7 +66,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return pooled_head(normalize)
 
     def check(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> None:
-        if served.capability is Capability.SPARSE:
+        if served.loaded.info.capability is Capability.SPARSE:
             raise UnsupportedError(
                 f"model {served.name!r} gives sparse embeddings (SPLADE): send encoding_format "
                 "'sparse' to /embeddings or use /embed_sparse (Python: Engine.embed_sparse)",

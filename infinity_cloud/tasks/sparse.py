@@ -11,7 +11,7 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
 from infinity_cloud.tasks.base import Task, prompt_tokens
@@ -42,6 +42,12 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
         return [SparseVector.from_dense(row) for row in batch]
 
     def check(self, call: SparseCall, served: ServedModel, limits: LimitsSpec) -> None:
+        capability = served.loaded.info.capability  # not ready: a 503 here
+        if capability is not Capability.SPARSE:
+            raise UnsupportedError(
+                f"model {served.name!r} is for {capability.noun}; sparse embeddings need a SPLADE model",
+                param="model",
+            )
         super().check(call, served, limits)
         if is_token_ids(call.inputs):
             raise InvalidInputError("sparse embeddings take text, not token ids", param="input")
