@@ -27,10 +27,12 @@ from infinity_cloud.errors import ModelLoadError, UnsupportedError
 # - text_embeds / image_embeds: one tower of a two-tower model (CLIP, SigLIP), projected
 #   (batch, width); audio_embeds: CLAP's audio tower, likewise;
 # - colpali_text / colpali_image: ColPali's token vectors (batch, length, width), normalised
-#   and zero where masked, for a query (tokens) or a page (an image behind its prompt tokens).
+#   and zero where masked, for a query (tokens) or a page (an image behind its prompt tokens);
+#   colqwen2_text / colqwen2_image: ColQwen2's, likewise (a page's patches and their grid).
 GraphOutput = Literal[
     "token_states", "logits", "splade_max", "splade_sum", "splade_max_log1p", "splade_sum_log1p",
-    "text_embeds", "image_embeds", "audio_embeds", "colpali_text", "colpali_image",
+    "text_embeds", "image_embeds", "audio_embeds", "colpali_text", "colpali_image", "colqwen2_text",
+    "colqwen2_image",
 ]
 # A tower is the graph that takes one modality; text-only models have one, CLIP two.
 Tower = Literal["text", "image", "audio"]
@@ -327,7 +329,7 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
 
 # Two-tower models whose towers transformers exposes as get_text_features/get_image_features.
 _TWO_TOWERS = {"clip", "siglip"}
-_SERVED_MULTIMODAL = (*sorted(_TWO_TOWERS), "clap", "colpali")
+_SERVED_MULTIMODAL = (*sorted(_TWO_TOWERS), "clap", "colpali", "colqwen2")
 
 
 def _image_processor(path: Path, kind: str = "image_processor") -> dict[str, Any]:
@@ -411,12 +413,43 @@ def _colpali_info(path: Path, config: dict[str, Any], architectures: tuple[str, 
     )
 
 
+def _colqwen2_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
+    """ColQwen2: a Qwen2-VL reading a query, or a page image (as many image tokens as its
+    merged patches) behind its prompt, to one normalised vector per token."""
+    vlm = config.get("vlm_config") or {}
+    text = vlm.get("text_config") or vlm
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    processor = _read_json(path / "processor_config.json")
+    processor = processor if isinstance(processor, dict) else {}
+    pad = _tokens(tok_config, "pad_token", "<|endoftext|>")  # also the query augmentation token
+    visual = processor.get("visual_prompt_prefix") or (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image."
+        "<|im_end|><|endoftext|>"
+    )
+    return ModelInfo(
+        path=path,
+        capability=Capability.MULTI_VECTOR,
+        model_type="colqwen2",
+        architectures=architectures,
+        max_length=int(text.get("max_position_embeddings") or 32768),
+        hidden_size=int(config.get("embedding_dim") or 128),
+        vocab_size=text.get("vocab_size"),
+        pad_token=pad,
+        towers={"text": "colqwen2_text", "image": "colqwen2_image"},
+        templates={"query": f"{processor.get('query_prefix') or 'Query: '}{{}}{pad * 10}\n", "image": visual},
+        image_processor=_image_processor(path),
+        raw=config,
+    )
+
+
 def _two_tower_info(
     path: Path, config: dict[str, Any], model_type: str, architectures: tuple[str, ...]
 ) -> ModelInfo:
     """CLIP and SigLIP: a text tower and an image tower into one space, normalised."""
     if model_type == "colpali":
         return _colpali_info(path, config, architectures)
+    if model_type == "colqwen2":
+        return _colqwen2_info(path, config, architectures)
     if model_type == "clap":
         return _clap_info(path, config, architectures)
     if model_type not in _TWO_TOWERS:

@@ -78,7 +78,14 @@ def media_preprocessors(info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower
     """The preprocessor of each tower that reads images or audio (imported only then: Pillow,
     soundfile)."""
     media: dict[TowerName, MediaPreprocessor] = {}
-    if "image" in info.towers:
+    if info.model_type == "colqwen2":  # pages of any shape, each behind its own prompt
+        from infinity_cloud.media.pages import PagePreprocessor
+
+        def tokenize(text: str) -> list[int]:
+            return tokenizer.encode([text], truncate=False, special_tokens=False)[0].ids
+
+        media["image"] = PagePreprocessor(info, tokenize, tokenizer.pad_id)
+    elif "image" in info.towers:
         from infinity_cloud.media.images import ImagePreprocessor
 
         # A model that reads each page behind a prompt (ColPali) gets its ids once, here.

@@ -68,11 +68,16 @@ def check_backends(spec: DeploymentSpec, device: str, where: str) -> None:
             )
 
 
+# What image and audio models need (Pillow, httpx, soundfile, soxr: a few MB): every image
+# gets them, since whether a hub model reads images is only known from its files.
+MEDIA_EXTRAS = ("audio", "vision")
+
+
 def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
-    """The package extras the image needs: each model's serving backend's, on its device.
-    Each brings what its backend needs to convert the model at build time too."""
-    extras = (backend_extra(serving_backend(m, device), device) for m in spec.models)
-    return tuple(sorted({extra for extra in extras if extra}))
+    """The package extras the image needs: each model's serving backend's, on its device, and
+    the media extras. Each backend's brings what it needs to convert the model at build time too."""
+    extras = {backend_extra(serving_backend(m, device), device) for m in spec.models}
+    return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))
 
 
 def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
@@ -109,6 +114,7 @@ def serving_requirements(spec: DeploymentSpec, device: str) -> list[str]:
 
     keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, device)).serving_packages}
     core = pinned_requirements(())
+    keep |= {Requirement(pin).name for pin in pinned_requirements(MEDIA_EXTRAS)}
     return core + [pin for pin in pinned_requirements(image_extras(spec, device))
                    if Requirement(pin).name in keep and pin not in core]
 

@@ -525,6 +525,64 @@ def build_colbert(path: Path, strategy: str = "fixed", attend: bool = False) -> 
     return path
 
 
+def build_colqwen2(path: Path) -> Path:
+    """Tiny ColQwen2: a byte-level BPE with Qwen's special tokens, a two-layer Qwen2-VL (M-RoPE
+    sections 2/1/1), a vision tower of patch 8 merged 2x2, pages of 32x32 to 64x64 pixels,
+    16-wide token vectors; saved with transformers' own ColQwen2Processor (PIL flavour)."""
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import (
+        ColQwen2Config,
+        ColQwen2ForRetrieval,
+        ColQwen2Processor,
+        Qwen2Tokenizer,
+        Qwen2VLImageProcessorPil,
+    )
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    backend = _train_byte_level_bpe([], vocab_size=400)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    import json
+
+    trained = json.loads(backend.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    tokenizer = Qwen2Tokenizer(vocab=trained["vocab"], merges=merges)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in specials}
+    pixels = {"shortest_edge": 32 * 32, "longest_edge": 64 * 64}
+    images = Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2, size=pixels)
+    processor = ColQwen2Processor(image_processor=images, tokenizer=tokenizer)
+    text = {
+        "model_type": "qwen2_vl_text", "vocab_size": len(processor.tokenizer), "hidden_size": HIDDEN,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+        "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    vision = {
+        "model_type": "qwen2_vl_vision", "depth": 2, "embed_dim": HIDDEN, "hidden_size": HIDDEN,
+        "num_heads": 4, "mlp_ratio": 2, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    config = ColQwen2Config(embedding_dim=16, vlm_config={
+        "model_type": "qwen2_vl", "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+        "text_config": text, "vision_config": vision,
+    })
+    with _seeded():
+        model = ColQwen2ForRetrieval(config).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    processor.save_pretrained(str(path))
+    return path
+
+
 def build_clap(path: Path) -> Path:
     """Tiny CLAP: RoBERTa-style text tower (byte-level BPE, pad 1, positions = length + 2), the
     smallest HTSAT audio tower that takes CLAP's (1, 1001, 64) log-mel input (spec 256, patch

@@ -317,7 +317,7 @@ def test_text_config_nested(tmp_path: Path) -> None:
 # -- refusals --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model_type", ["clap", "llava"])
+@pytest.mark.parametrize("model_type", ["qwen2_audio", "llava"])
 def test_multimodal_models_not_served_are_named(tmp_path: Path, model_type: str) -> None:
     config = {"architectures": ["XModel"], "model_type": model_type, "text_config": {}, "audio_config": {}}
     with pytest.raises(UnsupportedError, match=f"is a {model_type} model; image and audio models served"):

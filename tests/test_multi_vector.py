@@ -1,6 +1,7 @@
-"""ColPali: queries and page images to one vector per token, the same as transformers'
-ColPaliForRetrieval with its own processor on the same folder; late-interaction scores the
-same as the processor's `score_retrieval`, from Python and through the rerank routes."""
+"""ColPali and ColQwen2: queries and page images to one vector per token, the same as
+transformers' Col*ForRetrieval with its own processor on the same folder; late-interaction
+scores the same as the processor's `score_retrieval`, from Python and through the rerank
+routes. ColBERT: the same as sentence-transformers' MultiVectorEncoder."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def colpali(build_model: Callable[..., Path]) -> Path:
     return build_model("colpali")
 
 
+@pytest.fixture(scope="session")
+def colqwen2(build_model: Callable[..., Path]) -> Path:
+    return build_model("colqwen2")
+
+
 def pages() -> list[bytes]:
     """Pictures of several sizes and modes (RGBA: transparency goes onto white)."""
     from PIL import Image
@@ -44,31 +50,41 @@ def data_uri(data: bytes) -> str:
 
 
 def reference(path: Path, queries: list[str], images: list[bytes]):
+    """The model's own processor and retrieval model; each input's vectors cut to its real
+    tokens (the model zeroes the padding)."""
     import torch
     from PIL import Image
-    from transformers import ColPaliForRetrieval, ColPaliProcessor
+    from transformers import AutoModelForPreTraining, AutoProcessor
 
-    model = ColPaliForRetrieval.from_pretrained(str(path)).eval()
-    processor = ColPaliProcessor.from_pretrained(str(path))
+    model = AutoModelForPreTraining.from_pretrained(str(path)).eval()
+    processor = AutoProcessor.from_pretrained(str(path))
     asked = processor.process_queries(queries)
     read = processor.process_images([Image.open(io.BytesIO(b)) for b in images])
     with torch.no_grad():
         q, p = model(**asked).embeddings, model(**read).embeddings
-    lengths = asked["attention_mask"].sum(dim=1).tolist()
-    query_vectors = [q[i, :n].numpy() for i, n in enumerate(lengths)]
-    return query_vectors, list(p.numpy()), processor.score_retrieval(q, p).numpy()
+
+    def cut(vectors: torch.Tensor, mask: torch.Tensor) -> list[np.ndarray]:
+        return [row[: int(n)].numpy() for row, n in zip(vectors, mask.sum(dim=1), strict=True)]
+
+    scores = processor.score_retrieval(q, p).numpy()
+    return cut(q, asked["attention_mask"]), cut(p, read["attention_mask"]), scores
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx", "openvino"])
-async def test_queries_and_pages_match_transformers(colpali: Path, backend: str) -> None:
+@pytest.mark.parametrize(("kind", "backend"), [
+    ("colpali", "torch"), ("colpali", "onnx"), ("colpali", "openvino"), ("colqwen2", "torch"),
+])
+async def test_queries_and_pages_match_transformers(request: pytest.FixtureRequest, kind: str, backend: str):
+    path = request.getfixturevalue(kind)
     images = pages()
-    want_queries, want_pages, want_scores = reference(colpali, QUERIES, images)
-    async with Engine(ModelSpec(model_id=str(colpali), backend=backend, dtype="float32")) as engine:
+    want_queries, want_pages, want_scores = reference(path, QUERIES, images)
+    async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
         asked = await engine.embed_multi_vector(QUERIES)
         read = await engine.embed_multi_vector([data_uri(b) for b in images], modality="image")
         facts = engine.describe()[0]
     assert facts["capabilities"] == ["multi_vector"] and facts["modalities"] == ["text", "image"]
     assert facts["dimensions"] == 16
+    # ColPali reads every page at one size; ColQwen2 each at its own: pages cost what they hold.
+    assert (len({v.shape[0] for v in read.embeddings}) == 1) == (kind == "colpali")
     for got, want in zip([*asked.embeddings, *read.embeddings], [*want_queries, *want_pages], strict=True):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=2e-5)

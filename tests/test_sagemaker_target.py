@@ -87,6 +87,7 @@ def test_cpu_and_serverless_images_run_without_torch(
     serving = (tmp_path / "requirements-serving.txt").read_text().splitlines()
     names = {line.split("==")[0] for line in serving}
     assert "openvino" in names and not names & {"torch", "transformers", "onnx", "onnxruntime"}
+    assert {"pillow", "httpx", "soundfile", "soxr"} <= names  # image and audio models serve too
     assert all("==" in line for line in serving)
     served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
     assert served["server"]["limits"]["max_payload_bytes"] == limit

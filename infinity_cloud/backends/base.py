@@ -15,7 +15,9 @@ from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.tokenization import Encoded
 
 # Every array a graph may take, by its conventional name.
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids", "pixel_values")
+INPUT_NAMES = (
+    "input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_features", "image_grid_thw",
+)
 
 
 @dataclass(frozen=True, slots=True)

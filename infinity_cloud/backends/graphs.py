@@ -30,8 +30,8 @@ def _auto_class(graph: GraphOutput) -> Any:
         return AutoModelForSequenceClassification
     if graph.startswith("splade"):
         return AutoModelForMaskedLM
-    if graph.startswith("colpali"):
-        return AutoModelForPreTraining  # ColPaliForRetrieval: AutoModel does not map it
+    if graph.startswith(("colpali", "colqwen2")):
+        return AutoModelForPreTraining  # Col*ForRetrieval: AutoModel does not map them
     return AutoModel  # encoders, and CLIP/SigLIP whose towers are methods of the whole model
 
 
@@ -90,6 +90,10 @@ class Graph(torch.nn.Module):
             self.input_names: tuple[str, ...] = IMAGE_INPUTS
         elif kind == "audio_embeds":
             self.input_names = AUDIO_INPUTS
+        elif kind == "colqwen2_text":
+            self.input_names = TEXT_INPUTS[:2]
+        elif kind == "colqwen2_image":
+            self.input_names = (*TEXT_INPUTS[:2], *IMAGE_INPUTS, "image_grid_thw")
         elif kind.startswith("colpali"):
             # Token types (all zero) make PaliGemma attend both ways over the real tokens;
             # without them a padded batch is read causally.
@@ -114,7 +118,7 @@ class Graph(torch.nn.Module):
             return _pooled(self.model.get_image_features(**feed))
         if kind == "audio_embeds":  # unfused CLAP: `is_longer` is not read
             return _pooled(self.model.get_audio_features(**feed))
-        if kind.startswith("colpali"):
+        if kind.startswith(("colpali", "colqwen2")):
             return self.model(**feed).embeddings  # normalised per token, zero where masked
         return _splade(self.model(**feed).logits, feed["attention_mask"], kind)
 

@@ -31,6 +31,8 @@ OPTIMIZED_FILE = "model.onnx"
 
 class OnnxBackend(Backend):
     name = "onnx"
+    # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
+    graphs = Backend.graphs - {"colqwen2_text", "colqwen2_image"}
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         super().__init__(info, spec, graph)

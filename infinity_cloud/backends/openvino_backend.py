@@ -29,6 +29,8 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 class OpenVinoBackend(Backend):
     name = "openvino"
+    # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
+    graphs = Backend.graphs - {"colqwen2_text", "colqwen2_image"}
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         super().__init__(info, spec, graph)

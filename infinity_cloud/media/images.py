@@ -55,7 +55,7 @@ class ImagePreprocessor:
         self, config: dict[str, Any], image_size: int, patch_size: int, class_token: bool,
         prompt_ids: list[int] | None = None,
     ) -> None:
-        self._image = _pil()
+        _pil()  # Pillow is there, or the model does not load
         self.size = config.get("size") or {"shortest_edge": image_size}
         if isinstance(self.size, int):  # old configs: one number, the shortest edge
             self.size = {"shortest_edge": self.size}
@@ -80,7 +80,7 @@ class ImagePreprocessor:
 
     def prepare(self, data: bytes, index: int) -> Pixels:
         """Decode and preprocess one image; a bad one is a 400 naming input `index`."""
-        image = self._decode(data, index)
+        image = decode(data, index)
         if self.do_resize:
             image = image.resize(self._resized(image.width, image.height), self.resample)
         array = np.asarray(image)  # (height, width, channels) bytes
@@ -90,37 +90,6 @@ class ImagePreprocessor:
         array = (array.astype(np.float64) * self.rescale).astype(np.float32)
         array = (array - self.mean) / self.std
         return Pixels(np.ascontiguousarray(array.transpose(2, 0, 1), dtype=np.float32), self.tokens)
-
-    def _decode(self, data: bytes, index: int) -> Any:
-        Image = self._image
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(data))
-                width, height = image.size
-                if width * height > MAX_PIXELS:
-                    raise InvalidInputError(
-                        f"input {index}: the image is {width}x{height} pixels, more than the "
-                        f"{MAX_PIXELS:,} served", param="input",
-                    )
-                image.load()
-        except InvalidInputError:
-            raise
-        except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-            raise InvalidInputError(
-                f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
-                param="input",
-            ) from exc
-        if min(width, height) < MIN_SIDE:
-            raise InvalidInputError(
-                f"input {index}: the image is {width}x{height} pixels; images need at least "
-                f"{MIN_SIDE} pixels a side", param="input",
-            )
-        if image.mode == "RGB":
-            return image
-        # transformers' convert_to_rgb: transparency composited onto white, not dropped.
-        rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
     def _resized(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) after resizing, as transformers computes it."""
@@ -142,22 +111,61 @@ class ImagePreprocessor:
         })
 
     def probes(self) -> list[Pixels]:
-        """Fixed synthetic pictures (gradients, stripes, noise) for warm-up and precision checks."""
-        side = 64
-        y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
-        rng = np.random.default_rng(0)
-        pictures = [
-            np.stack([x, y, 1 - x], axis=-1),
-            np.stack([np.sin(12 * x) * 0.5 + 0.5, y * y, np.cos(9 * y) * 0.5 + 0.5], axis=-1),
-            rng.random((side, side, 3), dtype=np.float32),
-            np.stack([(x > 0.5), (y > 0.5), (x + y > 1)], axis=-1).astype(np.float32),
-        ]
-        out = []
-        for index, picture in enumerate(pictures):
-            buffer = io.BytesIO()
-            self._image.fromarray((picture * 255).astype(np.uint8)).save(buffer, format="PNG")
-            out.append(self.prepare(buffer.getvalue(), index))
-        return out
+        return [self.prepare(data, index) for index, data in enumerate(probe_pictures())]
+
+
+def decode(data: bytes, index: int) -> Any:
+    """One input's bytes as an RGB picture; a bad one is a 400 naming input `index`."""
+    Image = _pil()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > MAX_PIXELS:
+                raise InvalidInputError(
+                    f"input {index}: the image is {width}x{height} pixels, more than the "
+                    f"{MAX_PIXELS:,} served", param="input",
+                )
+            image.load()
+    except InvalidInputError:
+        raise
+    except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise InvalidInputError(
+            f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
+            param="input",
+        ) from exc
+    if min(width, height) < MIN_SIDE:
+        raise InvalidInputError(
+            f"input {index}: the image is {width}x{height} pixels; images need at least "
+            f"{MIN_SIDE} pixels a side", param="input",
+        )
+    if image.mode == "RGB":
+        return image
+    # transformers' convert_to_rgb: transparency composited onto white, not dropped.
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+
+
+def probe_pictures() -> list[bytes]:
+    """Fixed synthetic pictures (gradients, stripes, noise) as PNGs, for warm-up and precision
+    checks."""
+    Image = _pil()
+    side = 64
+    y, x = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    rng = np.random.default_rng(0)
+    pictures = [
+        np.stack([x, y, 1 - x], axis=-1),
+        np.stack([np.sin(12 * x) * 0.5 + 0.5, y * y, np.cos(9 * y) * 0.5 + 0.5], axis=-1),
+        rng.random((side, side, 3), dtype=np.float32),
+        np.stack([(x > 0.5), (y > 0.5), (x + y > 1)], axis=-1).astype(np.float32),
+    ]
+    out = []
+    for picture in pictures:
+        buffer = io.BytesIO()
+        Image.fromarray((picture * 255).astype(np.uint8)).save(buffer, format="PNG")
+        out.append(buffer.getvalue())
+    return out
 
 
 def _center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
