@@ -120,3 +120,22 @@ def test_long_audio_is_cut_to_the_window_deterministically(clap: Path) -> None:
     again = preprocessor.prepare(encoded(long, 48_000, "WAV"), 0).array
     window = preprocessor.prepare(encoded(long[: 10 * 48_000], 48_000, "WAV"), 0).array
     assert np.array_equal(first, again) and np.array_equal(first, window)
+
+
+async def test_infinity_client_embeds_audio(clap: Path) -> None:
+    """infinity_client's own audio call (its /embeddings_audio route), unchanged."""
+    import httpx
+    from infinity_client import Client
+    from infinity_client.api.default import embeddings_audio
+    from infinity_client.models import OpenAIEmbeddingInputAudio
+
+    clips = [encoded(*c) for c in CLIPS[:2]]
+    _, want = reference(clap, ["-"], clips)
+    async with serve_in_process(spec_of(ModelSpec(model_id=str(clap), served_model_name="clap"))) as client:
+        infinity = Client(base_url="http://testserver")
+        infinity.set_async_httpx_client(httpx.AsyncClient(transport=client._transport, base_url="http://testserver"))
+        result = await embeddings_audio.asyncio(
+            client=infinity, body=OpenAIEmbeddingInputAudio(input_=[data_uri(c) for c in clips], model="clap")
+        )
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    assert cosines(got, want).min() > 0.999

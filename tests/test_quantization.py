@@ -45,7 +45,8 @@ def test_calibration_texts_do_not_depend_on_what_was_imported() -> None:
 
 async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
     """--embedding-dtype int8: /embeddings answers the calibrated int8 vectors (JSON ints, or
-    their bytes in base64), Matryoshka-truncated ones calibrated at their own width."""
+    their bytes in base64), Matryoshka-truncated ones calibrated at their own width; a
+    request's embedding_type overrides the model's."""
     texts = ["hello world", "a somewhat longer text about the weather", "x"]
     float_spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32")
     async with Engine(float_spec) as engine:
@@ -55,16 +56,20 @@ async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
         want_short = await engine.quantize(short, "int8", 16)
     spec = spec_of(
         float_spec.model_copy(update={"embedding_dtype": "int8", "served_model_name": "q"}),
-        ModelSpec(model_id=str(tiny_embedder), served_model_name="bits", embedding_dtype="ubinary"),
+        float_spec.model_copy(update={"embedding_dtype": "ubinary", "served_model_name": "bits"}),
     )
     async with serve_in_process(spec) as client:
         plain = (await client.post("/embeddings", json={"model": "q", "input": texts})).json()
         short_b64 = {"model": "q", "input": texts, "encoding_format": "base64", "dimensions": 16}
         packed = (await client.post("/embeddings", json=short_b64)).json()
         bits = (await client.post("/embeddings", json={"model": "bits", "input": texts})).json()
+        # Per request, whatever the model's default.
+        asked = {"model": "bits", "input": texts, "embedding_type": "int8"}
+        per_request = (await client.post("/embeddings", json=asked)).json()
     got = np.array([d["embedding"] for d in plain["data"]])
     assert np.array_equal(got, want) and got.min() >= -128 and got.max() <= 127
     got_short = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), np.int8) for d in packed["data"]])
     assert np.array_equal(got_short, want_short)
+    assert np.array_equal(np.array([d["embedding"] for d in per_request["data"]]), want)
     signs = np.packbits(full.embeddings > 0, axis=-1)
     assert np.array_equal(np.array([d["embedding"] for d in bits["data"]]), signs)

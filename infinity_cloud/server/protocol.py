@@ -34,6 +34,9 @@ class EmbeddingRequest(_Request):
     )
     dimensions: StrictInt | None = Field(None, description="Matryoshka truncation; 0 = full")
     modality: Literal["text", "image", "audio"] = "text"
+    embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None, description="quantised output for this request; default: the model's --embedding-dtype"
+    )
     input_type: Literal["query", "document"] | None = Field(
         None, description="for multi-vector (ColBERT) models: read the texts as queries or documents"
     )

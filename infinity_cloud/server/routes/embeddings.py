@@ -42,8 +42,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
         openai_sender=from_openai_sdk(request),
     ))
-    # The model's --embedding-dtype: float32, or the same vectors in fewer bits.
-    kind = engine.model(body.model).spec.embedding_dtype
+    # The request's embedding_type, else the model's --embedding-dtype: float32, or the same
+    # vectors in fewer bits.
+    kind = body.embedding_type or engine.model(body.model).spec.embedding_dtype
     vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dimensions)
     return json_response(embeddings_body(result, vectors, body.encoding_format))
 
