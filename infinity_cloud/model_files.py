@@ -377,69 +377,68 @@ def _tokens(tok_config: dict[str, Any], name: str, default: str) -> str:
     return str(value.get("content", default)) if isinstance(value, dict) else str(value)
 
 
-def _colpali_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
-    """ColPali: a PaliGemma reading a query, or a page image behind its prompt, to one
-    normalised vector per token (late interaction)."""
+def _page_reader_info(
+    path: Path, config: dict[str, Any], architectures: tuple[str, ...], model_type: str,
+    templates: dict[str, str], **facts: Any,
+) -> ModelInfo:
+    """A vision-language model read to one normalised vector per token (ColPali, ColQwen2):
+    queries as text, pages as images behind a prompt (`templates`)."""
     vlm = config.get("vlm_config") or {}
-    text, vision = vlm.get("text_config") or {}, vlm.get("vision_config") or {}
-    tok_config = _read_json(path / "tokenizer_config.json") or {}
-    processor = _read_json(path / "processor_config.json")
-    processor = processor if isinstance(processor, dict) else {}
-    images = _image_processor(path)
-    bos, pad = _tokens(tok_config, "bos_token", "<bos>"), _tokens(tok_config, "pad_token", "<pad>")
-    image_size, patch_size = int(vision.get("image_size") or 448), int(vision.get("patch_size") or 14)
-    image_tokens = int(images.get("image_seq_length") or (image_size // patch_size) ** 2)
-    query_prefix = processor.get("query_prefix", "Question: ")
-    visual_prefix = processor.get("visual_prompt_prefix", "Describe the image.")
+    text = vlm.get("text_config") or vlm
     return ModelInfo(
         path=path,
         capability=Capability.MULTI_VECTOR,
-        model_type="colpali",
+        model_type=model_type,
         architectures=architectures,
         max_length=int(text.get("max_position_embeddings") or 512),
         hidden_size=int(config.get("embedding_dim") or 128),
         vocab_size=vlm.get("vocab_size") or text.get("vocab_size"),
-        pad_token=pad,
-        towers={"text": "colpali_text", "image": "colpali_image"},
-        image_size=image_size,
-        patch_size=patch_size,
-        # ColPaliProcessor: queries padded with ten <pad> ("query augmentation"), which count.
-        templates={
-            "query": f"{bos}{query_prefix}{{}}{pad * 10}\n",
-            "image": "<image>" * image_tokens + f"{bos}{visual_prefix}\n",
-        },
-        image_processor=images,
+        towers={"text": f"{model_type}_text", "image": f"{model_type}_image"},  # type: ignore[dict-item]
+        templates=templates,
+        image_processor=_image_processor(path),
         raw=config,
+        **facts,
+    )
+
+
+def _processor_config(path: Path) -> dict[str, Any]:
+    processor = _read_json(path / "processor_config.json")
+    return processor if isinstance(processor, dict) else {}
+
+
+def _colpali_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
+    """ColPali (PaliGemma): a page is its image tokens, then "<bos>Describe the image.\n"; a
+    query "<bos>Question: ...", padded with ten <pad> ("query augmentation"), which count."""
+    vision = (config.get("vlm_config") or {}).get("vision_config") or {}
+    tok_config = _read_json(path / "tokenizer_config.json") or {}
+    processor = _processor_config(path)
+    bos, pad = _tokens(tok_config, "bos_token", "<bos>"), _tokens(tok_config, "pad_token", "<pad>")
+    image_size, patch_size = int(vision.get("image_size") or 448), int(vision.get("patch_size") or 14)
+    image_tokens = int(_image_processor(path).get("image_seq_length") or (image_size // patch_size) ** 2)
+    query_prefix = processor.get("query_prefix", "Question: ")
+    visual_prefix = processor.get("visual_prompt_prefix", "Describe the image.")
+    templates = {
+        "query": f"{bos}{query_prefix}{{}}{pad * 10}\n",
+        "image": "<image>" * image_tokens + f"{bos}{visual_prefix}\n",
+    }
+    return _page_reader_info(
+        path, config, architectures, "colpali", templates, pad_token=pad, image_size=image_size,
+        patch_size=patch_size,
     )
 
 
 def _colqwen2_info(path: Path, config: dict[str, Any], architectures: tuple[str, ...]) -> ModelInfo:
-    """ColQwen2: a Qwen2-VL reading a query, or a page image (as many image tokens as its
-    merged patches) behind its prompt, to one normalised vector per token."""
-    vlm = config.get("vlm_config") or {}
-    text = vlm.get("text_config") or vlm
+    """ColQwen2 (Qwen2-VL): a page is a chat turn holding as many image tokens as its merged
+    patches; a query "Query: ...", padded with ten pad tokens."""
     tok_config = _read_json(path / "tokenizer_config.json") or {}
-    processor = _read_json(path / "processor_config.json")
-    processor = processor if isinstance(processor, dict) else {}
+    processor = _processor_config(path)
     pad = _tokens(tok_config, "pad_token", "<|endoftext|>")  # also the query augmentation token
     visual = processor.get("visual_prompt_prefix") or (
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image."
         "<|im_end|><|endoftext|>"
     )
-    return ModelInfo(
-        path=path,
-        capability=Capability.MULTI_VECTOR,
-        model_type="colqwen2",
-        architectures=architectures,
-        max_length=int(text.get("max_position_embeddings") or 32768),
-        hidden_size=int(config.get("embedding_dim") or 128),
-        vocab_size=text.get("vocab_size"),
-        pad_token=pad,
-        towers={"text": "colqwen2_text", "image": "colqwen2_image"},
-        templates={"query": f"{processor.get('query_prefix') or 'Query: '}{{}}{pad * 10}\n", "image": visual},
-        image_processor=_image_processor(path),
-        raw=config,
-    )
+    templates = {"query": f"{processor.get('query_prefix') or 'Query: '}{{}}{pad * 10}\n", "image": visual}
+    return _page_reader_info(path, config, architectures, "colqwen2", templates, pad_token=pad)
 
 
 def _two_tower_info(

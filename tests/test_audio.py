@@ -106,7 +106,7 @@ async def test_audio_over_http_and_bad_audio(clap: Path) -> None:
         fine = {"model": "clap", "input": [data_uri(clips[0])], "modality": "audio"}
         assert (await client.post("/embeddings", json=fine)).status_code == 200
         image = await client.post("/embeddings", json={**fine, "modality": "image"})
-        assert image.status_code == 400 and "embeds text and audio" in image.text, image.text
+        assert image.status_code == 400 and "reads text and audio" in image.text, image.text
 
 
 def test_long_audio_is_cut_to_the_window_deterministically(clap: Path) -> None:

@@ -159,14 +159,18 @@ async def test_both_towers_match_transformers(request: pytest.FixtureRequest, ki
     assert image.prompt_tokens == len(images) * ((32 // 8) ** 2 + (kind == "clip"))
 
 
-async def test_images_by_url_and_data_uri_in_one_request(clip: Path, pictures_host: str) -> None:
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+async def test_images_by_url_and_data_uri_in_one_request(
+    request: pytest.FixtureRequest, kind: str, pictures_host: str
+) -> None:
     """Served as users would (auto backend, over HTTP): URLs fetched from a local server
     (allow-listed), data URIs decoded, answered in input order; base64 works too."""
+    path = request.getfixturevalue(kind)
     names = ["tall.png", "wide.png", "square.jpg", "wide.png"]
     inputs = [f"http://{pictures_host}/{n}" for n in names[:2]] + [data_uri(PICTURES[n]) for n in names[2:]]
-    _, want = reference(clip, [], [PICTURES[n] for n in names])
+    want_text, want = reference(path, TEXTS, [PICTURES[n] for n in names])
     allowed = {"media_allowed_hosts": ["127.0.0.1"]}
-    spec = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"), limits=allowed)
+    spec = spec_of(ModelSpec(model_id=str(path), served_model_name="clip"), limits=allowed)
     async with serve_in_process(spec) as client:
         response = await embed_images(client, inputs)
         assert response.status_code == 200, response.text
@@ -179,6 +183,8 @@ async def test_images_by_url_and_data_uri_in_one_request(clip: Path, pictures_ho
     got = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
     assert [d["index"] for d in response.json()["data"]] == [0, 1, 2, 3]
     assert cosines(got, want).min() > 0.999
+    texts = np.array([d["embedding"] for d in text.json()["data"]], dtype=np.float32)
+    assert cosines(texts, want_text).min() > 0.999
     np.testing.assert_allclose(np.frombuffer(base64.b64decode(packed.json()["data"][0]["embedding"]), "<f4"),
                                got[2], atol=1e-6)
 
@@ -238,8 +244,8 @@ async def test_bad_media_is_a_400_naming_the_input(clip: Path, tiny_embedder: Pa
             assert where in response.text and what in response.text, (inputs[-1][:60], response.text)
             assert time.monotonic() - started < 5
         for body, what in [
-            ({"model": "text", "input": [good], "modality": "image"}, "embeds text"),
-            ({"model": "clip", "input": [good], "modality": "audio"}, "embeds text and image"),
+            ({"model": "text", "input": [good], "modality": "image"}, "reads text;"),
+            ({"model": "clip", "input": [good], "modality": "audio"}, "reads text and image"),
             ({"model": "clip", "input": [[1, 2, 3]], "modality": "image"}, "URL or a data"),
         ]:
             response = await client.post("/embeddings", json=body)

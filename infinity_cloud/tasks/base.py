@@ -17,6 +17,7 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tokenization import Encoded, TextTokenizer
@@ -66,6 +67,17 @@ class Task(ABC, Generic[Call, Result]):
     @abstractmethod
     def finish(self, rows: list[Any], call: Call, served: ServedModel, encodings: list[Any]) -> Result:
         """The rows of this call (in input order) as the caller's result."""
+
+
+def require_tower(served: ServedModel, capability: Capability, modality: Tower) -> None:
+    """The model does `capability` and reads `modality` (a 400 naming what it reads otherwise)."""
+    towers = served.require(capability).towers
+    if modality not in towers:
+        raise UnsupportedError(
+            f"model {served.name!r} reads {' and '.join(towers)}; modality {modality!r} is not "
+            "supported by it",
+            param="modality",
+        )
 
 
 def prompt_tokens(encodings: Sequence[Any]) -> int:

@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import EmbeddingResult
-from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.base import Task, prompt_tokens, require_tower
 from infinity_cloud.tasks.heads import Head, embedding_head, pooled_head
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tokenization import Encoded
@@ -72,13 +72,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
                 "'sparse' to /embeddings or use /embed_sparse (Python: Engine.embed_sparse)",
                 param="encoding_format",
             )
-        towers = served.require(self.capability).towers
-        if call.modality not in towers:
-            raise UnsupportedError(
-                f"model {served.name!r} embeds {' and '.join(towers)}; modality {call.modality!r} "
-                "is not supported by it",
-                param="modality",
-            )
+        require_tower(served, self.capability, call.modality)
         check_dimensions(call.dimensions, served.loaded.info.dimensions)
         if call.modality != "text":
             check_media(call.inputs, limits)

@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import MultiVectorResult
-from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.base import Task, prompt_tokens, require_tower
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head, token_head
 from infinity_cloud.tokenization import Encoded
@@ -57,13 +57,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return [np.ascontiguousarray(row[: len(item)]) for row, item in zip(batch, items, strict=True)]
 
     def check(self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec) -> None:
-        towers = served.require(self.capability).towers
-        if call.modality not in towers:
-            raise UnsupportedError(
-                f"model {served.name!r} reads {' and '.join(towers)}; modality {call.modality!r} is not "
-                "supported by it",
-                param="modality",
-            )
+        require_tower(served, self.capability, call.modality)
         if call.modality == "text":
             check_texts(call.inputs, limits)
         else:
