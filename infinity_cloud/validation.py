@@ -31,6 +31,15 @@ def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") 
                 f"{limits.max_chars_per_text}",
                 param=param,
             )
+        if not text.isascii():  # HTTP bodies are checked as they are parsed; Python callers here
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidInputError(
+                    f"'{param}' item {index} is not well-formed Unicode (a lone surrogate at character "
+                    f"{exc.start})",
+                    param=param,
+                ) from None
 
 
 def check_media(inputs: Sequence[Any], limits: LimitsSpec) -> None:

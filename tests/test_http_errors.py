@@ -5,6 +5,7 @@ succeeds. In-process over ASGI against the deterministic fake backend."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -147,6 +148,44 @@ async def test_malformed_json_is_422(client, route):
     response = await client.post(route, content=b'{"input": ["a",', headers=JSON)
     assert_error(response, 422, None, "malformed JSON")
     await assert_still_serving(client, route)
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"input": "x\\ud800y"}', "no low surrogate"),  # a lone surrogate, escaped
+    (b'{"input": "\xff\xfe"}', "not valid UTF-8"),
+    (gzip.compress(b'{"input": "a"}'), "not valid UTF-8"),
+    (b'{"input": ' + b"[" * 1100 + b"]" * 1100 + b"}", "depth limit"),
+    (b'{"input": "a", "dimensions": 1e400}', "infinity"),
+])
+async def test_every_malformed_body_is_a_422_saying_why(client, body: bytes, words: str):
+    """Parsed strictly (orjson): never a 400 without a reason, a 500, or text the tokenizer
+    chokes on."""
+    response = await client.post("/embeddings", content=body, headers=JSON)
+    assert_error(response, 422, None, "malformed JSON", words)
+    await assert_still_serving(client, "/embeddings")
+
+
+async def test_numbers_beyond_64_bits_are_a_422_that_can_be_answered(client):
+    """The validator echoes the value it refused; it must come back as JSON, not a 500."""
+    for body, param in ((b'{"input": "a", "dimensions": 123456789012345678901234567890}', "dimensions"),
+                        (b'{"input": [[1, 123456789012345678901234567890]]}', "input")):
+        response = await client.post("/embeddings", content=body, headers=JSON)
+        assert_error(response, 422, param)
+    await assert_still_serving(client, "/embeddings")
+
+
+async def test_a_form_body_is_told_to_be_json(client):
+    response = await client.post("/embeddings", content=b'{"input": "a"}',
+                                 headers={"content-type": "application/x-www-form-urlencoded"})
+    assert_error(response, 422, None, "Content-Type: application/json", "curl -d")
+
+
+async def test_the_python_api_refuses_lone_surrogates(tiny_embedder):
+    from infinity_cloud.errors import InvalidInputError
+
+    async with Engine(fake(tiny_embedder, "emb")) as engine:
+        with pytest.raises(InvalidInputError, match="item 1 is not well-formed Unicode"):
+            await engine.embed(["fine", "x\ud800y"])
 
 
 async def test_unknown_route_and_method_use_the_error_shape(client):

@@ -21,6 +21,7 @@ from infinity_cloud.server.calls import ClientDisconnected
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
+from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.routes import (
     classify,
     cohere_embed,
@@ -98,7 +99,7 @@ def create_app(
     app.state.started_at = int(time.time())
 
     protected = [Depends(require_api_key)]
-    inference = APIRouter(dependencies=protected)
+    inference = APIRouter(dependencies=protected, route_class=JsonRoute)
     for router in (embeddings.router, classify.router, status.models_router):
         inference.include_router(router)
     app.include_router(inference, prefix=prefix)

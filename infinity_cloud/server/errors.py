@@ -72,12 +72,29 @@ def _describe(err: dict[str, Any]) -> str:
     return f"{where}: {err.get('msg', 'invalid')}"
 
 
-async def _validation_error(_: Request, exc: Exception) -> Response:
+def _not_json(request: Request, details: list[dict[str, Any]]) -> str | None:
+    """What to say when a body was not read as JSON because its content type is another."""
+    kind = request.headers.get("content-type", "")
+    whole_body = [e for e in details if tuple(e.get("loc", ())) == ("body",)]
+    if "json" in kind or not any(e.get("type") == "model_attributes_type" for e in whole_body):
+        return None
+    hint = ""
+    if "form-urlencoded" in kind:
+        hint = " (curl -d sends that: add -H 'Content-Type: application/json')"
+    return (
+        "invalid request: the body must be JSON sent as Content-Type: application/json, not "
+        f"{kind or 'none'}{hint}"
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     details = exc.errors()
     fields = (e["loc"][1] for e in details if len(e.get("loc", ())) > 1)
     param = next((f for f in fields if isinstance(f, str)), None)
-    message = "invalid request: " + "; ".join(_describe(e) for e in details[:5])
+    message = _not_json(request, details) or "invalid request: " + "; ".join(
+        _describe(e) for e in details[:5]
+    )
     body = error_body(message, "invalid_request_error", 422, param, detail=jsonable_encoder(details))
     return json_response(body, 422)
 

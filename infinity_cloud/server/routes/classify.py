@@ -5,10 +5,11 @@ from starlette.responses import Response
 
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import ClassifyRequest
 from infinity_cloud.server.responses import classify_body
 
-router = APIRouter(tags=["classify"])
+router = APIRouter(tags=["classify"], route_class=JsonRoute)
 
 
 @router.post("/classify", summary="Classify texts: every label's score, highest first")

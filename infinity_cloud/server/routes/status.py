@@ -10,10 +10,11 @@ from starlette.responses import Response
 from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_body
+from infinity_cloud.server.parsing import JsonRoute
 
-models_router = APIRouter(tags=["models"])
-health_router = APIRouter(tags=["health"])
-metrics_router = APIRouter(tags=["metrics"])
+models_router = APIRouter(tags=["models"], route_class=JsonRoute)
+health_router = APIRouter(tags=["health"], route_class=JsonRoute)
+metrics_router = APIRouter(tags=["metrics"], route_class=JsonRoute)
 
 
 def _model_entries(request: Request) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.routing import APIRoute
 from starlette.responses import Response
 
 from infinity_cloud import __version__
@@ -20,6 +19,7 @@ from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import handled, in_tei_shape
+from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import (
     TeiAnyRequest,
     TeiDecodeRequest,
@@ -32,7 +32,7 @@ from infinity_cloud.server.responses import label_rows
 from infinity_cloud.tasks.pooling import l2_normalize
 
 
-class TeiRoute(APIRoute):
+class TeiRoute(JsonRoute):
     """Errors (ours, and request validation) answered in TEI's shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
