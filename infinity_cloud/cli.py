@@ -105,7 +105,14 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
     "api_keys": (
         list[str] | None,
-        _opt("API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys.", _S, "--api-key"),
+        _opt(
+            "API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys. A flag shows in "
+            "`ps`: prefer --api-key-file or the variable.", _S, "--api-key",
+        ),
+    ),
+    "api_key_file": (
+        Path | None,
+        _opt("API_KEY_FILE", "Require one of the keys in this file (one per line; # comments).", _S),
     ),
     "url_prefix": (str | None, _opt("URL_PREFIX", "Serve every route under this path.", _S)),
     "cors_origins": (
@@ -242,6 +249,11 @@ def serve(spec: DeploymentSpec) -> None:
     """Serve the models over HTTP (the OpenAI-compatible API) on this machine."""
     from infinity_cloud.targets.local.target import LocalTarget
 
+    if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in sys.argv):
+        typer.secho(
+            "warning: an API key given as --api-key is visible to every user of this machine (ps); "
+            "use --api-key-file or INFINITY_CLOUD_API_KEY instead", fg=typer.colors.YELLOW, err=True,
+        )
     with reported_errors():
         LocalTarget().serve(spec)
 
@@ -260,8 +272,9 @@ def config_show(
     spec: DeploymentSpec,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
 ) -> None:
-    """Print the merged deployment spec (file, then environment, then flags)."""
+    """Print the merged deployment spec (file, then environment, then flags); API keys masked."""
     data = spec.model_dump(mode="json")
+    data["server"]["api_keys"] = ["***"] * len(data["server"]["api_keys"])
     if format is Format.json:
         import json
 

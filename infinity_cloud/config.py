@@ -117,6 +117,8 @@ class ServerSpec(_Frozen):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
     url_prefix: str = ""
     api_keys: tuple[str, ...] = ()
+    # Keys one per line, read at start: a file (a mounted secret) keeps them out of `ps`.
+    api_key_file: Path | None = None
     cors_origins: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     limits: LimitsSpec = LimitsSpec()
@@ -128,6 +130,20 @@ class ServerSpec(_Frozen):
         if value and not value.startswith("/"):
             value = "/" + value
         return value
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every accepted API key: those given, and those in `api_key_file`."""
+        if self.api_key_file is None:
+            return self.api_keys
+        try:
+            lines = self.api_key_file.read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the API key file {self.api_key_file}: {exc.strerror}") from exc
+        from_file = tuple(k for k in (line.strip() for line in lines) if k and not k.startswith("#"))
+        if not from_file:
+            raise ConfigError(f"the API key file {self.api_key_file} holds no key")
+        return (*self.api_keys, *from_file)
 
 
 class DeploymentSpec(_Frozen):
@@ -203,7 +219,7 @@ MODEL_OPTIONS = (
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
     "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids", "embedding_dtype",
 )
-SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "cors_origins", "log_level")
+SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "api_key_file", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)
 
 

@@ -50,7 +50,8 @@ def test_config_show_yaml_and_repeated_models():
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load(result.output)
     assert [m["model_id"] for m in spec["models"]] == ["a", "b"]
-    assert spec["server"]["api_keys"] == ["k1", "k2"]
+    assert spec["server"]["api_keys"] == ["***", "***"]  # both taken, neither printed
+    assert "k1" not in result.output
 
 
 def test_invalid_options_are_refused_with_a_message():

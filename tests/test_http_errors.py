@@ -339,6 +339,32 @@ async def test_missing_or_wrong_api_key_is_401(keyed, authorization, method, rou
     assert fixed.status_code == 200, fixed.text
 
 
+async def test_the_key_is_checked_before_the_body(keyed):
+    """No key: 401 whatever the body is (malformed, over the size limit, a wrong schema), so an
+    unauthenticated caller learns nothing and the server reads nothing."""
+    for content, headers in [
+        (b'{"input": ["a",', JSON),
+        (b'{"input": 5}', JSON),
+        (b"x" * 100, {**JSON, "content-length": str(10**9)}),
+    ]:
+        response = await keyed.post("/embeddings", content=content, headers=headers)
+        assert_error(response, 401, None, "API key")
+    for open_path in ("/health", "/ping", "/openapi.json", "/docs"):
+        assert (await keyed.get(open_path)).status_code == 200, open_path
+
+
+async def test_keys_can_come_from_a_file(tiny_embedder, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# a comment\nfile-key-1\n\n  file-key-2  \n")
+    spec = spec_of(fake(tiny_embedder, "emb"), api_key_file=str(keys), api_keys=["flag-key"])
+    async with serve_in_process(spec, headers={}) as c:
+        cases = [("file-key-1", 200), ("file-key-2", 200), ("flag-key", 200), ("# a comment", 401)]
+        for key, status in cases:
+            authorization = {"Authorization": f"Bearer {key}"}
+            response = await c.post("/embeddings", json={"input": "a"}, headers=authorization)
+            assert response.status_code == status, (key, response.text)
+
+
 # -- 429 ---------------------------------------------------------------------------------
 
 

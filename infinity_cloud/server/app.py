@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, FastAPI, Security
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,7 +16,7 @@ from starlette.responses import Response
 from infinity_cloud import __version__
 from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
-from infinity_cloud.server.auth import require_api_key
+from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
 from infinity_cloud.server.calls import ClientDisconnected
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
@@ -98,7 +98,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.started_at = int(time.time())
 
-    protected = [Depends(require_api_key)]
+    protected = [Security(api_key_scheme)]
     inference = APIRouter(dependencies=protected, route_class=JsonRoute)
     for router in (embeddings.router, classify.router, status.models_router):
         inference.include_router(router)
@@ -111,6 +111,10 @@ def create_app(
     app.include_router(status.health_router, prefix=prefix)
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
+    # Outside the body limit: a caller without a key is refused before any byte is read.
+    open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/docs/oauth2-redirect",
+                                                  "/redoc", "/openapi.json")}
+    app.add_middleware(ApiKeyGate, keys=spec.server.keys, open_paths=open_paths)
     app.add_middleware(CatchBugs)
     if spec.server.cors_origins:
         app.add_middleware(

@@ -1,25 +1,49 @@
-"""Bearer API keys: one or several, compared in constant time."""
+"""Bearer API keys: one or several, compared in constant time, checked before anything else.
+
+The check is ASGI middleware, not a FastAPI dependency: FastAPI reads and parses a body
+before it resolves dependencies, so an unauthenticated caller would get a 422 for a bad body
+(learning the schema) and could make the server read megabytes first. The dependency below
+only declares the scheme in the OpenAPI document.
+"""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Collection
 
-from fastapi import Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from infinity_cloud.server.errors import UnauthorizedError
+from infinity_cloud.server.errors import UnauthorizedError, error_response
 
-_bearer = HTTPBearer(auto_error=False, description="one of the server's API keys")
+# A dependency of the routes that need a key: it documents the scheme (`ApiKeyGate` checks).
+api_key_scheme = HTTPBearer(auto_error=False, description="one of the server's API keys")
 
 
-async def require_api_key(request: Request) -> None:
-    """A FastAPI dependency; a no-op when the server has no keys."""
-    keys: tuple[str, ...] = request.app.state.spec.server.api_keys
-    if not keys:
-        return
-    credentials: HTTPAuthorizationCredentials | None = await _bearer(request)
-    if credentials is None:
-        raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
-    given = credentials.credentials.encode()
-    if not any(hmac.compare_digest(given, key.encode()) for key in keys):
-        raise UnauthorizedError("invalid API key")
+def rejection(authorization: str | None, keys: Collection[str]) -> str | None:
+    """Why a request with this Authorization header is refused; None when its key is one of `keys`."""
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return "missing API key: send 'Authorization: Bearer <key>'"
+    if not any(hmac.compare_digest(given.strip().encode(), key.encode()) for key in keys):
+        return "invalid API key"
+    return None
+
+
+class ApiKeyGate:
+    """With keys, every path but the `open` ones (health checks, the docs) answers 401 to a
+    request without a right key, before its body is read."""
+
+    def __init__(self, app: ASGIApp, keys: Collection[str], open_paths: Collection[str]) -> None:
+        self.app = app
+        self.keys = tuple(keys)
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.keys and scope["path"] not in self.open_paths:
+            reason = rejection(Headers(scope=scope).get("authorization"), self.keys)
+            if reason is not None:
+                await error_response(UnauthorizedError(reason))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
