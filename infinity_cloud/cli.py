@@ -76,6 +76,10 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("BATCH_BUCKETS", "Static shapes: pad batch rows up to one of e.g. 1,8,32.", _M),
     ),
     "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
+    "deadline_s": (
+        list[float] | None,
+        _opt("DEADLINE_S", "429 at once when a request's estimated queue wait is longer (default: 10).", _M),
+    ),
     "pooling": (
         list[str] | None,
         _opt(

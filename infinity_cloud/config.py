@@ -50,6 +50,10 @@ class ModelSpec(_Frozen):
         (), description="static shapes: pad each batch's rows up to the next of these"
     )
     queue_size: int = Field(16384, ge=1, description="queued inputs before answering 429")
+    deadline_s: float | None = Field(
+        10.0, gt=0, description="answer 429 at once when a request's estimated queue wait (from the "
+        "tokens ahead of it and the model's recent throughput) is longer; none: queue while there is room",
+    )
     pooling: Pooling | None = Field(None, description="override the pooling the model's files name")
     normalize: bool | None = Field(None, description="override the model's own normalisation")
     max_length: int | None = Field(None, ge=1, description="cap the model's maximum input tokens")
@@ -216,8 +220,9 @@ class DeploymentSpec(_Frozen):
 # once per model, in the order of the model ids.
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
-    "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "pooling",
-    "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids", "embedding_dtype",
+    "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "deadline_s",
+    "pooling", "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids",
+    "embedding_dtype",
 )
 SERVER_OPTIONS = ("host", "port", "url_prefix", "api_keys", "api_key_file", "cors_origins", "log_level")
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

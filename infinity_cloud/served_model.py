@@ -188,7 +188,7 @@ class ServedModel:
         backend = open_backend(info, spec, graph, collate(probes, static=False), head)
         queue = BatchQueue(
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
-            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length,
+            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length, deadline_s=spec.deadline_s,
         )
 
         def run(items: list[Any]) -> tuple[Callable[[], np.ndarray], np.ndarray | None, int]:

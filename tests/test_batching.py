@@ -88,8 +88,8 @@ def test_mixed_queue_is_cut_into_length_homogeneous_batches() -> None:
     assert [len(b) for b in batches] == [8, 4, 4]
 
 
-def test_the_oldest_input_is_always_in_the_next_batch() -> None:
-    """A long input behind a stream of short ones still goes out: no starvation."""
+def test_a_long_input_behind_a_stream_of_short_ones_still_goes() -> None:
+    """No starvation: each request's oldest input anchors a batch in its turn."""
     rng = random.Random(3)
     queue = BatchQueue(capacity=10_000, batch_tokens=128, max_batch_size=8)
     queue.put(items(4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 120, start=0))
@@ -99,12 +99,45 @@ def test_the_oldest_input_is_always_in_the_next_batch() -> None:
     for _ in range(20):
         queue.put(items(*(rng.randint(2, 6) for _ in range(6)), start=next_id))
         next_id += 6
-        oldest = queue._items[0]
         batch = queue.take(timeout=0)
         check_batch(queue, batch)
-        assert oldest in batch
         taken.update(i.payload for i in batch)
     assert long_item in taken
+
+
+def test_a_small_request_behind_a_large_one_goes_in_the_next_batches() -> None:
+    """Fair by request: one text behind 2,000 goes out within two batches, not after them."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=512, max_batch_size=16)
+    queue.put(items(*[30] * 2000))
+    queue.put(items(200, start=5000))  # another length: it cannot ride along by chance
+    first, second = queue.take(timeout=0), queue.take(timeout=0)
+    assert 5000 in {i.payload for i in [*first, *second]}
+    rest = take_all(queue)
+    taken = [i.payload for batch in [first, second, *rest] for i in batch]
+    assert sorted(taken) == [*range(2000), 5000] and queue.depth == 0
+
+
+def test_requests_take_turns() -> None:
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=2)
+    queue.put(items(5, 5, 5, 5, start=0))
+    queue.put(items(50, 50, start=10))
+    queue.put(items(500, start=20))
+    batches = [{i.payload for i in batch} for batch in take_all(queue)]
+    assert 0 in batches[0] and 10 in batches[1] and 20 in batches[2]  # each request's turn
+
+
+def test_overload_is_refused_by_deadline_with_retry_after() -> None:
+    """At 100 tokens/s, 500 tokens queued and a 2 s deadline, the next request is refused at
+    once, with Retry-After for about when the queue will have cleared."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
+    queue.put(items(*[100] * 5))  # no throughput known yet: admitted
+    queue.observe(tokens=100, seconds=1.0)
+    with pytest.raises(QueueFullError, match="overloaded") as refused:
+        queue.put(items(10))
+    assert refused.value.retry_after_s == 4  # ceil(510 / 100 - 2)
+    assert queue.depth == 5
+    take_all(queue)
+    queue.put(items(10))  # the queue has cleared: admitted again
 
 
 def test_cancelled_inputs_are_skipped() -> None:

@@ -383,6 +383,25 @@ async def test_queue_full_is_429_with_retry_after(tiny_embedder):
         await assert_still_serving(c)
 
 
+async def test_overload_is_shed_by_deadline_not_left_to_time_out(tiny_embedder):
+    """Once the model's throughput is known, requests that would wait past the deadline are
+    answered 429 at once with Retry-After; the admitted ones are answered in full."""
+    slow = fake(tiny_embedder, "emb", max_batch_size=1, deadline_s=0.5, backend_options={"delay_s": 0.1})
+    async with serve_in_process(spec_of(slow)) as c:
+        assert (await c.post("/embeddings", json={"input": ["warm up", "twice"]})).status_code == 200
+        responses = await asyncio.gather(*(c.post("/embeddings", json={"input": [f"text {i}"] * 4})
+                                           for i in range(12)))
+        statuses = [r.status_code for r in responses]
+        assert set(statuses) == {200, 429}, statuses
+        for response in responses:
+            if response.status_code == 429:
+                assert_error(response, 429, None, "overloaded", "deadline")
+                assert int(response.headers["retry-after"]) >= 1
+            else:
+                assert len(response.json()["data"]) == 4
+        await assert_still_serving(c)
+
+
 # -- 503 ---------------------------------------------------------------------------------
 
 

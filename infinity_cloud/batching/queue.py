@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import deque
@@ -26,17 +27,25 @@ class WorkItem:
 
 
 class BatchQueue:
-    """Bounded FIFO whose `take` cuts the next batch.
+    """Bounded queue of requests' inputs whose `take` cuts the next batch.
 
-    A batch is anchored on the oldest waiting input, so nothing starves, and filled from a
-    window of the oldest inputs with those closest to it in length, so padding stays small.
-    Its cost is padded tokens (longest x count), bounded by `batch_tokens`; its size by
-    `max_batch_size`. An input longer than the budget still goes, alone.
+    Fair by request: each `put` is one request, and batches are cut from a window that takes
+    the waiting requests' oldest inputs in turn, anchored on the oldest input of the request
+    whose turn it is; after each batch that request goes to the back. So a one-text request
+    behind a 2,000-text one goes out in the next batch or two, not after all 2,000, and nothing
+    starves. Within the window a batch takes the inputs closest in length to its anchor, so
+    padding stays small. Its cost is padded tokens (longest x count), bounded by
+    `batch_tokens`; its size by `max_batch_size`. An input longer than the budget still goes,
+    alone.
 
     `fill_wait_s`: when what is waiting would make a batch that is not full, wait up to this
     long (from the oldest input's arrival) for more, so trickling requests share a forward
     pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
+
+    `deadline_s`: a request whose wait, estimated from the tokens queued ahead of it and the
+    model's recent throughput (`observe`), would pass this is refused at once (429 with
+    Retry-After) instead of queued to wait past its client's patience.
     """
 
     def __init__(
@@ -46,26 +55,50 @@ class BatchQueue:
         max_batch_size: int,
         fill_wait_s: float = 0.0,
         padded_length: Callable[[int], int] | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         self.capacity = capacity
         self.batch_tokens = batch_tokens
         self.max_batch_size = max_batch_size
         self.fill_wait_s = fill_wait_s
+        self.deadline_s = deadline_s
         self._padded = padded_length or (lambda n: n)
         self._window = max(8 * max_batch_size, 256)
-        self._items: deque[WorkItem] = deque()
+        self._requests: deque[deque[WorkItem]] = deque()
+        self._depth = 0
+        self._tokens = 0  # lengths of everything waiting
+        self._rate: float | None = None  # tokens per second, recent
         self._cond = threading.Condition()
         self._closed = False
 
     @property
     def depth(self) -> int:
-        return len(self._items)
+        return self._depth
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._rate
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A finished batch: `tokens` (padded) in `seconds` of the model's time."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        sample = tokens / seconds
+        with self._cond:
+            self._rate = sample if self._rate is None else 0.8 * self._rate + 0.2 * sample
+
+    def estimated_wait_s(self, tokens: int = 0) -> float | None:
+        """How long `tokens` more would wait for what is queued to clear; None before the
+        first batch has given a throughput."""
+        rate = self._rate
+        return None if rate is None else (self._tokens + tokens) / rate
+
     def put(self, items: list[WorkItem]) -> None:
+        """Queue one request's inputs, or refuse them all."""
         with self._cond:
             if self._closed:
                 raise ModelNotReadyError("the model is shutting down and takes no new inputs")
@@ -74,12 +107,23 @@ class BatchQueue:
                     f"{len(items)} inputs are more than the model's whole queue ({self.capacity}); "
                     "split the request"
                 )
-            if len(self._items) + len(items) > self.capacity:
+            if self._depth + len(items) > self.capacity:
                 raise QueueFullError(
-                    f"the model's queue is full ({len(self._items)} inputs waiting, limit "
+                    f"the model's queue is full ({self._depth} inputs waiting, limit "
                     f"{self.capacity}); retry shortly"
                 )
-            self._items.extend(items)
+            tokens = sum(item.length for item in items)
+            wait = self.estimated_wait_s(tokens)
+            if self.deadline_s is not None and wait is not None and wait > self.deadline_s and self._depth:
+                error = QueueFullError(
+                    f"the model is overloaded: this request would wait about {wait:.1f} s, past the "
+                    f"{self.deadline_s:g} s deadline; retry later"
+                )
+                error.retry_after_s = max(1, math.ceil(wait - self.deadline_s))
+                raise error
+            self._requests.append(deque(items))
+            self._depth += len(items)
+            self._tokens += tokens
             self._cond.notify()
 
     def close(self) -> None:
@@ -90,18 +134,32 @@ class BatchQueue:
     def drain(self) -> list[WorkItem]:
         """Remove and return everything still waiting."""
         with self._cond:
-            items = list(self._items)
-            self._items.clear()
+            items = [item for request in self._requests for item in request]
+            self._requests.clear()
+            self._depth = self._tokens = 0
             return items
+
+    def _oldest(self) -> WorkItem | None:
+        """The head request's oldest live input, dropping cancelled ones and empty requests."""
+        while self._requests:
+            head = self._requests[0]
+            while head and head[0].cancelled:
+                self._forget(head.popleft())
+            if head:
+                return head[0]
+            self._requests.popleft()
+        return None
+
+    def _forget(self, item: WorkItem) -> None:
+        self._depth -= 1
+        self._tokens -= item.length
 
     def take(self, timeout: float | None = None) -> list[WorkItem] | None:
         """Block until a batch can be cut; None once closed and empty (or on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                while self._items and self._items[0].cancelled:
-                    self._items.popleft()
-                if self._items:
+                if self._oldest() is not None:
                     fill_by = self._fill_deadline()
                     if fill_by is None or self._closed:
                         return self._cut()
@@ -119,20 +177,34 @@ class BatchQueue:
         """When to stop waiting for a fuller batch; None: cut now."""
         if not self.fill_wait_s:
             return None
-        fill_by = self._items[0].enqueued_at + self.fill_wait_s
-        if time.perf_counter() >= fill_by or len(self._items) >= self.max_batch_size:
+        oldest = min(request[0].enqueued_at for request in self._requests if request)
+        fill_by = oldest + self.fill_wait_s
+        if time.perf_counter() >= fill_by or self._depth >= self.max_batch_size:
             return None
-        waiting_tokens = sum(self._padded(item.length) for item in self._items)
-        return None if waiting_tokens >= self.batch_tokens else fill_by
+        waiting = sum(self._padded(item.length) for request in self._requests for item in request)
+        return None if waiting >= self.batch_tokens else fill_by
+
+    def _gather(self) -> tuple[list[WorkItem], list[int]]:
+        """The window: waiting requests' oldest inputs, one from each in turn, the head
+        request first; and how far into each request it reached."""
+        window: list[WorkItem] = []
+        cursors = [0] * len(self._requests)
+        more = True
+        while more and len(window) < self._window:
+            more = False
+            for r, request in enumerate(self._requests):
+                while cursors[r] < len(request) and request[cursors[r]].cancelled:
+                    cursors[r] += 1
+                if cursors[r] < len(request) and len(window) < self._window:
+                    window.append(request[cursors[r]])
+                    cursors[r] += 1
+                    more = True
+        return window, cursors
 
     def _cut(self) -> list[WorkItem]:
-        window: list[WorkItem] = []
-        while self._items and len(window) < self._window:
-            item = self._items.popleft()
-            if not item.cancelled:
-                window.append(item)
+        window, reached = self._gather()
         order = sorted(range(len(window)), key=lambda i: window[i].length)
-        anchor = order.index(0)  # window[0] is the oldest input
+        anchor = order.index(0)  # window[0] is the head request's oldest input
         lo = hi = anchor
         longest = window[0].length
         pad = self._padded
@@ -154,8 +226,16 @@ class BatchQueue:
             else:
                 hi += 1
             count += 1
-        chosen = set(order[lo : hi + 1])
-        batch = [window[i] for i in sorted(chosen)]
-        rest = [item for i, item in enumerate(window) if i not in chosen]
-        self._items.extendleft(reversed(rest))
+        batch = [window[i] for i in sorted(order[lo : hi + 1])]
+        taken = {id(item) for item in batch}
+        # What was taken (or cancelled) leaves its request; only the part the window reached
+        # is looked at, so a cut costs the window, not the whole queue.
+        for request, seen in zip(self._requests, reached, strict=True):
+            front = [request.popleft() for _ in range(seen)]
+            for item in front:
+                if id(item) in taken or item.cancelled:
+                    self._forget(item)
+            request.extendleft(reversed([i for i in front if id(i) not in taken and not i.cancelled]))
+        self._requests.rotate(-1)  # the next batch is anchored on the next request
+        self._requests = deque(request for request in self._requests if request)
         return batch

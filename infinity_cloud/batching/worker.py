@@ -64,6 +64,7 @@ class BatchWorker:
         ]
         self.batches_done = 0
         self.batches_failed = 0
+        self._last_finish = 0.0
         self.inputs_done = 0
         self.death: str | None = None
 
@@ -177,7 +178,15 @@ class BatchWorker:
                 self._die(exc, items)
                 raise
             self._report(items, started, failed=False)
+            self._observe_throughput(items, started)
             _on_loops(items, _resolve, results)
+
+    def _observe_throughput(self, items: list[WorkItem], started: float) -> None:
+        """Tell the queue how fast the model clears tokens: per batch, the wall time since the
+        later of its start and the previous batch's end (batches overlap when busy)."""
+        now = time.perf_counter()
+        self.queue.observe(sum(item.length for item in items), now - max(started, self._last_finish))
+        self._last_finish = now
 
     def _report(self, items: list[WorkItem], started: float, failed: bool) -> None:
         if failed:
