@@ -60,9 +60,9 @@ async def main() -> None:
         model = spec.models[0]
         args.model_id, args.dtype, args.backend = model.model_id, model.dtype, model.backend
     else:
-        spec = DeploymentSpec(
-            models=(ModelSpec(model_id=args.model_id, dtype=args.dtype, backend=args.backend),)
-        )
+        # The whole load is queued at once to measure the model's rate: nothing is shed.
+        model = ModelSpec(model_id=args.model_id, dtype=args.dtype, backend=args.backend, deadline_s=None)
+        spec = DeploymentSpec(models=(model,))
     async with Engine(spec) as engine:
         await run(engine, texts[:64], 8, 2)  # warm-up
         rates = []
