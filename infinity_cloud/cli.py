@@ -129,6 +129,13 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "log_level": (str | None, _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
+    "header_timeout_s": (
+        float | None,
+        _opt("HEADER_TIMEOUT_S", "408 for a client slower to send its headers (default: 10).", _S),
+    ),
+    "body_timeout_s": (
+        float | None, _opt("BODY_TIMEOUT_S", "408 for a client slower to send its body (default: 60).", _S),
+    ),
     "max_inputs_per_request": (
         int | None,
         _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec, build_spec
+from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, configure_logging
@@ -78,11 +78,16 @@ class BackgroundServer:
     server from a hook (Modal's `@modal.enter`) and stop it from another. `stop` lets
     in-flight requests finish, within the platform's grace period."""
 
-    def __init__(self, app: Any, host: str, port: int, log_level: str = "info") -> None:
+    def __init__(
+        self, app: Any, host: str, port: int, log_level: str = "info", server: ServerSpec | None = None
+    ) -> None:
         import uvicorn
 
+        from infinity_cloud.targets.read_deadlines import deadline_protocol
+
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=None
+            app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=None,
+            http=deadline_protocol(server or ServerSpec()),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="http-server", daemon=True)

@@ -39,13 +39,17 @@ class LocalTarget(Target[LocalSpec]):
 
         from infinity_cloud.engine import Engine
         from infinity_cloud.server import create_app
+        from infinity_cloud.targets.read_deadlines import deadline_protocol
 
         configure_logging(spec.server.log_level)
         names = ", ".join(m.name for m in spec.models)
         with Console(stderr=True).status(f"loading {names}"):
             engine = Engine.loaded(spec)
         app = create_app(engine)
-        uvicorn.run(app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level)
+        uvicorn.run(
+            app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level,
+            http=deadline_protocol(spec.server),
+        )
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
         """A Dockerfile, a compose file, the pinned requirements, the package, the spec the

@@ -1,0 +1,58 @@
+"""Slow clients against a real server process: headers or a body that do not arrive within
+their deadline get a 408 and the connection closed (slowloris); clients in time are served."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import FAKE, server_process
+
+
+@pytest.fixture(scope="module")
+def url(tiny_embedder: Path) -> Iterator[str]:
+    deadlines = ("--header-timeout-s", "1", "--body-timeout-s", "1")
+    with server_process("--model-id", str(tiny_embedder), "--backend", FAKE, *deadlines) as running:
+        yield running
+
+
+def exchange(url: str, *parts: bytes) -> bytes:
+    """Send `parts` on a raw connection, then read until the server closes it (or 15 s pass:
+    a hang fails the test instead of stalling it)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as conn:
+        for part in parts:
+            conn.sendall(part)
+        received = b""
+        while chunk := conn.recv(65536):
+            received += chunk
+    return received
+
+
+def test_headers_that_never_finish_get_408_and_a_closed_connection(url: str) -> None:
+    answer = exchange(url, b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == 408 and "headers" in error["message"] and "--header-timeout-s" in error["message"]
+
+
+def test_a_body_that_never_finishes_gets_408(url: str) -> None:
+    head = (b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n")
+    answer = exchange(url, head, b'{"input": ')
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"body" in answer
+
+
+def test_a_silent_connection_is_closed_too(url: str) -> None:
+    assert exchange(url).startswith(b"HTTP/1.1 408")
+
+
+def test_clients_in_time_are_served_on_kept_alive_connections(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=15) as client:
+        for _ in range(3):  # one connection, several requests
+            assert client.post("/embeddings", json={"input": "hello"}).status_code == 200
