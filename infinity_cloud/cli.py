@@ -129,6 +129,9 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "log_level": (str | None, _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
+    "log_format": (
+        str | None, _opt("LOG_FORMAT", "text, or json: one object a line, with the request id.", _S),
+    ),
     "header_timeout_s": (
         float | None,
         _opt("HEADER_TIMEOUT_S", "408 for a client slower to send its headers (default: 10).", _S),

@@ -125,6 +125,7 @@ class ServerSpec(_Frozen):
     api_key_file: Path | None = None
     cors_origins: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
     # A client slower than this to send a request's headers, or its body, gets a 408.
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(60.0, gt=0)
@@ -228,7 +229,8 @@ MODEL_OPTIONS = (
     "embedding_dtype",
 )
 SERVER_OPTIONS = (
-    "host", "port", "url_prefix", "api_keys", "api_key_file", "cors_origins", "log_level", "header_timeout_s",
+    "host", "port", "url_prefix", "api_keys", "api_key_file", "cors_origins", "log_level", "log_format",
+    "header_timeout_s",
     "body_timeout_s",
 )
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)

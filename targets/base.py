@@ -121,13 +121,25 @@ def _error_message(response: Any) -> str:
         return response.text[:500]
 
 
-def configure_logging(level: str) -> None:
-    """One log format for every process a target runs (local server, container)."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+def configure_logging(level: str, form: str = "text") -> None:
+    """One log format for every process a target runs (local server, container): text, or one
+    JSON object a line (`--log-format json`, for log pipelines); both carry the request id."""
+    from infinity_cloud.server.request_id import RequestIdFilter
+
+    handler = logging.StreamHandler()
+    if form == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        ))
+    else:
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s [%(request_id)s]", datefmt="%H:%M:%S"
+        ))
+    handler.addFilter(RequestIdFilter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> list[Path]:

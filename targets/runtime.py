@@ -38,14 +38,14 @@ def bake_models(spec: DeploymentSpec) -> None:
     """The image build step: fetch every model and build its exports on the target's hardware."""
     from infinity_cloud.served_model import prepare_model
 
-    configure_logging(spec.server.log_level)
+    configure_logging(spec.server.log_level, spec.server.log_format)
     for model in spec.models:
         print(prepare_model(model), flush=True)
 
 
 def start_engine(spec: DeploymentSpec) -> Engine:
     """Load every model before the container takes requests (a failure stops the container)."""
-    configure_logging(spec.server.log_level)
+    configure_logging(spec.server.log_level, spec.server.log_format)
     return Engine.loaded(spec)
 
 

@@ -479,3 +479,35 @@ async def test_shutting_down_is_503(tiny_embedder):
         assert_error(response, 503, None)
         assert response.json()["error"]["type"] == "model_not_ready"
         assert int(response.headers["retry-after"]) > 0
+
+
+# -- request ids -----------------------------------------------------------------------------
+
+
+async def test_every_answer_carries_a_request_id(client):
+    fresh = await client.post("/embeddings", json={"model": "emb", "input": "a"})
+    assert len(fresh.headers["x-request-id"]) == 16
+    traced = {"X-Request-Id": "trace-42"}
+    mine = await client.post("/embeddings", json={"model": "emb", "input": ""}, headers=traced)
+    assert mine.status_code == 400 and mine.headers["x-request-id"] == "trace-42"
+    odd = await client.get("/nowhere", headers={"X-Request-Id": "bad id\twith spaces"})
+    assert odd.status_code == 404 and odd.headers["x-request-id"] != "bad id\twith spaces"
+
+
+def test_json_log_lines_carry_the_request_id():
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = (
+        "import logging; from infinity_cloud.targets.base import configure_logging; "
+        "from infinity_cloud.server import request_id; configure_logging('info', 'json'); "
+        "token = request_id.current.set('abc123'); "
+        "logging.getLogger('infinity_cloud.x').info('hello %s', 'there')"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    line = json.loads(run.stderr.strip().splitlines()[-1])
+    assert line["message"] == "hello there" and line["request_id"] == "abc123"
+    assert line["level"] == "INFO" and line["logger"] == "infinity_cloud.x"

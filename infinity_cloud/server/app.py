@@ -22,6 +22,7 @@ from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
 from infinity_cloud.server.parsing import JsonRoute
+from infinity_cloud.server.request_id import RequestId
 from infinity_cloud.server.routes import (
     classify,
     cohere_embed,
@@ -116,6 +117,7 @@ def create_app(
                                                   "/redoc", "/openapi.json")}
     app.add_middleware(ApiKeyGate, keys=spec.server.keys, open_paths=open_paths)
     app.add_middleware(CatchBugs)
+    app.add_middleware(RequestId)  # outermost but CORS: every answer, 401s and 500s too, carries it
     if spec.server.cors_origins:
         app.add_middleware(
             CORSMiddleware,

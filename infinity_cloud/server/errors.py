@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_cloud import errors
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.request_id import request_id
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +155,12 @@ class CatchBugs:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception:
-            request_id = uuid.uuid4().hex[:16]
-            log.exception(
-                "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id
-            )
+            rid = request_id() or uuid.uuid4().hex[:16]
+            method, path = scope.get("method"), scope.get("path")
+            log.exception("unhandled error in %s %s (request id %s)", method, path, rid)
             if started:
                 raise
-            body = error_body(
-                f"internal server error (request id {request_id}); the server logged the details",
-                "server_error", 500,
+            message = f"internal server error (request id {rid}); the server logged the details"
+            await json_response(error_body(message, "server_error", 500), 500, {"X-Request-Id": rid})(
+                scope, receive, send
             )
-            await json_response(body, 500, {"X-Request-Id": request_id})(scope, receive, send)

@@ -41,7 +41,7 @@ class LocalTarget(Target[LocalSpec]):
         from infinity_cloud.server import create_app
         from infinity_cloud.targets.read_deadlines import deadline_protocol
 
-        configure_logging(spec.server.log_level)
+        configure_logging(spec.server.log_level, spec.server.log_format)
         names = ", ".join(m.name for m in spec.models)
         with Console(stderr=True).status(f"loading {names}"):
             engine = Engine.loaded(spec)

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = with_model_data(spec, Path(os.environ.get(MODEL_DIR_ENV, DEFAULT_MODEL_DIR)))
     except InfinityCloudError as exc:  # one line in the endpoint's log, not a traceback
         raise SystemExit(f"error: {exc.message}") from None
-    configure_logging(spec.server.log_level)
+    configure_logging(spec.server.log_level, spec.server.log_format)
     port = int(os.environ.get(PORT_ENV, spec.server.port))
     # Not loaded yet: the app loads the models in the background, so /ping answers from the start.
     app = create_app(Engine(spec))
