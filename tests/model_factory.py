@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 SEED = 1234
 MAX_LENGTH = 128
 HIDDEN = 32
+# Scoring models are drawn wider than BERT's 0.02: at 0.02 a tiny reranker gives every pair
+# the same score (to 1e-5), so a test could not tell a reversed ranking or a broken mask.
+WIDE_INIT = 0.5
 
 PoolingMode = Literal["mean", "cls", "lasttoken", "max"]
 
@@ -228,7 +231,8 @@ def build_bert_reranker(path: Path) -> Path:
     build_wordpiece_tokenizer(path)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     with _seeded():
-        model = BertForSequenceClassification(_tiny_bert_config(len(tokenizer), num_labels=1))
+        config = _tiny_bert_config(len(tokenizer), num_labels=1, initializer_range=WIDE_INIT)
+        model = BertForSequenceClassification(config)
     model.save_pretrained(str(path))
     return path
 
@@ -244,6 +248,7 @@ def build_bert_classifier(
     id2label = dict(enumerate(labels))
     config = _tiny_bert_config(
         len(tokenizer),
+        initializer_range=WIDE_INIT,
         num_labels=len(labels),
         id2label=id2label,
         label2id={label: i for i, label in id2label.items()},

@@ -212,6 +212,19 @@ async def test_tiny_embedder_matches_sentence_transformers(engine_for, embedder,
     assert result.prompt_tokens == sum(token_count(path, TEXTS, max_length=limit))
 
 
+@pytest.mark.parametrize("name", ["mean-normalized", "cls-wide", "roberta", "decoder-lasttoken"])
+async def test_the_torch_backend_itself_matches_sentence_transformers(engine_for, embedder, name: str):
+    """torch is the reference the other backends are checked against, and `auto` picks
+    OpenVINO on CPU: so it is checked on its own here (texts of many lengths in one batch,
+    so a broken mask shows)."""
+    path = embedder(name)
+    engine = await engine_for(path, backend="torch")
+    assert engine.describe()[0]["backend"] == "torch"
+    result = await engine.embed(TEXTS)
+    reference = reference_embeddings(path, TEXTS)
+    assert_embeddings_match(result.embeddings, reference, normalized=name in NORMALIZED)
+
+
 async def test_roberta_long_inputs(engine_for, embedder) -> None:
     """RoBERTa offsets positions by the padding id: inputs right at the 128 limit must work."""
     path = embedder("roberta")

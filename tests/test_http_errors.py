@@ -481,6 +481,15 @@ async def test_shutting_down_is_503(tiny_embedder):
         assert int(response.headers["retry-after"]) > 0
 
 
+async def test_the_characters_per_text_limit_holds(tiny_embedder):
+    spec = spec_of(fake(tiny_embedder, "emb"), limits={"max_chars_per_text": 50})
+    async with serve_in_process(spec) as c:
+        at_limit = await c.post("/embeddings", json={"input": ["a" * 50]})
+        assert at_limit.status_code == 200, at_limit.text
+        over = await c.post("/embeddings", json={"input": ["fine", "a" * 51]})
+        assert_error(over, 413, "input", "item 1", "51 characters", "limit of 50")
+
+
 # -- request ids -----------------------------------------------------------------------------
 
 

@@ -272,3 +272,39 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
         lengths = [len(e) for e in engine.model().loaded.tokenizer.encode(texts)]
     assert [n for n, _ in got] == lengths
     np.testing.assert_allclose([norm for _, norm in got], np.linalg.norm(want, axis=1), rtol=1e-6)
+
+
+# -- fidelity: the precision check's measure ---------------------------------------------------
+
+
+def test_agreement_is_the_worst_row_not_the_best() -> None:
+    """One row pointing elsewhere is enough to fail a precision, however good the others are."""
+    from infinity_cloud.fidelity import agreement
+
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal((8, 16)).astype(np.float32)
+    candidate = reference + 1e-4 * rng.standard_normal((8, 16)).astype(np.float32)
+    assert agreement(candidate, reference) > 0.9999
+    candidate[5] = -candidate[5]
+    assert agreement(candidate, reference) < -0.99
+
+
+def test_agreement_of_scores_is_their_ranking() -> None:
+    """A reranker's scores agree when they rank alike; reversed, they do not."""
+    from infinity_cloud.fidelity import agreement
+
+    scores = np.array([[2.0], [0.5], [-1.0], [3.0]], dtype=np.float32)
+    assert agreement(scores + 0.001, scores) > 0.999
+    assert agreement(-scores, scores) < -0.99
+
+
+def test_agreement_of_token_vectors_counts_real_tokens_only() -> None:
+    from infinity_cloud.fidelity import agreement
+
+    rng = np.random.default_rng(1)
+    reference = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    reference[1, 3:] = 0  # padding
+    candidate = reference.copy()
+    assert agreement(candidate, reference) > 0.9999
+    candidate[0, 2] = -candidate[0, 2]
+    assert agreement(candidate, reference) < -0.99

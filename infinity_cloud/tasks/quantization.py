@@ -10,9 +10,10 @@ docstrings: real English prose that every installation has.
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import ast
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -21,27 +22,31 @@ CALIBRATED_TYPES = ("int8", "uint8")
 EMBEDDING_TYPES = ("float", *CALIBRATED_TYPES, *PACKED_TYPES)
 CALIBRATION_SIZE = 512
 
+# Standard-library modules written in Python, whose source the calibration reads.
 _MODULES = (
-    "builtins", "os", "re", "json", "string", "collections", "itertools", "functools", "pathlib", "textwrap",
-    "typing", "datetime", "math", "statistics", "random", "inspect", "argparse", "logging", "asyncio",
-    "unittest", "decimal", "fractions", "heapq", "bisect", "csv", "zipfile", "tarfile", "shutil",
-    "subprocess", "threading", "queue", "socket", "hashlib", "base64", "pickle", "copy", "enum",
-    "dataclasses", "contextlib", "abc", "operator", "io", "time", "calendar", "difflib", "pprint",
-    "traceback", "warnings", "weakref", "types",
+    "argparse", "asyncio.events", "calendar", "collections", "configparser", "contextlib", "csv",
+    "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "ftplib",
+    "functools", "gettext", "heapq", "http.client", "imaplib", "inspect", "ipaddress", "json.decoder",
+    "logging", "mailbox", "os", "pathlib", "pickle", "pprint", "queue", "random", "shutil", "smtplib",
+    "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "traceback",
+    "typing", "unittest.case", "urllib.parse", "uuid", "warnings", "weakref", "zipfile",
 )
 
 
 def calibration_texts(count: int = CALIBRATION_SIZE) -> list[str]:
-    """`count` paragraphs of standard-library docstrings, spread over all there are, in a
-    fixed order (60 to 600 characters each). Only the modules' own classes and functions:
-    which submodules a module holds depends on what the process imported before."""
+    """`count` paragraphs of the standard library's docstrings, spread over all there are, in a
+    fixed order (60 to 600 characters each). Read from the modules' source files, not from
+    the imported objects, which other packages may patch or extend at run time."""
     paragraphs: dict[str, None] = {}
     for name in _MODULES:
-        module = importlib.import_module(name)
-        for obj in [module, *(getattr(module, a) for a in sorted(dir(module)) if not a.startswith("_"))]:
-            if obj is not module and not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
-            for paragraph in (inspect.getdoc(obj) or "").split("\n\n"):
+            for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
                 text = " ".join(paragraph.split())
                 if 60 <= len(text) <= 600:
                     paragraphs.setdefault(text)
