@@ -139,7 +139,8 @@ def configure_logging(level: str, form: str = "text") -> None:
             "%(asctime)s %(levelname)s %(name)s: %(message)s [%(request_id)s]", datefmt="%H:%M:%S"
         ))
     handler.addFilter(RequestIdFilter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # Not forced: a process that configured logging already (a host application, pytest) keeps it.
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> list[Path]:
