@@ -127,17 +127,21 @@ def test_requests_take_turns() -> None:
 
 
 def test_overload_is_refused_by_deadline_with_retry_after() -> None:
-    """At 100 tokens/s, 500 tokens queued and a 2 s deadline, the next request is refused at
-    once, with Retry-After for about when the queue will have cleared."""
+    """At 100 tokens/s with five requests of 100 tokens waiting and a 2 s deadline, another
+    like them would be served in about 6 s (taking turns): refused at once, with Retry-After
+    for the excess. A small one still fits (its turns come quickly), and once the queue has
+    cleared the large one does too."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
-    queue.put(items(*[100] * 5))  # no throughput known yet: admitted
+    for start in range(5):  # no throughput known yet: admitted
+        queue.put(items(100, start=start))
     queue.observe(tokens=100, seconds=1.0)
     with pytest.raises(QueueFullError, match="overloaded") as refused:
-        queue.put(items(10))
-    assert refused.value.retry_after_s == 4  # ceil(510 / 100 - 2)
+        queue.put(items(100, start=10))
+    assert refused.value.retry_after_s == 4  # ceil(min(600, 6 x 100) / 100 - 2)
     assert queue.depth == 5
+    queue.put(items(10, start=20))  # 6 x 10 tokens: 0.6 s
     take_all(queue)
-    queue.put(items(10))  # the queue has cleared: admitted again
+    queue.put(items(100, start=30))
 
 
 def test_cancelled_inputs_are_skipped() -> None:

@@ -43,7 +43,7 @@ class BatchQueue:
     pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
 
-    `deadline_s`: a request whose wait, estimated from the tokens queued ahead of it and the
+    `deadline_s`: a request whose wait, estimated from what is queued (taking turns) and the
     model's recent throughput (`observe`), would pass this is refused at once (429 with
     Retry-After) instead of queued to wait past its client's patience.
     """
@@ -92,10 +92,13 @@ class BatchQueue:
             self._rate = sample if self._rate is None else 0.8 * self._rate + 0.2 * sample
 
     def estimated_wait_s(self, tokens: int = 0) -> float | None:
-        """How long `tokens` more would wait for what is queued to clear; None before the
-        first batch has given a throughput."""
+        """How long a new request of `tokens` would take to be served; None before the first
+        batch has given a throughput. Requests take turns, so it waits for its own tokens and
+        a like share of each waiting request's, never more than for the whole queue."""
         rate = self._rate
-        return None if rate is None else (self._tokens + tokens) / rate
+        if rate is None:
+            return None
+        return min(self._tokens + tokens, (len(self._requests) + 1) * tokens) / rate
 
     def put(self, items: list[WorkItem]) -> None:
         """Queue one request's inputs, or refuse them all."""
