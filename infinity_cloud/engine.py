@@ -171,10 +171,17 @@ class Engine:
         own finish. The capabilities below are tasks; so can a caller's own be (tasks/base.py)."""
         served = self.model(model)
         task.check(call, served, self.limits)
-        uris = task.media(call)
-        media = await self.media.fetch_all(uris) if uris else []
-        items = await self._tokenize(task.encode, call, served, self.limits, media)
-        rows = await served.run(items, task.tower(call))
+        tower = task.tower(call)
+        # Admitted (or shed with a 429) before any work: fetching and tokenizing count as waiting.
+        queue, estimate = served.queue(tower), task.cost(call, served)
+        queue.admit(estimate)
+        try:
+            uris = task.media(call)
+            media = await self.media.fetch_all(uris) if uris else []
+            items = await self._tokenize(task.encode, call, served, self.limits, media)
+        finally:
+            queue.settle(estimate)  # now queued (right below, before any await) or failed
+        rows = await served.run(items, tower)
         return task.finish(rows, call, served, items)
 
     # -- capabilities ----------------------------------------------------------------

@@ -241,6 +241,9 @@ class ServedModel:
             )
         return loaded
 
+    def queue(self, tower: TowerName = "text") -> BatchQueue:
+        return self.loaded.towers[tower].worker.queue
+
     async def run(self, items: list[Any], tower: TowerName = "text") -> list[Any]:
         """Each item through the tower's batch worker; its batch cost is its length (tokens)."""
         worker = self.loaded.towers[tower].worker

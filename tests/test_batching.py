@@ -133,15 +133,20 @@ def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     cleared the large one does too."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     for start in range(5):  # no throughput known yet: admitted
+        queue.admit(100)
+        queue.settle(100)
         queue.put(items(100, start=start))
     queue.observe(tokens=100, seconds=1.0)
     with pytest.raises(QueueFullError, match="overloaded") as refused:
-        queue.put(items(100, start=10))
+        queue.admit(100)
     assert refused.value.retry_after_s == 4  # ceil(min(600, 6 x 100) / 100 - 2)
-    assert queue.depth == 5
-    queue.put(items(10, start=20))  # 6 x 10 tokens: 0.6 s
+    queue.admit(10)  # 6 x 10 tokens: 0.6 s
+    # Admitted requests still being tokenized count as coming: four more small ones fit, ...
+    for _ in range(4):
+        queue.admit(10)
     take_all(queue)
-    queue.put(items(100, start=30))
+    # ... and while they are coming, a large one is weighed against them too.
+    queue.admit(100)
 
 
 def test_cancelled_inputs_are_skipped() -> None:

@@ -43,9 +43,9 @@ class BatchQueue:
     pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
 
-    `deadline_s`: a request whose wait, estimated from what is queued (taking turns) and the
-    model's recent throughput (`observe`), would pass this is refused at once (429 with
-    Retry-After) instead of queued to wait past its client's patience.
+    `deadline_s`: a request whose wait, estimated from what is queued or coming (taking
+    turns) and the model's recent throughput (`observe`), would pass this is refused at
+    `admit` (429 with Retry-After) instead of queued to wait past its client's patience.
     """
 
     def __init__(
@@ -67,6 +67,9 @@ class BatchQueue:
         self._requests: deque[deque[WorkItem]] = deque()
         self._depth = 0
         self._tokens = 0  # lengths of everything waiting
+        # Requests admitted (`admit`) and still being tokenized: their estimated tokens.
+        self._pending_tokens = 0
+        self._pending_requests = 0
         self._rate: float | None = None  # tokens per second, recent
         self._cond = threading.Condition()
         self._closed = False
@@ -98,7 +101,34 @@ class BatchQueue:
         rate = self._rate
         if rate is None:
             return None
-        return min(self._tokens + tokens, (len(self._requests) + 1) * tokens) / rate
+        queued = self._tokens + self._pending_tokens
+        others = len(self._requests) + self._pending_requests
+        return min(queued + tokens, (others + 1) * tokens) / rate
+
+    def admit(self, tokens: int) -> None:
+        """Before a request is tokenized: refuse it (429) when its estimated wait is past the
+        deadline, else count its estimated `tokens` as coming, until `settle`. Deciding here,
+        not at `put`, keeps a flood of requests from waiting in the tokenizer pool unseen."""
+        with self._cond:
+            if self._closed:
+                raise ModelNotReadyError("the model is shutting down and takes no new inputs")
+            wait = self.estimated_wait_s(tokens)
+            busy = self._depth or self._pending_requests
+            if self.deadline_s is not None and wait is not None and wait > self.deadline_s and busy:
+                error = QueueFullError(
+                    f"the model is overloaded: this request would wait about {wait:.1f} s, past the "
+                    f"{self.deadline_s:g} s deadline; retry later"
+                )
+                error.retry_after_s = max(1, math.ceil(wait - self.deadline_s))
+                raise error
+            self._pending_tokens += tokens
+            self._pending_requests += 1
+
+    def settle(self, tokens: int) -> None:
+        """An admitted request is queued (or failed before): it is no longer coming."""
+        with self._cond:
+            self._pending_tokens -= tokens
+            self._pending_requests -= 1
 
     def put(self, items: list[WorkItem]) -> None:
         """Queue one request's inputs, or refuse them all."""
@@ -115,18 +145,9 @@ class BatchQueue:
                     f"the model's queue is full ({self._depth} inputs waiting, limit "
                     f"{self.capacity}); retry shortly"
                 )
-            tokens = sum(item.length for item in items)
-            wait = self.estimated_wait_s(tokens)
-            if self.deadline_s is not None and wait is not None and wait > self.deadline_s and self._depth:
-                error = QueueFullError(
-                    f"the model is overloaded: this request would wait about {wait:.1f} s, past the "
-                    f"{self.deadline_s:g} s deadline; retry later"
-                )
-                error.retry_after_s = max(1, math.ceil(wait - self.deadline_s))
-                raise error
             self._requests.append(deque(items))
             self._depth += len(items)
-            self._tokens += tokens
+            self._tokens += sum(item.length for item in items)
             self._cond.notify()
 
     def close(self) -> None:

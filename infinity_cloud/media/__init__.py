@@ -11,7 +11,10 @@ from infinity_cloud.backends.base import ModelInputs
 
 class MediaPreprocessor(Protocol):
     """What a tower that reads media needs: one input's bytes to a model input (whose length is
-    its batch cost), a batch of them as arrays, and fixed probes for warm-up and fidelity."""
+    its batch cost), a batch of them as arrays, and fixed probes for warm-up and fidelity;
+    `cost`: what one input costs, as estimated before it is fetched (admission)."""
+
+    cost: int
 
     def prepare(self, data: bytes, index: int) -> Any: ...
 

@@ -84,6 +84,7 @@ class AudioPreprocessor:
             float(config.get("frequency_max", 14_000)),
         )
         self.window = np.hanning(self.n_fft + 1)[:-1]  # periodic Hann
+        self.cost = self.samples // self.hop + 1  # frames: every clip fills the window
 
     @classmethod
     def load(cls, info: ModelInfo) -> AudioPreprocessor:

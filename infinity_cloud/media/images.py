@@ -71,6 +71,7 @@ class ImagePreprocessor:
         self.prompt_ids = prompt_ids
         # What an image costs a batch: its patches (and CLIP's class token), or its prompt's tokens.
         self.tokens = len(prompt_ids) if prompt_ids else (image_size // patch_size) ** 2 + class_token
+        self.cost = self.tokens
         self.image_size = image_size
 
     @classmethod

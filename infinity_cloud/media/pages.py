@@ -65,6 +65,8 @@ class PagePreprocessor:
         self.std = np.array(config["image_std"], np.float32)
         self.prompt = info.templates["image"]
         self._tokenize, self.pad_id = tokenize, pad_id
+        # A page at the pixel budget: one token per merged patch, and the prompt's few.
+        self.cost = self.max_pixels // (self.patch * self.merge) ** 2 + 32
 
     def prepare(self, data: bytes, index: int) -> Page:
         image = decode(data, index)

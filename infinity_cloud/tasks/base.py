@@ -49,6 +49,11 @@ class Task(ABC, Generic[Call, Result]):
         """Cheap checks on the event loop, before any work is queued."""
         served.require(self.capability)
 
+    def cost(self, call: Call, served: ServedModel) -> int:
+        """The call's tokens as estimated before any work (admission): texts at about four
+        characters a token, capped at the model's limit; media at their tower's cost."""
+        return 0
+
     def media(self, call: Call) -> Sequence[str]:
         """URLs (and data URIs) the engine fetches before `encode`; none for text."""
         return ()
@@ -78,6 +83,22 @@ def require_tower(served: ServedModel, capability: Capability, modality: Tower) 
             "supported by it",
             param="modality",
         )
+
+
+def text_cost(texts: Sequence[str], limit: int) -> int:
+    """Tokens a list of texts will take, estimated from their length (no tokenizing)."""
+    return sum(min(len(text) // 4 + 2, limit) for text in texts)
+
+
+def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> int:
+    """Texts, token-id lists or media inputs, estimated."""
+    loaded = served.loaded
+    if modality != "text":
+        return len(inputs) * loaded.media[modality].cost
+    limit = loaded.tokenizer.max_length
+    if inputs and not isinstance(inputs[0], str):
+        return sum(min(len(ids) + 2, limit) for ids in inputs)
+    return text_cost(inputs, limit)
 
 
 def prompt_tokens(encodings: Sequence[Any]) -> int:

@@ -12,7 +12,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import RankedDocument, RerankResult
-from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.base import Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tasks.scores import rank, sigmoid
 from infinity_cloud.tokenization import Encoded, TextTokenizer
@@ -45,6 +45,10 @@ class RerankTask(Task[RerankCall, RerankResult]):
         check_texts([call.query], limits, param="query")
         check_texts(call.documents, limits, param="documents")
         check_top_n(call.top_n)
+
+    def cost(self, call: RerankCall, served: ServedModel) -> int:
+        pairs = [call.query + document for document in call.documents]
+        return text_cost(pairs, served.loaded.tokenizer.max_length)
 
     def encode(
         self, call: RerankCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
-from infinity_cloud.tasks.base import Task, prompt_tokens
+from infinity_cloud.tasks.base import Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tokenization import Encoded
@@ -52,6 +52,9 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
         if is_token_ids(call.inputs):
             raise InvalidInputError("sparse embeddings take text, not token ids", param="input")
         check_texts(call.inputs, limits)
+
+    def cost(self, call: SparseCall, served: ServedModel) -> int:
+        return text_cost(call.inputs, served.loaded.tokenizer.max_length)
 
     def encode(
         self, call: SparseCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
