@@ -128,7 +128,7 @@ def test_requests_take_turns() -> None:
 
 def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     """At 100 tokens/s with five requests of 100 tokens waiting and a 2 s deadline, another
-    like them would be served in about 6 s (taking turns): refused at once, with Retry-After
+    like them would wait about 5 s on them (taking turns): refused at once, with Retry-After
     for the excess. A small one still fits (its turns come quickly), and once the queue has
     cleared the large one does too."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
@@ -139,8 +139,8 @@ def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     queue.observe(tokens=100, seconds=1.0)
     with pytest.raises(QueueFullError, match="overloaded") as refused:
         queue.admit(100)
-    assert refused.value.retry_after_s == 4  # ceil(min(600, 6 x 100) / 100 - 2)
-    queue.admit(10)  # 6 x 10 tokens: 0.6 s
+    assert refused.value.retry_after_s == 3  # ceil(min(500, 5 x 100) / 100 - 2)
+    queue.admit(10)  # 5 x 10 tokens: 0.5 s
     # Admitted requests still being tokenized count as coming: four more small ones fit, ...
     for _ in range(4):
         queue.admit(10)

@@ -95,15 +95,16 @@ class BatchQueue:
             self._rate = sample if self._rate is None else 0.8 * self._rate + 0.2 * sample
 
     def estimated_wait_s(self, tokens: int = 0) -> float | None:
-        """How long a new request of `tokens` would take to be served; None before the first
-        batch has given a throughput. Requests take turns, so it waits for its own tokens and
-        a like share of each waiting request's, never more than for the whole queue."""
+        """How long a new request of `tokens` would wait on others; None before the first
+        batch has given a throughput. Requests take turns, so it waits for a share of each
+        waiting request's tokens like its own, never more than the whole queue (its own
+        work is not waiting: a lone large request is admitted)."""
         rate = self._rate
         if rate is None:
             return None
         queued = self._tokens + self._pending_tokens
         others = len(self._requests) + self._pending_requests
-        return min(queued + tokens, (others + 1) * tokens) / rate
+        return min(queued, others * tokens) / rate
 
     def admit(self, tokens: int) -> None:
         """Before a request is tokenized: refuse it (429) when its estimated wait is past the
