@@ -311,6 +311,14 @@ async def test_metrics_per_model_series(client):
 async def test_docs_and_openapi(client):
     docs = await client.get("/docs")
     assert docs.status_code == 200 and "text/html" in docs.headers["content-type"]
+    # Offline: every script and stylesheet the page loads is served here, none from a CDN.
+    import re
+
+    assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css|png))"', docs.text)
+    assert len(assets) >= 3 and all(a.startswith("/docs/assets/") for a in assets), assets
+    for asset in assets:
+        fetched = await client.get(asset)
+        assert fetched.status_code == 200 and len(fetched.content) > 500, asset
     schema = await ok(client, "GET", "/openapi.json")
     paths = set(schema["paths"])
     assert {

@@ -18,6 +18,7 @@ from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
 from infinity_cloud.server.calls import ClientDisconnected
+from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
@@ -89,8 +90,8 @@ def create_app(
         lifespan=lifespan,
         # Bare HTTP clients often send no Content-Type at all; read the body as JSON then.
         strict_content_type=False,
-        docs_url=f"{prefix}/docs",
-        redoc_url=f"{prefix}/redoc",
+        docs_url=None,  # our own /docs, below: its assets are served here, not from a CDN
+        redoc_url=None,
         openapi_url=f"{prefix}/openapi.json",
         exception_handlers={**EXCEPTION_HANDLERS, ClientDisconnected: _client_gone},
     )
@@ -113,9 +114,11 @@ def create_app(
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
     # Outside the body limit: a caller without a key is refused before any byte is read.
-    open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/docs/oauth2-redirect",
-                                                  "/redoc", "/openapi.json")}
-    app.add_middleware(ApiKeyGate, keys=spec.server.keys, open_paths=open_paths)
+    add_docs(app, prefix)
+    open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/openapi.json")}
+    app.add_middleware(
+        ApiKeyGate, keys=spec.server.keys, open_paths=open_paths, open_prefix=f"{prefix}{DOCS_ASSETS}/"
+    )
     app.add_middleware(CatchBugs)
     app.add_middleware(RequestId)  # outermost but CORS: every answer, 401s and 500s too, carries it
     if spec.server.cors_origins:

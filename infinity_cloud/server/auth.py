@@ -35,13 +35,19 @@ class ApiKeyGate:
     """With keys, every path but the `open` ones (health checks, the docs) answers 401 to a
     request without a right key, before its body is read."""
 
-    def __init__(self, app: ASGIApp, keys: Collection[str], open_paths: Collection[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, keys: Collection[str], open_paths: Collection[str], open_prefix: str | None = None
+    ) -> None:
         self.app = app
         self.keys = tuple(keys)
         self.open_paths = frozenset(open_paths)
+        self.open_prefix = open_prefix
+
+    def _open(self, path: str) -> bool:
+        return path in self.open_paths or bool(self.open_prefix and path.startswith(self.open_prefix))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.keys and scope["path"] not in self.open_paths:
+        if scope["type"] == "http" and self.keys and not self._open(scope["path"]):
             reason = rejection(Headers(scope=scope).get("authorization"), self.keys)
             if reason is not None:
                 await error_response(UnauthorizedError(reason))(scope, receive, send)
