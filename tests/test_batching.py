@@ -183,9 +183,11 @@ def test_capacity_is_enforced_before_anything_is_queued() -> None:
 
 def test_close_wakes_a_blocked_take_and_then_take_returns_none() -> None:
     queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    queue._cond = WatchedCondition()
     got: list[Any] = []
     taker = threading.Thread(target=lambda: got.append(queue.take()))
     taker.start()
+    assert queue._cond.waiting.wait(HANG_GUARD_S)  # really blocked before the close
     queue.close()
     taker.join(HANG_GUARD_S)
     assert not taker.is_alive()
@@ -210,11 +212,26 @@ def test_a_closed_queue_refuses_inputs_as_not_ready() -> None:
         queue.put(items(1))
 
 
+class WatchedCondition(threading.Condition):
+    """A condition that says when someone waits on it, so a test can put only once `take`
+    really blocks (not sleep and hope)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_take_blocks_until_an_input_arrives() -> None:
     queue = BatchQueue(capacity=10, batch_tokens=1000, max_batch_size=8)
+    queue._cond = WatchedCondition()
     got: list[Any] = []
     taker = threading.Thread(target=lambda: got.append(queue.take(timeout=HANG_GUARD_S)))
     taker.start()
+    assert queue._cond.waiting.wait(HANG_GUARD_S) and got == []  # blocked, with nothing yet
     queue.put(items(7))
     taker.join(HANG_GUARD_S)
     assert [[i.length for i in got[0]]] == [[7]]

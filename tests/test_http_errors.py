@@ -466,15 +466,30 @@ async def test_the_request_whose_batch_killed_the_worker_gets_an_answer(tiny_emb
         assert int(response.headers["retry-after"]) > 0
 
 
-async def test_shutting_down_is_503(tiny_embedder):
-    """A request arriving while the model stops (queue closed, a batch still running)."""
-    engine = Engine(spec_of(fake(tiny_embedder, "emb", backend_options={"delay_s": 1.5})))
+async def test_shutting_down_is_503(tiny_embedder, monkeypatch):
+    """A request arriving while the model stops (queue closed, a batch still running). The
+    steps wait on events, not on time: the batch is held in its forward pass until released."""
+    import threading
+
+    from conftest import wait_until
+
+    engine = Engine(spec_of(fake(tiny_embedder, "emb")))
     async with serve_in_process(engine) as c:
+        loaded = engine.models["emb"].loaded
+        forward, entered, release = loaded.backend.forward, threading.Event(), threading.Event()
+
+        def held(inputs):
+            entered.set()
+            release.wait(60)
+            return forward(inputs)
+
+        monkeypatch.setattr(loaded.backend, "forward", held)
         running = asyncio.ensure_future(c.post("/embeddings", json={"input": ["slow"]}))
-        await asyncio.sleep(0.3)  # let the worker take it into its 1.5 s forward pass
+        await wait_until(entered.is_set)  # the worker is in that batch's forward pass
         stopping = asyncio.ensure_future(asyncio.to_thread(engine.models["emb"].stop))
-        await asyncio.sleep(0.2)  # stop() closed the queue and waits on that forward pass
+        await wait_until(lambda: loaded.worker.queue.closed)  # stop() closed the queue, and waits
         response = await c.post("/embeddings", json={"input": ["late"]})
+        release.set()
         await asyncio.gather(running, stopping, return_exceptions=True)
         assert_error(response, 503, None)
         assert response.json()["error"]["type"] == "model_not_ready"
