@@ -320,6 +320,14 @@ async def test_docs_and_openapi(client):
         fetched = await client.get(asset)
         assert fetched.status_code == 200 and len(fetched.content) > 500, asset
     schema = await ok(client, "GET", "/openapi.json")
+    # Every status a route answers, with the shape it answers in (was: 200 and 422 only).
+    shapes = [("/embeddings", "ErrorBody"), ("/v1/rerank", "ErrorBody"), ("/embed", "TeiErrorBody")]
+    for path, shape in shapes:
+        responses = schema["paths"][path]["post"]["responses"]
+        assert set(responses) >= {"200", "400", "401", "404", "408", "413", "422", "429", "500", "503"}, path
+        for status in ("400", "422", "429", "503"):
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith(shape)
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     paths = set(schema["paths"])
     assert {
         "/embeddings", "/v1/embeddings", "/classify", "/v1/classify", "/models", "/v1/models",

@@ -10,6 +10,7 @@ import orjson
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -23,6 +24,44 @@ log = logging.getLogger(__name__)
 
 class UnauthorizedError(errors.InfinityCloudError):
     """Missing or wrong API key (an HTTP concern, so it lives here)."""
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """Every error answer (OpenAI's shape); a 422 also carries FastAPI's `detail` list."""
+
+    error: ErrorDetail
+
+
+class TeiErrorBody(BaseModel):
+    """Errors on TEI's routes, in TEI's shape."""
+
+    error: str
+    error_type: str
+
+
+_STATUSES = {
+    400: "invalid input: empty, unsupported for the model, a refused or undecodable media input",
+    401: "missing or wrong API key (when the server has keys); answered before the body is read",
+    404: "no such model",
+    408: "the client took too long to send its headers or body",
+    413: "too many inputs, too long a text, or too large a body",
+    422: "malformed body: not JSON, bad UTF-8, wrong field types, unknown values",
+    429: "overloaded (queue full, or its wait past the model's deadline): retry after Retry-After seconds",
+    500: "a bug, or a failed batch; the server stays up",
+    503: "the model is loading or shutting down, or its worker died: retry after Retry-After seconds",
+}
+
+
+def error_responses(body: type[BaseModel] = ErrorBody) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route: every error status it can answer, with its shape."""
+    return {status: {"model": body, "description": text} for status, text in _STATUSES.items()}
 
 
 # class -> (status, type); the first match in MRO order wins.

@@ -5,11 +5,12 @@ from starlette.responses import Response
 
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import ClassifyRequest
 from infinity_cloud.server.responses import classify_body
 
-router = APIRouter(tags=["classify"], route_class=JsonRoute)
+router = APIRouter(tags=["classify"], route_class=JsonRoute, responses=error_responses())
 
 
 @router.post("/classify", summary="Classify texts: every label's score, highest first")

@@ -9,12 +9,13 @@ from starlette.responses import Response
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import CohereEmbedRequest
 from infinity_cloud.server.responses import cohere_embed_body
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 
-router = APIRouter(tags=["embeddings"], route_class=JsonRoute)
+router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
 # Cohere's input types, and the sentence-transformers prompt names that mean the same.
 PROMPTS_FOR = {

@@ -7,11 +7,12 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import EmbeddingRequest
 from infinity_cloud.server.responses import embeddings_body, multi_vector_body, sparse_embeddings_body
 
-router = APIRouter(tags=["embeddings"], route_class=JsonRoute)
+router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
 
 def from_openai_sdk(request: Request) -> bool:

@@ -12,13 +12,14 @@ from starlette.responses import Response
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
 from infinity_cloud.server.routes.classify import classify
 from infinity_cloud.server.routes.embeddings import embeddings
 from infinity_cloud.server.routes.rerank import rerank_infinity
 
-router = APIRouter(tags=["sagemaker"], route_class=JsonRoute)
+router = APIRouter(tags=["sagemaker"], route_class=JsonRoute, responses=error_responses())
 
 _ROUTES: dict[str, tuple[type[BaseModel], Any]] = {
     "embeddings": (EmbeddingRequest, embeddings),

@@ -9,13 +9,13 @@ from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.results import RerankResult
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import error_response, in_tei_shape
+from infinity_cloud.server.errors import error_response, error_responses, in_tei_shape
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import RerankRequest
 from infinity_cloud.server.responses import rerank_body
 from infinity_cloud.server.routes.tei import check_direction
 
-router = APIRouter(tags=["rerank"], route_class=JsonRoute)
+router = APIRouter(tags=["rerank"], route_class=JsonRoute, responses=error_responses())
 
 
 Style = Literal["infinity", "jina", "cohere"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
 from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import error_body
+from infinity_cloud.server.errors import error_body, error_responses
 from infinity_cloud.server.parsing import JsonRoute
 
-models_router = APIRouter(tags=["models"], route_class=JsonRoute)
+models_router = APIRouter(tags=["models"], route_class=JsonRoute, responses=error_responses())
 health_router = APIRouter(tags=["health"], route_class=JsonRoute)
 metrics_router = APIRouter(tags=["metrics"], route_class=JsonRoute)
 
@@ -65,7 +65,10 @@ async def ping(request: Request) -> Response:
     return _health(request)
 
 
-@metrics_router.get("/metrics", summary="Prometheus metrics")
+@metrics_router.get(
+    "/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}},
+)
 async def metrics(request: Request) -> Response:
     state = request.app.state
     depths = {m["id"]: m.get("stats", {}).get("queue_depth", 0) for m in state.engine.describe()}

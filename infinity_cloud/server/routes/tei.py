@@ -18,7 +18,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import handled, in_tei_shape
+from infinity_cloud.server.errors import TeiErrorBody, error_responses, handled, in_tei_shape
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import (
     TeiAnyRequest,
@@ -50,7 +50,7 @@ class TeiRoute(JsonRoute):
         return in_tei_terms
 
 
-router = APIRouter(tags=["tei"], route_class=TeiRoute)
+router = APIRouter(tags=["tei"], route_class=TeiRoute, responses=error_responses(TeiErrorBody))
 
 
 def check_direction(direction: str) -> None:
