@@ -162,6 +162,7 @@ class Serve:
                 time.sleep(0.05)
 
     def wait_ready(self, timeout: float = 60) -> None:
+        self.wait_listening(timeout)  # a test may come first, before anyone saw it listen
         deadline = time.monotonic() + timeout
         while self.ping().status_code != 200:
             assert time.monotonic() < deadline, self.log.read_text()
