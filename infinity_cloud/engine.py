@@ -19,7 +19,7 @@ import numpy as np
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, UnsupportedError
+from infinity_cloud.errors import ModelNotFoundError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.results import (
     ClassifyResult,
@@ -41,7 +41,7 @@ from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
-from infinity_cloud.validation import check_texts, check_top_n
+from infinity_cloud.validation import check_embedding_types, check_texts, check_top_n
 
 if TYPE_CHECKING:  # imported on first use: it brings httpx
     from infinity_cloud.media.fetch import MediaFetcher
@@ -271,11 +271,7 @@ class Engine:
     async def quantize(self, result: EmbeddingResult, kind: str, dimensions: int | None = None) -> np.ndarray:
         """`result`'s vectors as `kind` (float, int8, uint8, binary, ubinary); int8/uint8 with
         the model's calibrated ranges (`dimensions`: the truncation the result was made with)."""
-        if kind not in quantization.EMBEDDING_TYPES:
-            raise InvalidInputError(
-                f"embedding type {kind!r} is not served; ask for {', '.join(quantization.EMBEDDING_TYPES)}",
-                param="embedding_types",
-            )
+        check_embedding_types([kind], quantization.EMBEDDING_TYPES)
         bounds = None
         if kind in quantization.CALIBRATED_TYPES:
             bounds = await self.calibration(result.model, dimensions)

@@ -19,7 +19,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.fidelity import PROBES
-from infinity_cloud.media import MediaPreprocessor
+from infinity_cloud.media import MediaPreprocessor, preprocessors
 from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
@@ -35,7 +35,6 @@ class Tower:
     """One graph of a model with what feeds it: a text model has one tower, CLIP two (text
     and image), each with its own backend, queue and batch worker."""
 
-    name: TowerName
     backend: Backend
     worker: BatchWorker
 
@@ -72,31 +71,6 @@ def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
             log.info("model %s: SPLADE batches capped at %d tokens (vocabulary logits)", spec.name, cap)
             return cap
     return spec.batch_tokens
-
-
-def media_preprocessors(info: ModelInfo, tokenizer: TextTokenizer) -> dict[TowerName, MediaPreprocessor]:
-    """The preprocessor of each tower that reads images or audio (imported only then: Pillow,
-    soundfile)."""
-    media: dict[TowerName, MediaPreprocessor] = {}
-    if info.model_type == "colqwen2":  # pages of any shape, each behind its own prompt
-        from infinity_cloud.media.pages import PagePreprocessor
-
-        def tokenize(text: str) -> list[int]:
-            return tokenizer.encode([text], truncate=False, special_tokens=False)[0].ids
-
-        media["image"] = PagePreprocessor(info, tokenize, tokenizer.pad_id)
-    elif "image" in info.towers:
-        from infinity_cloud.media.images import ImagePreprocessor
-
-        # A model that reads each page behind a prompt (ColPali) gets its ids once, here.
-        prompt = info.templates.get("image")
-        ids = tokenizer.encode([prompt], truncate=False, special_tokens=False)[0].ids if prompt else None
-        media["image"] = ImagePreprocessor.load(info, ids)
-    if "audio" in info.towers:
-        from infinity_cloud.media.audio import AudioPreprocessor
-
-        media["audio"] = AudioPreprocessor.load(info)
-    return media
 
 
 def max_batch_size(spec: ModelSpec, backend: str) -> int:
@@ -151,7 +125,7 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        media = media_preprocessors(info, tokenizer)
+        media = preprocessors(info, tokenizer)
         normalize = info.normalize if spec.normalize is None else spec.normalize
         towers: dict[TowerName, Tower] = {}
         try:
@@ -205,7 +179,7 @@ class ServedModel:
         label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
         worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()
-        return Tower(name, backend, worker)
+        return Tower(backend, worker)
 
     def stop(self) -> None:
         if self._loaded is not None:

@@ -78,6 +78,16 @@ def check_dimensions(dimensions: int | None, width: int | None) -> None:
         )
 
 
+def check_embedding_types(kinds: Sequence[str], served: Sequence[str]) -> None:
+    """Quantised output types asked for, each one the server makes."""
+    unserved = [kind for kind in kinds if kind not in served]
+    if unserved:
+        raise InvalidInputError(
+            f"embedding type {unserved[0]!r} is not served; ask for {', '.join(served)}",
+            param="embedding_types",
+        )
+
+
 def check_top_n(top_n: int | None) -> None:
     if top_n is not None and top_n < 0:
         raise InvalidInputError(f"'top_n' must be 0 (all) or positive, got {top_n}", param="top_n")

@@ -82,10 +82,6 @@ class BatchQueue:
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self._rate
-
     def observe(self, tokens: int, seconds: float) -> None:
         """A finished batch: `tokens` (padded) in `seconds` of the model's time."""
         if seconds <= 0 or tokens <= 0:

@@ -72,7 +72,6 @@ class ImagePreprocessor:
         # What an image costs a batch: its patches (and CLIP's class token), or its prompt's tokens.
         self.tokens = len(prompt_ids) if prompt_ids else (image_size // patch_size) ** 2 + class_token
         self.cost = self.tokens
-        self.image_size = image_size
 
     @classmethod
     def load(cls, info: ModelInfo, prompt_ids: list[int] | None = None) -> ImagePreprocessor:

@@ -14,6 +14,7 @@ from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import CohereEmbedRequest
 from infinity_cloud.server.responses import cohere_embed_body
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
+from infinity_cloud.validation import check_embedding_types
 
 router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
@@ -33,12 +34,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
             param="truncate",
         )
-    unserved = [t for t in body.embedding_types or () if t not in EMBEDDING_TYPES]
-    if unserved:
-        raise InvalidInputError(
-            f"embedding type {unserved[0]!r} is not served; ask for {', '.join(EMBEDDING_TYPES)}",
-            param="embedding_types",
-        )
+    check_embedding_types(body.embedding_types or (), EMBEDDING_TYPES)  # before any work
     if body.images:  # Cohere v2 sends images as data URIs, for a model that embeds images
         inputs, modality, prompt = body.images, "image", None
     else:
