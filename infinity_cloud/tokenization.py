@@ -6,6 +6,8 @@ tokens here is what makes `usage` real.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,19 @@ def _load_fast_tokenizer(path: Path) -> Tokenizer:
     return converted.backend_tokenizer
 
 
+def _word_end_before(text: str, span: int) -> int | None:
+    """The end of the last word that ends within the first `span` characters (and past half
+    of them); None if there is none (e.g. unspaced Chinese)."""
+    last = None
+    for last in _WORD_END.finditer(text, span // 2, span):  # noqa: B007 - the last match is wanted
+        pass
+    return None if last is None else last.end()
+
+
+def _at_space(text: str, at: int) -> bool:
+    return text[at - 1].isspace() or text[at].isspace()
+
+
 def _special_tokens_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """The ids the post-processor puts before and after a single text (e.g. CLS ... SEP)."""
     plain = tokenizer.encode("hello world", add_special_tokens=False).ids
@@ -54,6 +69,32 @@ def _special_tokens_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
         if full[start : start + len(plain)] == plain:
             return full[:start], full[start + len(plain) :]
     return [], []
+
+
+# A text longer than this many characters per token of the limit is cut before tokenizing
+# (`TextTokenizer._clip`): prose runs 4-5 characters a token, so the cut keeps enough.
+CLIP_CHARS_PER_TOKEN = 8
+_WORD_END = re.compile(r"\S(?=\s)")
+
+
+def _splits_on_whitespace(tokenizer: Tokenizer) -> bool:
+    """Whether the pre-tokenizer splits text into words at whitespace, so that a text cut at a
+    word's end tokenizes, up to that word, exactly as the whole text does."""
+    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for part in parts:
+        kind = part.get("type")
+        if kind in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit"):
+            return True
+        if kind == "Metaspace" and part.get("split", True):
+            return True
+        if kind == "ByteLevel" and part.get("use_regex", True):
+            return True
+        if kind == "Split":
+            pattern = part.get("pattern", {})
+            if pattern.get("String", "").isspace() or "\\s" in pattern.get("Regex", ""):
+                return True
+    return False
 
 
 class TextTokenizer:
@@ -72,6 +113,7 @@ class TextTokenizer:
         self.pad_id = self._pad_id(tokenizer, pad_token)
         self._prefix, self._suffix = _special_tokens_around(tokenizer)
         self._shorter: dict[int, Tokenizer] = {}  # truncating at limits below max_length
+        self._clippable = _splits_on_whitespace(tokenizer)
 
     @classmethod
     def load(
@@ -108,9 +150,40 @@ class TextTokenizer:
     ) -> list[Encoded]:
         """`special_tokens` False: the texts hold the model's special tokens themselves (a
         template's). `max_length`: a shorter limit than the model's (ColBERT's queries)."""
+        limit = min(self.max_length, max_length or self.max_length)
+        texts = self._clip(texts, limit, truncate)
         tokenizer = self._truncating_at(max_length) if truncate else self._full
-        encodings = tokenizer.encode_batch(list(texts), add_special_tokens=special_tokens)
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=special_tokens)
         return self._finish(encodings, truncate, max_length)
+
+    def _clip(self, texts: Sequence[str], limit: int, truncate: bool) -> list[str]:
+        """Texts far longer than `limit` tokens, cut before a word that starts past token
+        `limit`, so their truncated encoding is the whole text's. Tokenizing whole 8,000-character
+        texts for a 256-token model built ~340 KB of intermediates each (675 MB for 2,000 of
+        them) only to drop them. Without `truncate` such a text is too long: refused here."""
+        span = limit * CLIP_CHARS_PER_TOKEN
+        long = [i for i, text in enumerate(texts) if len(text) > span] if self._clippable else []
+        cuts = {i: cut for i in long if (cut := _word_end_before(texts[i], span)) is not None}
+        if not cuts:
+            return list(texts)
+        out = list(texts)
+        prefixes = [texts[i][:cut] for i, cut in cuts.items()]
+        encodings = self._full.encode_batch(prefixes, add_special_tokens=False)
+        for i, prefix, encoding in zip(cuts, prefixes, encodings, strict=True):
+            # The first token at or past `limit` that starts a word (after whitespace, or with
+            # it: byte-level and metaspace tokens carry their space): all before it is whole words.
+            starts = (start for start, _ in encoding.offsets[limit:])
+            next_word = next((s for s in starts if s and _at_space(prefix, s)), None)
+            if next_word is None:
+                continue  # few long tokens: the whole text it is
+            if not truncate:
+                raise InputTooLongError(
+                    f"input {i} has more than {limit} tokens, the model's limit; shorten it or send "
+                    "truncate=true",
+                    param="input",
+                )
+            out[i] = prefix[:next_word]
+        return out
 
     def _truncating_at(self, max_length: int | None) -> Tokenizer:
         if max_length is None or max_length >= self.max_length:
@@ -125,6 +198,10 @@ class TextTokenizer:
         return self._full.token_to_id(token)
 
     def encode_pairs(self, query: str, documents: Sequence[str], truncate: bool = True) -> list[Encoded]:
+        # Truncating a pair shortens the longer side first, so a document is cut only when it
+        # stays longer than the query: with a query under the limit, any cut document is.
+        if len(self._full.encode(query, add_special_tokens=False)) < self.max_length:
+            documents = self._clip(documents, self.max_length, truncate)
         tokenizer = self._truncating if truncate else self._full
         return self._finish(tokenizer.encode_batch([(query, d) for d in documents]), truncate)
 
