@@ -1,12 +1,13 @@
 """Every backend x dtype of ours on one model: cosine to sentence-transformers float32 and
 in-process throughput, one combination after another in one process tree.
 
-    HF_HUB_OFFLINE=1 python benchmarks/dtype_fidelity.py --corpus ../shared/data/corpus.jsonl \\
-        --model-id <model folder> --markdown dtype_fidelity.md
+    HF_HUB_OFFLINE=1 python benchmarks/dtype_fidelity.py --model-id <model folder> \\
+        --markdown dtype_fidelity.md
 
 Each combination runs in a fresh engine (exports are built first if missing, not timed);
-fidelity is measured on --fidelity-texts queries and passages, throughput as in
-engine_throughput.py (requests of 32 passages from 32 tasks, median of --rounds).
+fidelity is measured on --fidelity-texts queries and passages (benchmarks/corpus.py, or
+--corpus), throughput as in engine_throughput.py (requests of 32 passages from 32 tasks, median
+of --rounds).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+from corpus import add_corpus_argument, load_texts
 from engine_throughput import run
-from http_load import cosine_rows, load_texts, reference_embeddings
+from http_load import cosine_rows, reference_embeddings
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.errors import InfinityCloudError
@@ -53,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", type=Path, required=True)
+    add_corpus_argument(parser)
     parser.add_argument("--model-id", required=True)
     parser.add_argument("--combinations", nargs="+", default=list(COMBINATIONS))
     parser.add_argument("--fidelity-texts", type=int, default=128)

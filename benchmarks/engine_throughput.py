@@ -1,11 +1,12 @@
 """In-process engine throughput: real (unpadded) tokens per second, no HTTP.
 
-    python benchmarks/engine_throughput.py --corpus ../shared/data/corpus.jsonl --dtype bfloat16
+    python benchmarks/engine_throughput.py --dtype bfloat16
 
 --spec takes a deployment spec as `infinity-cloud config show --format json` prints it (so a
 server's exact settings are measured without HTTP) and then --model-id/--dtype/--backend are
-ignored. Sends the passages in requests of --per-request texts from --concurrency tasks and reports
-texts/s and tokens/s; the HTTP comparison against Infinity is benchmarks/vs_infinity.py.
+ignored. Sends the corpus's passages (benchmarks/corpus.py, or --corpus) in requests of
+--per-request texts from --concurrency tasks and reports texts/s and tokens/s; the HTTP
+comparison against Infinity is benchmarks/vs_infinity.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from http_load import load_texts
+from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import DeploymentSpec, Engine, ModelSpec
 
@@ -44,7 +45,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", type=Path, required=True)
+    add_corpus_argument(parser)
     parser.add_argument("--model-id", default="sentence-transformers/all-MiniLM-L6-v2")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--backend", default="auto")

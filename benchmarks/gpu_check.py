@@ -1,6 +1,6 @@
 """Helpers for benchmarks/gpu_check.sh (one short run on a lent GPU machine).
 
-    python benchmarks/gpu_check.py fidelity --model M --corpus C --device cuda \\
+    python benchmarks/gpu_check.py fidelity --model M --device cuda \\
         --out fidelity.json --markdown fidelity.md
     python benchmarks/gpu_check.py summary --fidelity fidelity.json --http vs_infinity.json \\
         --pair ours-fp16=infinity-fp16 --pair ours-bf16=infinity-default --markdown summary.md
@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from corpus import add_corpus_argument, describe, load_texts
 from engine_throughput import run
-from http_load import cosine_rows, load_texts
+from http_load import cosine_rows
 
 from infinity_cloud import Engine, ModelSpec
 
@@ -135,7 +136,7 @@ def fidelity(args: argparse.Namespace) -> int:
     texts = queries[:half] + passages[: args.texts - half]
     kinds = ["query"] * len(queries[:half]) + ["passage"] * len(passages[: args.texts - half])
     report: dict[str, Any] = {
-        "model": str(args.model), "corpus": str(args.corpus), "device": args.device, "texts": len(texts),
+        "model": str(args.model), "corpus": describe(args.corpus), "device": args.device, "texts": len(texts),
         "threshold": THRESHOLD, "environment": environment(args.device), "engines": {}, "comparisons": {},
         "errors": {},
     }
@@ -326,7 +327,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fidelity", help="dtype fidelity and in-process rate of our torch backend")
     f.add_argument("--model", type=Path, required=True)
-    f.add_argument("--corpus", type=Path, required=True)
+    add_corpus_argument(f)
     f.add_argument("--device", default="cuda")
     f.add_argument("--dtypes", nargs="+", default=["float32", "float16", "bfloat16"])
     f.add_argument("--texts", type=int, default=128, help="half queries, half passages")

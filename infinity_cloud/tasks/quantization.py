@@ -33,23 +33,30 @@ _MODULES = (
 )
 
 
+def docstring_paragraphs(source: Path) -> list[str]:
+    """Every paragraph of every docstring (module, class, function) in the Python source file
+    `source`, white space folded, in `ast.walk`'s order. Read from the file, not from imported
+    objects, which other packages may patch or extend at run time."""
+    paragraphs = []
+    for node in ast.walk(ast.parse(source.read_bytes())):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
+                if text := " ".join(paragraph.split()):
+                    paragraphs.append(text)
+    return paragraphs
+
+
 def calibration_texts(count: int = CALIBRATION_SIZE) -> list[str]:
     """`count` paragraphs of the standard library's docstrings, spread over all there are, in a
-    fixed order (60 to 600 characters each). Read from the modules' source files, not from
-    the imported objects, which other packages may patch or extend at run time."""
+    fixed order (60 to 600 characters each), read from the modules' source files."""
     paragraphs: dict[str, None] = {}
     for name in _MODULES:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
             continue
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
-                text = " ".join(paragraph.split())
-                if 60 <= len(text) <= 600:
-                    paragraphs.setdefault(text)
+        for text in docstring_paragraphs(Path(spec.origin)):
+            if 60 <= len(text) <= 600:
+                paragraphs.setdefault(text)
     texts = list(paragraphs)
     picks = np.linspace(0, len(texts) - 1, num=min(count, len(texts))).astype(int)
     return [texts[i] for i in picks]

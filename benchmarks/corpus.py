@@ -1,0 +1,189 @@
+"""The benchmarks' texts: a corpus of queries and passages made here from the docstrings of the
+running Python's standard library, so that every number can be reproduced from a clone.
+
+    python benchmarks/corpus.py                     # its size and lengths
+    python benchmarks/corpus.py --write corpus.jsonl  # the same texts as JSON lines
+
+Passages are runs of consecutive docstring paragraphs of one source file, joined until a
+length drawn between 50 and 1,350 characters (1,750 at most); queries are single sentences of
+those passages (12 to 90 characters, the final full stop dropped), like a search for something
+a passage says. 3,000 queries and 1,300 passages: about the size and lengths of the corpus the
+README's numbers were first measured on (MiniLM tokens, untruncated: queries 14 on average,
+passages 169; half the passages under ~620 characters). The library's source files are
+walked in sorted order (test suites and the generated codecs of `encodings` left out) and
+every choice is made by a generator with a fixed seed, so one Python gives the same corpus
+every time; the texts shift slightly between Python versions, as the library's docstrings do.
+Docstrings are read with `ast` from the files (infinity_cloud.tasks.quantization's
+docstring_paragraphs), not from imported objects.
+
+Every benchmark's --corpus is optional: without it, these texts; with it, a file of JSON lines
+`{"text", "kind"}`, `kind` being "query" or "passage".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import re
+import statistics
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+from infinity_cloud.tasks.quantization import docstring_paragraphs
+
+QUERIES = 3000
+PASSAGES = 1300
+SEED = 14
+PASSAGE_CHARS = (50, 1350)  # the length a passage is joined up to is drawn here
+PASSAGE_MAX = 1750
+QUERY_CHARS = (12, 90)
+# Test suites, and encodings' codecs, which are generated and share one docstring.
+_LEFT_OUT = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "encodings"}
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def stdlib_sources() -> list[Path]:
+    """The standard library's Python source files, in sorted order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(
+        path for path in root.rglob("*.py") if not _LEFT_OUT & set(path.relative_to(root).parts[:-1])
+    )
+
+
+def _passages(paragraphs: list[str], rng: random.Random) -> Iterator[str]:
+    """Consecutive paragraphs joined up to a length drawn for each passage; doctest examples,
+    whose lines folded into one read as noise, and paragraphs too long alone are passed over."""
+    low, high = PASSAGE_CHARS
+    run: list[str] = []
+    target = rng.uniform(low, high)
+    for paragraph in paragraphs:
+        if ">>>" in paragraph or len(paragraph) > PASSAGE_MAX:
+            continue
+        if run and len(" ".join([*run, paragraph])) > PASSAGE_MAX:
+            yield " ".join(run)
+            run, target = [], rng.uniform(low, high)
+        run.append(paragraph)
+        if len(" ".join(run)) >= target:
+            yield " ".join(run)
+            run, target = [], rng.uniform(low, high)
+    if run and len(" ".join(run)) >= low:
+        yield " ".join(run)
+
+
+def _queries(passage: str) -> Iterator[str]:
+    """The passage's sentences that read as a query: prose (mostly letters), three words or
+    more, of QUERY_CHARS, without their final full stop."""
+    for sentence in _SENTENCE_END.split(passage):
+        text = sentence.rstrip(".")
+        letters = sum(c.isalpha() or c.isspace() for c in text)
+        if (
+            QUERY_CHARS[0] <= len(text) <= QUERY_CHARS[1]
+            and text[0].isupper()
+            and len(text.split()) >= 3
+            and letters >= 0.85 * len(text)
+        ):
+            yield text
+
+
+@functools.cache
+def generated_corpus() -> tuple[dict[str, str], ...]:
+    """QUERIES queries and PASSAGES passages, kinds interleaved in a fixed shuffled order, so
+    that any prefix of one kind spreads over the whole library."""
+    rng = random.Random(SEED)
+    candidates: dict[str, None] = {}
+    for source in stdlib_sources():
+        try:
+            paragraphs = docstring_paragraphs(source)
+        except (SyntaxError, ValueError, OSError):  # a file for another Python, or unreadable
+            continue
+        candidates.update(dict.fromkeys(_passages(paragraphs, rng)))
+    passages = rng.sample(sorted(candidates), min(PASSAGES, len(candidates)))
+    sentences = list(dict.fromkeys(q for p in passages for q in _queries(p)))
+    queries = rng.sample(sentences, min(QUERIES, len(sentences)))
+    rows = [{"text": t, "kind": "query"} for t in queries]
+    rows += [{"text": t, "kind": "passage"} for t in passages]
+    rng.shuffle(rows)
+    return tuple(rows)
+
+
+@functools.cache
+def load_corpus(path: Path | None = None) -> tuple[dict[str, str], ...]:
+    """The rows {"text", "kind"} of the JSON lines file `path`, or, without one, the generated
+    corpus; either is made once per process."""
+    if path is None:
+        return generated_corpus()
+    return tuple(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+
+
+def load_texts(path: Path | None, kind: str) -> list[str]:
+    """The corpus's texts of one kind ("query" or "passage")."""
+    return [r["text"] for r in load_corpus(path) if r.get("kind") == kind]
+
+
+def describe(path: Path | None) -> str:
+    """What a report says the corpus was."""
+    if path is not None:
+        return str(path)
+    return f"generated from the standard library of Python {sys.version.split()[0]} (benchmarks/corpus.py)"
+
+
+def add_corpus_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        help='JSON lines {"text", "kind": "query"|"passage"} (default: made from the standard '
+        "library's docstrings, benchmarks/corpus.py)",
+    )
+
+
+def stats(rows: tuple[dict[str, str], ...], tokenizer: Path | None = None) -> dict[str, dict[str, float]]:
+    """Per kind: how many texts, and their lengths in characters (and in tokens of the
+    tokenizer.json in the model folder `tokenizer`, untruncated)."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("query", "passage"):
+        texts = [r["text"] for r in rows if r.get("kind") == kind]
+        lengths = {"chars": [len(t) for t in texts]}
+        if tokenizer is not None:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tokenizer / "tokenizer.json"))
+            tok.no_truncation()
+            tok.no_padding()
+            lengths["tokens"] = [len(e.ids) for e in tok.encode_batch(texts)]
+        out[kind] = {"count": len(texts)}
+        for unit, values in lengths.items():
+            deciles = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+            out[kind] |= {
+                f"{unit}_min": min(values),
+                f"{unit}_p10": deciles[0],
+                f"{unit}_p50": statistics.median(values),
+                f"{unit}_p90": deciles[-1],
+                f"{unit}_max": max(values),
+                f"{unit}_mean": round(statistics.fmean(values), 1),
+            }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_corpus_argument(parser)
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="a model folder: lengths in its tokens too"
+    )
+    parser.add_argument("--write", type=Path, default=None, help="write the corpus here as JSON lines")
+    args = parser.parse_args()
+    rows = load_corpus(args.corpus)
+    if args.write:
+        args.write.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(json.dumps({"corpus": describe(args.corpus), **stats(rows, args.tokenizer)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
