@@ -1,6 +1,7 @@
-"""The server on its worst day: fairness (a one-text probe during a 2,000-text request) and
-overload (twice the measured capacity, open loop, for a while): how many answers, 429s and
-client time-outs, how long the admitted ones took, and the process's resident memory.
+"""The server on its worst day: memory under 16 MB requests (one, then four at once),
+fairness (a one-text probe during a 2,000-text request) and overload (twice the measured
+capacity, open loop, for a while): how many answers, 429s and client time-outs, how long the
+admitted ones took, and the process's resident memory.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/overload.py --model path/to/all-MiniLM-L6-v2 \\
         --out overload.json
@@ -73,6 +74,30 @@ async def fairness(url: str, big: int) -> dict[str, Any]:
     }
 
 
+def long_texts(count: int, chars: int) -> list[str]:
+    """`count` texts of `chars` characters each: the issue's 16 MB request is 2,000 x 8,000."""
+    prose = " ".join(texts(512))
+    return [(prose[i * 37 % 10_000 :] + prose)[:chars] for i in range(count)]
+
+
+async def heavy(url: str, count: int, chars: int, at_once: int, pid: int) -> dict[str, Any]:
+    """`at_once` requests of `count` x `chars` characters sent together; the answers' statuses
+    and the server's peak memory while they ran."""
+    body = {"model": MODEL, "input": long_texts(count, chars)}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        with RssSampler(pid) as rss:
+            started = time.perf_counter()
+            answers = await asyncio.gather(*(client.post("/embeddings", json=body) for _ in range(at_once)))
+            seconds = time.perf_counter() - started
+    statuses: dict[str, int] = {}
+    for answer in answers:
+        statuses[str(answer.status_code)] = statuses.get(str(answer.status_code), 0) + 1
+    return {
+        "requests": at_once, "mb_each": round(len(json.dumps(body)) / 2**20, 1), "statuses": statuses,
+        "seconds": round(seconds, 1), "rss_peak_mb": max(rss.samples),
+    }
+
+
 async def capacity(url: str, per_request: int, seconds: float) -> float:
     """Texts per second with 8 closed-loop clients."""
     done = 0
@@ -133,6 +158,9 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--client-timeout", type=float, default=30.0)
+    parser.add_argument("--phases", nargs="+", default=["heavy", "fairness", "overload"])
+    parser.add_argument("--heavy-texts", type=int, default=2000)
+    parser.add_argument("--heavy-chars", type=int, default=8000)
     parser.add_argument("--out", type=Path)
     parser.add_argument("flags", nargs="*", help="after --: more `serve` flags")
     args = parser.parse_args()
@@ -145,16 +173,25 @@ def main() -> None:
         start_server(server, MODEL, 600)
         assert server.proc is not None
         report["rss_fresh_mb"] = tree_rss_mb(server.proc.pid)
-        with RssSampler(server.proc.pid) as rss:
-            report["fairness"] = asyncio.run(fairness(server.url, args.large))
-            rate = asyncio.run(capacity(server.url, args.per_request, 10))
-            report["capacity_texts_per_s"] = round(rate, 1)
-            report["overload_2x"] = asyncio.run(
-                overload(server.url, 2 * rate, args.per_request, args.seconds, args.client_timeout)
+        for at_once in (1, 4) if "heavy" in args.phases else ():
+            report[f"heavy_x{at_once}"] = asyncio.run(
+                heavy(server.url, args.heavy_texts, args.heavy_chars, at_once, server.proc.pid)
             )
-        report["rss_peak_mb"] = max(rss.samples)
-        time.sleep(10)
-        report["rss_idle_after_mb"] = tree_rss_mb(server.proc.pid)
+            time.sleep(5)
+            report[f"rss_idle_after_heavy_x{at_once}_mb"] = tree_rss_mb(server.proc.pid)
+        with RssSampler(server.proc.pid) as rss:
+            if "fairness" in args.phases:
+                report["fairness"] = asyncio.run(fairness(server.url, args.large))
+            if "overload" in args.phases:
+                rate = asyncio.run(capacity(server.url, args.per_request, 10))
+                report["capacity_texts_per_s"] = round(rate, 1)
+                report["overload_2x"] = asyncio.run(
+                    overload(server.url, 2 * rate, args.per_request, args.seconds, args.client_timeout)
+                )
+        if rss.samples:
+            report["rss_peak_mb"] = max(rss.samples)
+            time.sleep(10)
+            report["rss_idle_after_mb"] = tree_rss_mb(server.proc.pid)
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))

@@ -144,6 +144,11 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),
     ),
     "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
+    "memory_budget_mb": (
+        int | None,
+        _opt("MEMORY_BUDGET_MB", "Memory the process may take; requests past it get 429, or 413 if alone "
+             "(default: 90% of the container's limit, else of the machine's memory).", _S),
+    ),
     "max_media_per_request": (
         int | None, _opt("MAX_MEDIA_PER_REQUEST", "Image/audio inputs per request (default: 64).", _S),
     ),

@@ -108,6 +108,9 @@ class LimitsSpec(_Frozen):
     max_inputs_per_request: int = Field(2048, ge=128)  # langchain sends batches of 128
     max_chars_per_text: int = Field(200_000, ge=1)
     max_payload_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    # The process's memory budget; None: 90 % of the container's limit (cgroup), else of the
+    # machine's memory. Requests that would pass it are answered 429 (413 if alone).
+    memory_budget_mb: int | None = Field(None, ge=64)
     max_media_per_request: int = Field(64, ge=1)
     media_max_bytes: int = Field(20 * 1024 * 1024, ge=1)
     media_timeout_s: float = Field(10.0, gt=0)

@@ -21,6 +21,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import ModelNotFoundError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
+from infinity_cloud.memory import MemoryBudget
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
@@ -74,6 +75,7 @@ class Engine:
             max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
         self._media: MediaFetcher | None = None
+        self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
         # Calibration vectors for int8/uint8, per model, made on first use.
         self._calibration: dict[str, np.ndarray] = {}
         self._calibrating: dict[str, asyncio.Lock] = {}
@@ -172,17 +174,19 @@ class Engine:
         served = self.model(model)
         task.check(call, served, self.limits)
         tower = task.tower(call)
-        # Admitted (or shed with a 429) before any work: fetching and tokenizing count as waiting.
-        queue, estimate = served.queue(tower), task.cost(call, served)
-        queue.admit(estimate)
-        try:
-            uris = task.media(call)
-            media = await self.media.fetch_all(uris) if uris else []
-            items = await self._tokenize(task.encode, call, served, self.limits, media)
-        finally:
-            queue.settle(estimate)  # now queued (right below, before any await) or failed
-        rows = await served.run(items, tower)
-        return task.finish(rows, call, served, items)
+        # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
+        # fetching and tokenizing count as waiting.
+        queue, cost = served.queue(tower), task.cost(call, served)
+        with self.memory.reserved(cost.memory):  # held until the answer is made
+            queue.admit(cost.tokens)
+            try:
+                uris = task.media(call)
+                media = await self.media.fetch_all(uris) if uris else []
+                items = await self._tokenize(task.encode, call, served, self.limits, media)
+            finally:
+                queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
+            rows = await served.run(items, tower)
+            return task.finish(rows, call, served, items)
 
     # -- capabilities ----------------------------------------------------------------
 

@@ -225,6 +225,31 @@ def queue_sized_for(spec: DeploymentSpec, max_requests: int) -> DeploymentSpec:
     return spec.model_copy(update={"models": models})
 
 
+def within_platform(spec: DeploymentSpec, timeout_s: float | None, memory_mb: int | None) -> DeploymentSpec:
+    """The spec fitted to the platform's own limits.
+
+    - Each model's deadline at most half the platform's time-out: a request admitted to wait
+      longer would be answered after the platform gave up on it (a 429 at once lets the
+      client retry, another container or later); the other half is for serving it.
+    - The memory budget, unless one is declared, 90 % of the platform's memory setting, which
+      the container may not see as a cgroup limit.
+    """
+    from infinity_cloud.memory import DETECTED_SHARE
+
+    models = spec.models
+    if timeout_s is not None:
+        cap = timeout_s / 2
+        models = tuple(
+            m.model_copy(update={"deadline_s": cap}) if m.deadline_s is None or m.deadline_s > cap else m
+            for m in models
+        )
+    limits = spec.server.limits
+    if memory_mb is not None and limits.memory_budget_mb is None:
+        limits = limits.model_copy(update={"memory_budget_mb": int(memory_mb * DETECTED_SHARE)})
+    server = spec.server.model_copy(update={"limits": limits})
+    return spec.model_copy(update={"models": models, "server": server})
+
+
 def served_spec_data(spec: DeploymentSpec) -> dict[str, Any]:
     """The container's copy of the spec: what it serves, not how it is deployed (no target
     sections), less defaults."""

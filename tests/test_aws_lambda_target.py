@@ -231,6 +231,7 @@ def test_the_image_holds_no_torch_and_names_its_handler(built: Path) -> None:
     assert model["model_id"].startswith("models/") and model["backend"] == "onnx"
     assert model["dtype"] == "float32" and model["backend_options"]["threads"] == 2  # 3,538 MB: 2 vCPUs
     assert served["server"]["limits"]["max_payload_bytes"] == 6 * 1024 * 1024
+    assert served["server"]["limits"]["memory_budget_mb"] == int(3538 * 0.9)  # the function's memory
 
 
 def sam_template(folder: Path) -> dict[str, Any]:

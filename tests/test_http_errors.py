@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy
+from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wait_until
 from tokenizers import Tokenizer
 
 from infinity_cloud.engine import Engine
+from infinity_cloud.memory import MB, MemoryBudget
 
 MAX_BYTES = 4096
 MAX_INPUTS = 128
@@ -535,3 +536,33 @@ def test_json_log_lines_carry_the_request_id():
     line = json.loads(run.stderr.strip().splitlines()[-1])
     assert line["message"] == "hello there" and line["request_id"] == "abc123"
     assert line["level"] == "INFO" and line["logger"] == "infinity_cloud.x"
+
+
+# -- memory budget -----------------------------------------------------------------------
+
+
+async def test_memory_budget_sheds_what_would_not_fit(tiny_embedder):
+    """Each request's memory is estimated before any work: one that could never fit is 413,
+    ones that would fit once others finish are 429 with Retry-After, and when all admitted
+    work is done the heap is trimmed. Resident memory is pinned so the arithmetic is exact."""
+    trims = []
+    slow = fake(tiny_embedder, "emb", max_batch_size=64, deadline_s=None, backend_options={"delay_s": 0.2})
+    engine = Engine(spec_of(slow))
+    engine.memory = MemoryBudget(100 * MB, resident=lambda: 40 * MB, trim=lambda: trims.append(1))
+    long_text = ("a fairly ordinary sentence of words " * 223)[:8000]
+    async with serve_in_process(engine) as c:
+        response = await c.post("/embeddings", json={"input": [long_text] * 2000})  # ~16 MB
+        assert_error(response, 413, None, "would take about", "MB", "memory budget")
+        # ~16 MB each by the estimate: three fit beside the 40 MB resident, not all six.
+        medium = {"input": [long_text] * 300}
+        responses = await asyncio.gather(*(c.post("/embeddings", json=medium) for _ in range(6)))
+        statuses = sorted(r.status_code for r in responses)
+        assert statuses.count(200) == 3 and statuses.count(429) == 3, statuses
+        for response in responses:
+            if response.status_code == 429:
+                assert_error(response, 429, None, "memory budget")
+                assert int(response.headers["retry-after"]) >= 1
+            else:
+                assert len(response.json()["data"]) == 300
+        await wait_until(lambda: engine.memory.held_bytes == 0 and trims)
+        await assert_still_serving(c)

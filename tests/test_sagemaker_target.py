@@ -91,6 +91,9 @@ def test_cpu_and_serverless_images_run_without_torch(
     assert all("==" in line for line in serving)
     served = yaml.safe_load((tmp_path / "infinity-cloud.yaml").read_text())
     assert served["server"]["limits"]["max_payload_bytes"] == limit
+    # Serverless: the endpoint's memory setting; an instance: its container's limit, read at run time.
+    budget = served["server"]["limits"].get("memory_budget_mb")
+    assert budget == (int(6144 * 0.9) if "--serverless" in flags else None)
     assert_context_is_complete(tmp_path, dockerfile)
 
 

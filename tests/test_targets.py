@@ -145,3 +145,17 @@ def test_invoke_local_calls_a_running_server(tiny_embedder: Path) -> None:
         assert answer["object"] == "list" and len(answer["data"]) == 1
         refused = runner.invoke(cli, ["invoke", "local", "--port", port, "--key", "wrong"])
         assert refused.exit_code == 2 and "answered 401" in refused.output
+
+
+@pytest.mark.parametrize(("deadline", "capped"), [(10.0, 10.0), (100.0, 30.0), (None, 30.0)])
+def test_a_platform_time_out_caps_the_deadline_and_its_memory_sets_the_budget(deadline, capped) -> None:
+    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.targets.container import within_platform
+
+    spec = DeploymentSpec(models=(ModelSpec(deadline_s=deadline),))
+    fitted = within_platform(spec, timeout_s=60, memory_mb=3000)
+    assert fitted.models[0].deadline_s == capped
+    assert fitted.server.limits.memory_budget_mb == 2700
+    declared = DeploymentSpec(models=spec.models, server={"limits": {"memory_budget_mb": 1000}})
+    assert within_platform(declared, None, 3000).server.limits.memory_budget_mb == 1000
+    assert within_platform(spec, None, None) == spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from infinity_cloud.batching import BatchReport
+from infinity_cloud.memory import MemoryBudget
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -27,6 +28,13 @@ class Metrics:
             "infinity_cloud_errors", "failed requests by kind", ["model", "kind"], registry=r
         )
         self.queue_depth = Gauge("infinity_cloud_queue_depth", "inputs waiting", ["model"], registry=r)
+        self.memory_held = Gauge(
+            "infinity_cloud_memory_held_bytes", "memory the admitted requests are estimated to hold",
+            registry=r,
+        )
+        self.memory_budget = Gauge(
+            "infinity_cloud_memory_budget_bytes", "the process's memory budget (0: none)", registry=r
+        )
         self.batch_size = Histogram(
             "infinity_cloud_batch_size", "inputs per batch", ["model"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
@@ -57,7 +65,9 @@ class Metrics:
         for seconds in report.queue_wait_s:
             wait.observe(seconds)
 
-    def render(self, queue_depths: dict[str, int]) -> bytes:
+    def render(self, queue_depths: dict[str, int], memory: MemoryBudget) -> bytes:
         for model, depth in queue_depths.items():
             self.queue_depth.labels(model).set(depth)
+        self.memory_held.set(memory.held_bytes)
+        self.memory_budget.set(memory.limit_bytes or 0)
         return generate_latest(self.registry)

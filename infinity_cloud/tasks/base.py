@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -27,6 +28,29 @@ if TYPE_CHECKING:  # the served model holds its task's head: only a type here
 
 Call = TypeVar("Call")
 Result = TypeVar("Result")
+
+# What a call holds in memory while it is served, per unit, as measured on MiniLM with 16 MB
+# requests (benchmarks/overload.py): each character of text four times (the body, the parsed
+# string, its cut copy, the tokenizer's copy); each token as ids in Python lists and the
+# tokenizer's intermediates; each number of the answer as a numpy float, a Python float and
+# JSON; each media item its fetched bytes and decoded array (a data URI: its text, four times).
+MEMORY_PER_CHAR = 4
+MEMORY_PER_TOKEN = 160
+MEMORY_PER_NUMBER = 48
+MEMORY_PER_MEDIA = 4 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A call as estimated before any work, for admission: the tokens it adds to its tower's
+    batches, and the bytes of memory it holds while served."""
+
+    tokens: int
+    memory: int
+
+    def answering(self, numbers: int) -> Cost:
+        """With an answer of `numbers` floats."""
+        return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER)
 
 
 class Task(ABC, Generic[Call, Result]):
@@ -49,10 +73,10 @@ class Task(ABC, Generic[Call, Result]):
         """Cheap checks on the event loop, before any work is queued."""
         served.require(self.capability)
 
-    def cost(self, call: Call, served: ServedModel) -> int:
-        """The call's tokens as estimated before any work (admission): texts at about four
-        characters a token, capped at the model's limit; media at their tower's cost."""
-        return 0
+    def cost(self, call: Call, served: ServedModel) -> Cost:
+        """The call as estimated before any work (admission): texts at about four characters
+        a token, capped at the model's limit; media at their tower's cost; and its memory."""
+        return Cost(0, 0)
 
     def media(self, call: Call) -> Sequence[str]:
         """URLs (and data URIs) the engine fetches before `encode`; none for text."""
@@ -85,19 +109,28 @@ def require_tower(served: ServedModel, capability: Capability, modality: Tower) 
         )
 
 
-def text_cost(texts: Sequence[str], limit: int) -> int:
-    """Tokens a list of texts will take, estimated from their length (no tokenizing)."""
-    return sum(min(len(text) // 4 + 2, limit) for text in texts)
+def text_cost(texts: Sequence[str], limit: int) -> Cost:
+    """A list of texts, estimated from their length (no tokenizing)."""
+    return length_cost([len(text) for text in texts], limit)
 
 
-def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> int:
+def length_cost(lengths: Sequence[int], limit: int) -> Cost:
+    """Texts of these lengths in characters: about four characters a token, up to `limit`."""
+    tokens = sum(min(length // 4 + 2, limit) for length in lengths)
+    return Cost(tokens, sum(lengths) * MEMORY_PER_CHAR + tokens * MEMORY_PER_TOKEN)
+
+
+def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> Cost:
     """Texts, token-id lists or media inputs, estimated."""
     loaded = served.loaded
     if modality != "text":
-        return len(inputs) * loaded.media[modality].cost
+        fetched = sum(len(uri) * MEMORY_PER_CHAR + MEMORY_PER_MEDIA for uri in inputs)
+        return Cost(len(inputs) * loaded.media[modality].cost, fetched)
     limit = loaded.tokenizer.max_length
     if inputs and not isinstance(inputs[0], str):
-        return sum(min(len(ids) + 2, limit) for ids in inputs)
+        tokens = sum(min(len(ids) + 2, limit) for ids in inputs)
+        given = sum(len(ids) for ids in inputs)  # each id a Python int in the parsed body
+        return Cost(tokens, given * MEMORY_PER_NUMBER + tokens * MEMORY_PER_TOKEN)
     return text_cost(inputs, limit)
 
 

@@ -12,7 +12,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import ClassifyResult
-from infinity_cloud.tasks.base import Task, prompt_tokens, text_cost
+from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tasks.scores import label_scores, softmax
 from infinity_cloud.tokenization import Encoded
@@ -39,8 +39,9 @@ class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
         super().check(call, served, limits)
         check_texts(call.inputs, limits)
 
-    def cost(self, call: ClassifyCall, served: ServedModel) -> int:
-        return text_cost(call.inputs, served.loaded.tokenizer.max_length)
+    def cost(self, call: ClassifyCall, served: ServedModel) -> Cost:
+        labels = len(served.loaded.info.labels)
+        return text_cost(call.inputs, served.loaded.tokenizer.max_length).answering(len(call.inputs) * labels)
 
     def encode(
         self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import EmbeddingResult
-from infinity_cloud.tasks.base import Task, inputs_cost, prompt_tokens, require_tower
+from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
 from infinity_cloud.tasks.heads import Head, embedding_head, pooled_head
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tokenization import Encoded
@@ -81,8 +81,9 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         else:
             check_texts(call.inputs, limits)  # type: ignore[arg-type]
 
-    def cost(self, call: EmbedCall, served: ServedModel) -> int:
-        return inputs_cost(call.inputs, call.modality, served)
+    def cost(self, call: EmbedCall, served: ServedModel) -> Cost:
+        width = call.dimensions or served.loaded.info.dimensions or 0
+        return inputs_cost(call.inputs, call.modality, served).answering(len(call.inputs) * width)
 
     def media(self, call: EmbedCall) -> Sequence[str]:
         return () if call.modality == "text" else call.inputs  # type: ignore[return-value]

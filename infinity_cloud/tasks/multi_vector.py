@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import MultiVectorResult
-from infinity_cloud.tasks.base import Task, inputs_cost, prompt_tokens, require_tower
+from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head, token_head
 from infinity_cloud.tokenization import Encoded
@@ -63,8 +63,9 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         else:
             check_media(call.inputs, limits)
 
-    def cost(self, call: MultiVectorCall, served: ServedModel) -> int:
-        return inputs_cost(call.inputs, call.modality, served)
+    def cost(self, call: MultiVectorCall, served: ServedModel) -> Cost:
+        cost = inputs_cost(call.inputs, call.modality, served)  # a vector per token or patch:
+        return cost.answering(cost.tokens * (served.loaded.info.dimensions or 0))
 
     def media(self, call: MultiVectorCall) -> Sequence[str]:
         return () if call.modality == "text" else call.inputs

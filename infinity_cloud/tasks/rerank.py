@@ -12,7 +12,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import RankedDocument, RerankResult
-from infinity_cloud.tasks.base import Task, prompt_tokens, text_cost
+from infinity_cloud.tasks.base import Cost, Task, length_cost, prompt_tokens
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tasks.scores import rank, sigmoid
 from infinity_cloud.tokenization import Encoded, TextTokenizer
@@ -46,9 +46,10 @@ class RerankTask(Task[RerankCall, RerankResult]):
         check_texts(call.documents, limits, param="documents")
         check_top_n(call.top_n)
 
-    def cost(self, call: RerankCall, served: ServedModel) -> int:
-        pairs = [call.query + document for document in call.documents]
-        return text_cost(pairs, served.loaded.tokenizer.max_length)
+    def cost(self, call: RerankCall, served: ServedModel) -> Cost:
+        # Each pair is tokenized with its own copy of the query.
+        pairs = [len(call.query) + len(document) for document in call.documents]
+        return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs))
 
     def encode(
         self, call: RerankCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

@@ -14,7 +14,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
-from infinity_cloud.tasks.base import Task, prompt_tokens, text_cost
+from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tokenization import Encoded
@@ -22,6 +22,8 @@ from infinity_cloud.validation import check_texts, is_token_ids
 
 if TYPE_CHECKING:
     from infinity_cloud.served_model import ServedModel
+
+SPARSE_TERMS = 512  # generous: SPLADE vectors of passages hold 100-300 non-zero terms
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,9 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
             raise InvalidInputError("sparse embeddings take text, not token ids", param="input")
         check_texts(call.inputs, limits)
 
-    def cost(self, call: SparseCall, served: ServedModel) -> int:
-        return text_cost(call.inputs, served.loaded.tokenizer.max_length)
+    def cost(self, call: SparseCall, served: ServedModel) -> Cost:
+        cost = text_cost(call.inputs, served.loaded.tokenizer.max_length)
+        return cost.answering(len(call.inputs) * 2 * SPARSE_TERMS)
 
     def encode(
         self, call: SparseCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

@@ -59,9 +59,9 @@ class LambdaTarget(Target[LambdaSpec]):
             self._stage_model(model, out_dir / folder, out_dir / "exports")
             served.append(model.model_copy(update={"model_id": folder, "served_model_name": model.name}))
         limits = spec.server.limits.model_copy(update={"max_payload_bytes": PAYLOAD_BYTES})
-        served_spec = spec.model_copy(update={
+        served_spec = container.within_platform(spec.model_copy(update={
             "models": tuple(served), "server": spec.server.model_copy(update={"limits": limits}),
-        })
+        }), settings.timeout_s, settings.memory_mb)
         served_data = container.served_spec_data(served_spec)
         (out_dir / SPEC_FILE).write_text(yaml.safe_dump(served_data, sort_keys=False))
         requirements = container.write_requirements(

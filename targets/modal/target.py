@@ -95,6 +95,7 @@ def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
         spec, device, settings.max_concurrency, settings.target_concurrency
     )
     served = container.queue_sized_for(spec, max_concurrency)
+    served = container.within_platform(served, None, settings.memory_mib)
     model_dirs = container.local_model_dirs(spec, IMAGE_MODELS)
     return {
         "spec": spec,

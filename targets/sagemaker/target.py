@@ -26,6 +26,8 @@ EXPORTS_DIR = "/opt/exports"
 SPEC_FILE = "infinity-cloud.yaml"
 SERVING_REQUIREMENTS = "requirements-serving.txt"
 MODEL_ARCHIVE = "model.tar.gz"
+# SageMaker gives an invocation 60 s (real-time and serverless endpoints alike).
+INVOCATION_TIMEOUT_S = 60
 # What the Neuron image's own environment provides, at the versions its Neuron SDK needs.
 NEURON_IMAGE_HAS = {"numpy", "tokenizers", "safetensors", "huggingface-hub", "torch", "transformers"}
 
@@ -95,6 +97,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
             packed = []
         limits = spec.server.limits.model_copy(update={"max_payload_bytes": settings.payload_limit})
         served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
+        memory_mb = settings.memory_mb if variant == "serverless" else None  # instances: their cgroup
+        served = container.within_platform(served, INVOCATION_TIMEOUT_S, memory_mb)
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
         if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
             core = container.pinned_requirements(())

@@ -72,4 +72,5 @@ async def ping(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = request.app.state
     depths = {m["id"]: m.get("stats", {}).get("queue_depth", 0) for m in state.engine.describe()}
-    return Response(state.metrics.render(depths), media_type="text/plain; version=0.0.4; charset=utf-8")
+    body = state.metrics.render(depths, state.engine.memory)
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
