@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -178,14 +179,17 @@ class Engine:
         # fetching and tokenizing count as waiting.
         queue, cost = served.queue(tower), task.cost(call, served)
         with self.memory.reserved(cost.memory):  # held until the answer is made
-            queue.admit(cost.tokens)
+            predicted = queue.admit(cost.tokens)
             try:
                 uris = task.media(call)
                 media = await self.media.fetch_all(uris) if uris else []
                 items = await self._tokenize(task.encode, call, served, self.limits, media)
             finally:
                 queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
+            queued_at = time.perf_counter()
             rows = await served.run(items, tower)
+            if predicted is not None:
+                queue.calibrate(predicted, time.perf_counter() - queued_at)
             return task.finish(rows, call, served, items)
 
     # -- capabilities ----------------------------------------------------------------

@@ -57,6 +57,14 @@ def _word_end_before(text: str, span: int) -> int | None:
     return None if last is None else last.end()
 
 
+def too_long(index: int, count: str, limit: int) -> InputTooLongError:
+    return InputTooLongError(
+        f"input {index} has {count} tokens, more than the model's limit of {limit}; shorten it or "
+        "send truncate=true",
+        param="input",
+    )
+
+
 def _at_space(text: str, at: int) -> bool:
     return text[at - 1].isspace() or text[at].isspace()
 
@@ -136,11 +144,7 @@ class TextTokenizer:
         out = []
         for index, enc in enumerate(encodings):
             if not truncate and len(enc.ids) > limit:
-                raise InputTooLongError(
-                    f"input {index} has {len(enc.ids)} tokens, more than the model's limit of "
-                    f"{limit}; shorten it or send truncate=true",
-                    param="input",
-                )
+                raise too_long(index, str(len(enc.ids)), limit)
             out.append(Encoded(enc.ids, enc.type_ids))
         return out
 
@@ -177,11 +181,7 @@ class TextTokenizer:
             if next_word is None:
                 continue  # few long tokens: the whole text it is
             if not truncate:
-                raise InputTooLongError(
-                    f"input {i} has more than {limit} tokens, the model's limit; shorten it or send "
-                    "truncate=true",
-                    param="input",
-                )
+                raise too_long(i, f"over {len(encoding.ids)}", limit)
             out[i] = prefix[:next_word]
         return out
 
@@ -241,12 +241,8 @@ class TextTokenizer:
         for index, ids in enumerate(inputs):
             if len(ids) > room:
                 if not truncate:
-                    raise InputTooLongError(
-                        f"input {index} has {len(ids) + len(self._prefix) + len(self._suffix)} "
-                        f"tokens, more than the model's limit of {self.max_length}; shorten it "
-                        "or send truncate=true",
-                        param="input",
-                    )
+                    count = len(ids) + len(self._prefix) + len(self._suffix)
+                    raise too_long(index, str(count), self.max_length)
                 ids = ids[:room]
             full = [*self._prefix, *ids, *self._suffix]
             out.append(Encoded(full, [0] * len(full)))

@@ -149,6 +149,53 @@ def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     queue.admit(100)
 
 
+def test_throughput_is_tokens_over_seconds_of_saturated_batches() -> None:
+    """Batches on parallel streams finish close together: a mean of per-batch rates would read
+    the 1 ms gap as 100,000 tokens/s; the ratio of the sums does not."""
+    queue = BatchQueue(capacity=100, batch_tokens=10, max_batch_size=2)
+    assert queue.rate is None
+    queue.observe(tokens=100, seconds=1.0)
+    queue.observe(tokens=100, seconds=0.001)
+    assert 150 < queue.rate < 250
+    # A batch is saturated when the queue held more than it took.
+    queue.put(items(5, 5, 5))
+    first, second = queue.take(timeout=0), queue.take(timeout=0)
+    assert len(first) == 2 and first.saturated
+    assert len(second) == 1 and not second.saturated
+
+
+async def test_a_lone_small_batch_teaches_no_throughput() -> None:
+    """Warming up with four tokens in a few milliseconds is fixed cost, not a rate: taken as
+    one, the next burst would be refused as if it would wait for minutes."""
+    worker = make_worker(lambda payloads: payloads, max_batch_size=4)
+    try:
+        await worker.submit([1], [4])
+        assert worker.queue.rate is None
+        await worker.submit(list(range(12)), [4] * 12)  # three batches, two cut from a longer queue
+        assert worker.queue.rate is not None
+    finally:
+        worker.stop()
+
+
+def test_the_wait_estimate_learns_from_requests_served() -> None:
+    """Taking turns by length, a request is done only with its last input: if requests stay
+    queued twice as long as predicted, the estimate doubles (and short queues teach nothing)."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
+    queue.observe(tokens=100, seconds=1.0)
+    queue.put(items(100))
+    predicted = queue.admit(100)  # 1 s on the other, 1 s its own
+    queue.settle(100)
+    assert predicted == pytest.approx(2.0)
+    assert queue.estimated_wait_s(100) == pytest.approx(1.0)
+    for _ in range(50):
+        queue.calibrate(predicted, 4.0)
+        queue.calibrate(0.1, 10.0)  # too short to teach
+    assert queue.estimated_wait_s(100) == pytest.approx(2.0, rel=0.02)
+    queue.put(items(100))
+    with pytest.raises(QueueFullError, match="overloaded"):
+        queue.admit(100)  # 2 requests ahead: ~4 s now
+
+
 def test_cancelled_inputs_are_skipped() -> None:
     queue = BatchQueue(capacity=100, batch_tokens=1000, max_batch_size=8)
     waiting = items(5, 5, 5, 5, 5, 5)

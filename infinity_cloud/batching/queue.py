@@ -26,6 +26,14 @@ class WorkItem:
     cancelled: bool = False
 
 
+class Batch(list[WorkItem]):
+    """Inputs cut to run together. `saturated`: cut from a queue that held more than it took,
+    so the batch was as large as the limits allow, and its pace is the model's throughput
+    under load (a lone small batch is mostly fixed cost: 4 tokens in 6 ms is not a rate)."""
+
+    saturated = False
+
+
 class BatchQueue:
     """Bounded queue of requests' inputs whose `take` cuts the next batch.
 
@@ -70,7 +78,15 @@ class BatchQueue:
         # Requests admitted (`admit`) and still being tokenized: their estimated tokens.
         self._pending_tokens = 0
         self._pending_requests = 0
-        self._rate: float | None = None  # tokens per second, recent
+        # Recent saturated batches' tokens and seconds, each summed with decay: their ratio is
+        # the throughput. (A mean of per-batch rates is not: batches on parallel streams finish
+        # close together, and the near-zero gaps between them read as huge rates.)
+        self._done_tokens = 0.0
+        self._done_seconds = 0.0
+        # How much longer requests really stay queued than the plain estimate says (taking
+        # turns by length, a request is done only when its last input is; later arrivals
+        # take turns too), learned from requests served (`calibrate`).
+        self._slack = 1.0
         self._cond = threading.Condition()
         self._closed = False
 
@@ -83,33 +99,46 @@ class BatchQueue:
         return self._closed
 
     def observe(self, tokens: int, seconds: float) -> None:
-        """A finished batch: `tokens` (padded) in `seconds` of the model's time."""
-        if seconds <= 0 or tokens <= 0:
+        """A finished saturated batch: `tokens` in `seconds` of the model's time."""
+        if seconds < 0 or tokens <= 0:
             return
-        sample = tokens / seconds
         with self._cond:
-            self._rate = sample if self._rate is None else 0.8 * self._rate + 0.2 * sample
+            self._done_tokens = 0.9 * self._done_tokens + tokens
+            self._done_seconds = 0.9 * self._done_seconds + seconds
 
-    def estimated_wait_s(self, tokens: int = 0) -> float | None:
-        """How long a new request of `tokens` would wait on others; None before the first
-        batch has given a throughput. Requests take turns, so it waits for a share of each
-        waiting request's tokens like its own, never more than the whole queue (its own
-        work is not waiting: a lone large request is admitted)."""
-        rate = self._rate
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second under load, recently; None before a saturated batch finished."""
+        return self._done_tokens / self._done_seconds if self._done_seconds > 0 else None
+
+    def _plain_wait_s(self, tokens: int) -> float | None:
+        """Requests take turns, so a new one waits for a share of each waiting request's
+        tokens like its own, never more than the whole queue; None before a throughput."""
+        rate = self.rate
         if rate is None:
             return None
         queued = self._tokens + self._pending_tokens
         others = len(self._requests) + self._pending_requests
         return min(queued, others * tokens) / rate
 
-    def admit(self, tokens: int) -> None:
+    def estimated_wait_s(self, tokens: int = 0) -> float | None:
+        """How long a new request of `tokens` would wait on others (its own work is not
+        waiting: a lone large request is admitted), as calibrated; None before a throughput."""
+        plain = self._plain_wait_s(tokens)
+        return None if plain is None else plain * self._slack
+
+    def admit(self, tokens: int) -> float | None:
         """Before a request is tokenized: refuse it (429) when its estimated wait is past the
         deadline, else count its estimated `tokens` as coming, until `settle`. Deciding here,
-        not at `put`, keeps a flood of requests from waiting in the tokenizer pool unseen."""
+        not at `put`, keeps a flood of requests from waiting in the tokenizer pool unseen.
+
+        Returns the plain estimate of its time queued, its own share included, for
+        `calibrate` (None before a throughput is known)."""
         with self._cond:
             if self._closed:
                 raise ModelNotReadyError("the model is shutting down and takes no new inputs")
-            wait = self.estimated_wait_s(tokens)
+            plain = self._plain_wait_s(tokens)
+            wait = None if plain is None else plain * self._slack
             busy = self._depth or self._pending_requests
             if self.deadline_s is not None and wait is not None and wait > self.deadline_s and busy:
                 error = QueueFullError(
@@ -120,6 +149,16 @@ class BatchQueue:
                 raise error
             self._pending_tokens += tokens
             self._pending_requests += 1
+            rate = self.rate
+            return None if plain is None or rate is None else plain + tokens / rate
+
+    def calibrate(self, predicted_s: float, queued_s: float) -> None:
+        """A request `admit` predicted to stay `predicted_s` was served after `queued_s`. Only
+        queues long enough to matter teach: short ones are mostly fixed costs."""
+        if predicted_s < 0.5:
+            return
+        with self._cond:
+            self._slack = min(4.0, max(0.5, 0.9 * self._slack + 0.1 * queued_s / predicted_s))
 
     def settle(self, tokens: int) -> None:
         """An admitted request is queued (or failed before): it is no longer coming."""
@@ -175,7 +214,7 @@ class BatchQueue:
         self._depth -= 1
         self._tokens -= item.length
 
-    def take(self, timeout: float | None = None) -> list[WorkItem] | None:
+    def take(self, timeout: float | None = None) -> Batch | None:
         """Block until a batch can be cut; None once closed and empty (or on timeout)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -222,7 +261,7 @@ class BatchQueue:
                     more = True
         return window, cursors
 
-    def _cut(self) -> list[WorkItem]:
+    def _cut(self) -> Batch:
         window, reached = self._gather()
         order = sorted(range(len(window)), key=lambda i: window[i].length)
         anchor = order.index(0)  # window[0] is the head request's oldest input
@@ -247,7 +286,7 @@ class BatchQueue:
             else:
                 hi += 1
             count += 1
-        batch = [window[i] for i in sorted(order[lo : hi + 1])]
+        batch = Batch(window[i] for i in sorted(order[lo : hi + 1]))
         taken = {id(item) for item in batch}
         # What was taken (or cancelled) leaves its request; only the part the window reached
         # is looked at, so a cut costs the window, not the whole queue.
@@ -259,4 +298,5 @@ class BatchQueue:
             request.extendleft(reversed([i for i in front if id(i) not in taken and not i.cancelled]))
         self._requests.rotate(-1)  # the next batch is anchored on the next request
         self._requests = deque(request for request in self._requests if request)
+        batch.saturated = any(not item.cancelled for request in self._requests for item in request)
         return batch

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infinity_cloud.batching.queue import BatchQueue, WorkItem
+from infinity_cloud.batching.queue import Batch, BatchQueue, WorkItem
 from infinity_cloud.errors import BatchFailedError, ModelNotReadyError
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,13 @@ class BatchWorker:
             self._observe_throughput(items, started)
             _on_loops(items, _resolve, results)
 
-    def _observe_throughput(self, items: list[WorkItem], started: float) -> None:
-        """Tell the queue how fast the model clears tokens: per batch, the wall time since the
-        later of its start and the previous batch's end (batches overlap when busy)."""
+    def _observe_throughput(self, items: Batch, started: float) -> None:
+        """Tell the queue how fast the model clears tokens under load: per saturated batch, the
+        wall time since the later of its start and the previous batch's end (batches overlap
+        when busy)."""
         now = time.perf_counter()
-        self.queue.observe(sum(item.length for item in items), now - max(started, self._last_finish))
+        if items.saturated:
+            self.queue.observe(sum(item.length for item in items), now - max(started, self._last_finish))
         self._last_finish = now
 
     def _report(self, items: list[WorkItem], started: float, failed: bool) -> None:
