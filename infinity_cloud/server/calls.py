@@ -33,14 +33,21 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # this request was cancelled (server shutdown, a cancelling server)
-        task.cancel()
+        await _cancelled(task)
         raise
     finally:
         watcher.cancel()
     if task in done:
         return task.result()
-    task.cancel()
+    await _cancelled(task)
     raise ClientDisconnected()
+
+
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancel the work and wait until it has handled that: its inputs still queued are then
+    marked dropped before the batcher can cut them into a batch."""
+    task.cancel()
+    await asyncio.wait({task})
 
 
 async def answer(
