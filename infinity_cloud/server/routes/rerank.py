@@ -9,7 +9,13 @@ from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.results import RerankResult
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import error_response, error_responses, in_tei_shape
+from infinity_cloud.server.errors import (
+    ErrorBody,
+    TeiErrorBody,
+    error_response,
+    error_responses,
+    in_tei_shape,
+)
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import RerankRequest
 from infinity_cloud.server.responses import rerank_body
@@ -39,7 +45,11 @@ async def rerank(body: RerankRequest, request: Request, style: Style) -> Respons
     return json_response(rerank_body(result, documents, shape, body.return_documents))
 
 
-@router.post("/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)")
+@router.post(
+    "/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)",
+    # TEI's dialect is told by the parsed body, so a 422 is ours; the route's errors are either.
+    responses=error_responses(ErrorBody | TeiErrorBody, validation=ErrorBody),
+)
 async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
     if body.tei:
         return await rerank_tei(body, request)
