@@ -45,10 +45,14 @@ async def rerank(body: RerankRequest, request: Request, style: Style) -> Respons
     return json_response(rerank_body(result, documents, shape, body.return_documents))
 
 
+# /rerank's errors (and those of any route that hands it a body): in TEI's shape for TEI's
+# dialect, which the parsed body tells, so a 422 is in ours.
+TEI_TOO = error_responses(ErrorBody | TeiErrorBody, validation=ErrorBody)
+
+
 @router.post(
     "/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)",
-    # TEI's dialect is told by the parsed body, so a 422 is ours; the route's errors are either.
-    responses=error_responses(ErrorBody | TeiErrorBody, validation=ErrorBody),
+    responses=TEI_TOO,
 )
 async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
     if body.tei:
