@@ -66,6 +66,12 @@ def check_token_ids(inputs: Sequence[Sequence[int]], limits: LimitsSpec) -> None
             raise InvalidInputError(f"'input' item {index} is an empty list of token ids", param="input")
 
 
+def check_no_token_ids(inputs: Sequence[Any], what: str) -> None:
+    """For a capability that reads text only (`what`: "sparse embeddings"): token ids are a 400."""
+    if is_token_ids(inputs):
+        raise InvalidInputError(f"{what} take text, not token ids", param="input")
+
+
 def check_dimensions(dimensions: int | None, width: int | None) -> None:
     if dimensions is None or dimensions == 0:
         return

@@ -338,6 +338,26 @@ async def test_docs_and_openapi(client):
     } <= paths
 
 
+async def test_openapi_states_the_limits_the_server_enforces(tiny_embedder):
+    """Each limit in the document is the running server's, and breaking it is answered with
+    the contract's status (400, 413), not the 422 pydantic would give."""
+    limits = {"max_inputs_per_request": 300, "max_chars_per_text": 50, "max_media_per_request": 8}
+    async with serve_in_process(spec_of(fake(tiny_embedder, "emb"), limits=limits)) as c:
+        document = await ok(c, "GET", "/openapi.json")
+        schemas = document["components"]["schemas"]
+        one, many = schemas["ClassifyRequest"]["properties"]["input"]["anyOf"]
+        assert one == {"type": "string", "minLength": 1, "maxLength": 50}
+        assert (many["minItems"], many["maxItems"], many["items"]) == (1, 300, one)
+        images = schemas["CohereEmbedRequest"]["properties"]["images"]["anyOf"][0]
+        assert images["maxItems"] == 8  # the smaller of the media and the inputs limits
+        top_n = schemas["RerankRequest"]["properties"]["top_n"]["anyOf"][0]
+        assert top_n["minimum"] == 0
+        assert "x-limits" not in json.dumps(document)
+        for inputs, status in [("", 400), ([], 400), (["x"] * 301, 413), ("x" * 51, 413), ("x" * 50, 200)]:
+            response = await c.post("/embed", json={"inputs": inputs})  # TEI's inputs: the same schema
+            assert response.status_code == status, (inputs, response.text)
+
+
 # -- SageMaker /invocations --------------------------------------------------------------
 
 SAGEMAKER = "X-Amzn-SageMaker-Custom-Attributes"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import serve_in_process, spec_of
+from conftest import fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.tasks.scores import maxsim
@@ -168,6 +168,15 @@ async def test_colbert_matches_sentence_transformers(
     scores = maxsim(want[0], want[2:])
     assert [r.index for r in ranked.results] == list(np.argsort(-scores))
     np.testing.assert_allclose([r.score for r in ranked.results], np.sort(scores)[::-1], rtol=1e-5)
+
+
+async def test_colbert_refuses_token_ids(build_model: Callable[..., Path]) -> None:
+    """Its query and document prompts are text, so token ids are a 400 (they were a 500)."""
+    path = build_model("colbert", strategy="fixed", attend=False)
+    async with serve_in_process(spec_of(fake(path, "colbert"))) as client:
+        for ids in ([[5, 6, 7]], [5, 6]):
+            response = await client.post("/embeddings", json={"input": ids})
+            assert response.status_code == 400 and "not token ids" in response.text, response.text
 
 
 async def test_colbert_roles_over_http(build_model: Callable[..., Path]) -> None:

@@ -22,6 +22,7 @@ from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
+from infinity_cloud.server.openapi import with_limits
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.request_id import RequestId
 from infinity_cloud.server.routes import (
@@ -95,6 +96,7 @@ def create_app(
         openapi_url=f"{prefix}/openapi.json",
         exception_handlers={**EXCEPTION_HANDLERS, ClientDisconnected: _client_gone},
     )
+    app.openapi = with_limits(app, spec.server.limits)  # type: ignore[method-assign]
     app.state.engine = engine
     app.state.spec = spec
     app.state.metrics = metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -59,9 +60,24 @@ _STATUSES = {
 }
 
 
-def error_responses(body: type[BaseModel] = ErrorBody) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI `responses` of a route: every error status it can answer, with its shape."""
-    return {status: {"model": body, "description": text} for status, text in _STATUSES.items()}
+def error_responses(
+    shape: Any = ErrorBody, *, validation: Any = None, statuses: Collection[int] = tuple(_STATUSES)
+) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route: each error status of `statuses` with the shape it is
+    answered in: `shape` (a model or a union) for the route's own errors, `validation` (default
+    `shape`) for its 422s. A missing key (ApiKeyGate) and a slow client (the protocol's read
+    deadlines) are answered before any route runs, so in our shape on every route; a body over
+    the limit by its Content-Length (BodyLimit) and a bug (CatchBugs) too, besides the route's
+    own 413s and 500s."""
+
+    def model(status: int) -> Any:
+        if status in (401, 408):
+            return ErrorBody
+        if status in (413, 500):
+            return ErrorBody | shape
+        return validation if status == 422 and validation is not None else shape
+
+    return {status: {"model": model(status), "description": _STATUSES[status]} for status in statuses}
 
 
 # class -> (status, type); the first match in MRO order wins.

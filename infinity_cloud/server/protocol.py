@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+from infinity_cloud.server.openapi import Checked, Limit
+from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
+
 # TEI's truncation side (only "right" is served; "left" is refused, not ignored).
 Direction = Literal["right", "left", "Right", "Left"]
+
+# What validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).
+# A text: not empty (400), not longer than the limit (413).
+Text = Annotated[StrictStr, Checked(minLength=1, maxLength=Limit("max_chars_per_text"))]
+# A string that may be a text or a media URL (modality image or audio): not empty; its length
+# is checked only when it is a text.
+Item = Annotated[StrictStr, Checked(minLength=1)]
+# Inputs of one request: at least one (400), no more than the limit (413).
+_INPUTS = Checked(minItems=1, maxItems=Limit("max_inputs_per_request"))
+Texts = Annotated[list[Text], _INPUTS]
+Items = Annotated[list[Item], _INPUTS]
+# A token id outside the vocabulary is a 400; a negative one always is.
+TokenId = Annotated[StrictInt, Checked(minimum=0)]
+TokenIdList = Annotated[list[TokenId], Checked(minItems=1)]
+# dimensions, top_n: 0 means all; a negative one is a 400.
+NonNegative = Annotated[StrictInt, Checked(minimum=0)]
+
+
+def _one_list_of(*fields: str) -> dict[str, Any]:
+    """A model's JSON-schema rule for its validator: exactly one of `fields` is a list (null
+    is the same as absent)."""
+    return {"oneOf": [{"required": [field], "properties": {field: {"type": "array"}}} for field in fields]}
 
 
 class _Request(BaseModel):
@@ -26,13 +51,14 @@ class _Request(BaseModel):
 
 
 class EmbeddingRequest(_Request):
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
-        ..., description="a text, a list of texts, a list of token ids, or a list of such lists"
+    input: Item | Items | TokenIdList | Annotated[list[TokenIdList], _INPUTS] = Field(
+        ..., description="a text, a list of texts, a list of token ids, or a list of such lists; with "
+        "modality image or audio, URLs or data URIs (fewer per request: the server's media limit)"
     )
     encoding_format: Literal["float", "base64", "sparse"] = Field(
         "float", description="sparse: {indices, values} per input, for SPLADE models"
     )
-    dimensions: StrictInt | None = Field(None, description="Matryoshka truncation; 0 = full")
+    dimensions: NonNegative | None = Field(None, description="Matryoshka truncation; 0 = full")
     modality: Literal["text", "image", "audio"] = "text"
     embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] | None = Field(
         None, description="quantised output for this request; default: the model's --embedding-dtype"
@@ -53,18 +79,20 @@ class EmbeddingRequest(_Request):
 
 class TextDocument(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    text: StrictStr
+    text: Item
 
 
 class RerankRequest(_Request):
     """Every dialect's rerank: Infinity, Jina and Cohere send `documents`, TEI `texts`, Voyage
     `top_k` and `truncation`; TEI and Voyage are answered in their own shapes."""
 
-    query: StrictStr
-    documents: list[StrictStr | TextDocument] | None = None
-    texts: list[StrictStr] | None = Field(None, description="TEI's name for the documents")
-    top_n: StrictInt | None = Field(None, description="how many results; absent or 0 = all")
-    top_k: StrictInt | None = Field(None, description="Voyage's name for top_n")
+    model_config = ConfigDict(json_schema_extra=_one_list_of("documents", "texts"))
+
+    query: Text
+    documents: Annotated[list[Item | TextDocument], _INPUTS] | None = None
+    texts: Items | None = Field(None, description="TEI's name for the documents")
+    top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all")
+    top_k: NonNegative | None = Field(None, description="Voyage's name for top_n")
     return_documents: bool = False
     return_text: bool = Field(False, description="TEI's return_documents")
     raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
@@ -105,7 +133,7 @@ class RerankRequest(_Request):
 
 
 class ClassifyRequest(_Request):
-    input: StrictStr | list[StrictStr]
+    input: Text | Texts
     raw_scores: bool = Field(False, description="logits instead of softmax scores")
     truncate: bool = True
 
@@ -116,16 +144,20 @@ class ClassifyRequest(_Request):
 class CohereEmbedRequest(_Request):
     """Cohere's embed (v1 and v2): texts, and how they will be used."""
 
-    texts: list[StrictStr] | None = Field(None, description="the texts to embed (or images)")
+    model_config = ConfigDict(json_schema_extra=_one_list_of("texts", "images"))
+
+    texts: Texts | None = Field(None, description="the texts to embed (or images)")
     input_type: (
         Literal["search_document", "search_query", "classification", "clustering", "image"] | None
     ) = Field(None, description="mapped to the model's matching prompt when it declares one")
-    embedding_types: list[StrictStr] | None = Field(
+    embedding_types: list[Annotated[StrictStr, Checked(enum=list(EMBEDDING_TYPES))]] | None = Field(
         None, description="float, int8, uint8 (calibrated per model, offline), binary, ubinary"
     )
     truncate: Literal["NONE", "START", "END"] = Field("END", description="NONE: too long is a 400")
-    output_dimension: StrictInt | None = Field(None, description="Matryoshka truncation")
-    images: list[StrictStr] | None = Field(None, description="data URIs, for a model that embeds images")
+    output_dimension: NonNegative | None = Field(None, description="Matryoshka truncation")
+    images: Annotated[
+        list[Item], Checked(minItems=1, maxItems=Limit("max_inputs_per_request", "max_media_per_request"))
+    ] | None = Field(None, description="data URIs, for a model that embeds images")
 
     @model_validator(mode="after")
     def _texts_or_images(self) -> CohereEmbedRequest:
@@ -138,7 +170,7 @@ class CohereEmbedRequest(_Request):
 
 
 class _TeiInputs(_Request):
-    inputs: StrictStr | list[StrictStr]
+    inputs: Text | Texts
 
     def texts(self) -> list[str]:
         return [self.inputs] if isinstance(self.inputs, str) else self.inputs
@@ -152,7 +184,7 @@ class _TeiTruncation(_TeiInputs):
 class TeiEmbedRequest(_TeiTruncation):
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
-    dimensions: StrictInt | None = None
+    dimensions: NonNegative | None = None
 
 
 class TeiEmbedSparseRequest(_TeiTruncation):
@@ -175,5 +207,5 @@ class TeiTokenizeRequest(_TeiInputs):
 
 
 class TeiDecodeRequest(_Request):
-    ids: list[StrictInt] | list[list[StrictInt]]
+    ids: list[TokenId] | list[list[TokenId]]
     skip_special_tokens: bool = True

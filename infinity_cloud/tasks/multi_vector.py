@@ -18,7 +18,7 @@ from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, re
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head, token_head
 from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import check_media, check_texts
+from infinity_cloud.validation import check_media, check_no_token_ids, check_texts
 
 if TYPE_CHECKING:
     from infinity_cloud.served_model import ServedModel
@@ -59,6 +59,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
     def check(self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec) -> None:
         require_tower(served, self.capability, call.modality)
         if call.modality == "text":
+            check_no_token_ids(call.inputs, "multi-vector embeddings")  # the [Q]/[D] prompts are text
             check_texts(call.inputs, limits)
         else:
             check_media(call.inputs, limits)

@@ -11,14 +11,14 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import Head, passthrough_head
 from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import check_texts, is_token_ids
+from infinity_cloud.validation import check_no_token_ids, check_texts
 
 if TYPE_CHECKING:
     from infinity_cloud.served_model import ServedModel
@@ -51,8 +51,7 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
                 param="model",
             )
         super().check(call, served, limits)
-        if is_token_ids(call.inputs):
-            raise InvalidInputError("sparse embeddings take text, not token ids", param="input")
+        check_no_token_ids(call.inputs, "sparse embeddings")
         check_texts(call.inputs, limits)
 
     def cost(self, call: SparseCall, served: ServedModel) -> Cost:

@@ -12,14 +12,14 @@ from starlette.responses import Response
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
 from infinity_cloud.server.routes.classify import classify
 from infinity_cloud.server.routes.embeddings import embeddings
-from infinity_cloud.server.routes.rerank import rerank_infinity
+from infinity_cloud.server.routes.rerank import TEI_TOO, rerank_infinity
 
-router = APIRouter(tags=["sagemaker"], route_class=JsonRoute, responses=error_responses())
+# A TEI rerank body is answered as /rerank answers it.
+router = APIRouter(tags=["sagemaker"], route_class=JsonRoute, responses=TEI_TOO)
 
 _ROUTES: dict[str, tuple[type[BaseModel], Any]] = {
     "embeddings": (EmbeddingRequest, embeddings),
@@ -55,7 +55,21 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
     return _BY_CAPABILITY.get(model.capability, "embeddings")
 
 
-@router.post("/invocations", summary="SageMaker entry point: embeddings, rerank or classify")
+# The body is read here, not by FastAPI, so the document is told what it may be.
+_OPENAPI = {
+    "parameters": [{
+        "name": "X-Amzn-SageMaker-Custom-Attributes", "in": "header", "required": False,
+        "schema": {"type": "string"}, "description": f"route=<{'|'.join(_ROUTES)}>; else the body tells",
+    }],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+        {"$ref": f"#/components/schemas/{schema.__name__}"} for schema, _ in _ROUTES.values()
+    ]}}}},
+}
+
+
+@router.post(
+    "/invocations", summary="SageMaker entry point: embeddings, rerank or classify", openapi_extra=_OPENAPI
+)
 async def invocations(request: Request) -> Response:
     try:
         data = orjson.loads(await request.body())

@@ -9,7 +9,13 @@ from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.results import RerankResult
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import error_response, error_responses, in_tei_shape
+from infinity_cloud.server.errors import (
+    ErrorBody,
+    TeiErrorBody,
+    error_response,
+    error_responses,
+    in_tei_shape,
+)
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import RerankRequest
 from infinity_cloud.server.responses import rerank_body
@@ -39,7 +45,15 @@ async def rerank(body: RerankRequest, request: Request, style: Style) -> Respons
     return json_response(rerank_body(result, documents, shape, body.return_documents))
 
 
-@router.post("/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)")
+# /rerank's errors (and those of any route that hands it a body): in TEI's shape for TEI's
+# dialect, which the parsed body tells, so a 422 is in ours.
+TEI_TOO = error_responses(ErrorBody | TeiErrorBody, validation=ErrorBody)
+
+
+@router.post(
+    "/rerank", summary="Rerank documents for a query (Infinity's shape; TEI's with `texts`)",
+    responses=TEI_TOO,
+)
 async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
     if body.tei:
         return await rerank_tei(body, request)

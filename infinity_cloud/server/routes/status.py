@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
 from infinity_cloud.server.encoding import json_response
@@ -13,8 +13,13 @@ from infinity_cloud.server.errors import error_body, error_responses
 from infinity_cloud.server.parsing import JsonRoute
 
 models_router = APIRouter(tags=["models"], route_class=JsonRoute, responses=error_responses())
-health_router = APIRouter(tags=["health"], route_class=JsonRoute)
-metrics_router = APIRouter(tags=["metrics"], route_class=JsonRoute)
+# Open to all, so no 401; a 503 while a model is not ready.
+health_router = APIRouter(
+    tags=["health"], route_class=JsonRoute, responses=error_responses(statuses=(408, 500, 503))
+)
+metrics_router = APIRouter(
+    tags=["metrics"], route_class=JsonRoute, responses=error_responses(statuses=(401, 408, 500))
+)
 
 
 def _model_entries(request: Request) -> list[dict[str, Any]]:
@@ -66,7 +71,8 @@ async def ping(request: Request) -> Response:
 
 
 @metrics_router.get(
-    "/metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+    # A bare Response class: FastAPI gives the error responses its media type, which is JSON.
+    "/metrics", summary="Prometheus metrics", response_class=Response,
     responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}},
 )
 async def metrics(request: Request) -> Response:

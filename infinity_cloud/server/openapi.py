@@ -1,0 +1,73 @@
+"""The OpenAPI document states the checks `validation.py` makes after parsing (an empty text, too
+many inputs): the wire schemas carry them as JSON-schema keywords pydantic does not enforce, so
+a broken rule still answers the 400 or 413 the contract names, not pydantic's 422. A keyword
+whose value is one of the server's limits names the `LimitsSpec` field, and the app fills in
+the value of its own limits when it builds the document."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from infinity_cloud.config import LimitsSpec
+
+# Where a schema keeps the limits to fill in: {keyword: [LimitsSpec field, ...]}.
+_LIMITS = "x-limits"
+
+
+class Limit:
+    """A server limit as a keyword's value: the smallest of these `LimitsSpec` fields."""
+
+    def __init__(self, *names: str) -> None:
+        unknown = [name for name in names if name not in LimitsSpec.model_fields]
+        if unknown or not names:
+            raise ValueError(f"not LimitsSpec fields: {unknown or names}")
+        self.names = names
+
+
+class Checked:
+    """`Annotated` metadata: JSON-schema keywords (minLength=1, maxItems=Limit(...)) for a rule
+    validation.py checks; the schema states them, pydantic's validation ignores them."""
+
+    def __init__(self, **keywords: Any) -> None:
+        self.keywords = keywords
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        for keyword, value in self.keywords.items():
+            if isinstance(value, Limit):
+                schema.setdefault(_LIMITS, {})[keyword] = list(value.names)
+            else:
+                schema[keyword] = value
+        return schema
+
+
+def fill_limits(node: Any, limits: LimitsSpec) -> None:
+    """Replace, in place, each schema's named limits with their values in `limits`."""
+    if isinstance(node, dict):
+        for keyword, names in node.pop(_LIMITS, {}).items():
+            node[keyword] = min(getattr(limits, name) for name in names)
+        for value in node.values():
+            fill_limits(value, limits)
+    elif isinstance(node, list):
+        for value in node:
+            fill_limits(value, limits)
+
+
+def with_limits(app: FastAPI, limits: LimitsSpec) -> Callable[[], dict[str, Any]]:
+    """`app.openapi`, its document stating `limits`: built once, as FastAPI's is."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            fill_limits(build(), limits)  # build() keeps the document in app.openapi_schema
+        return app.openapi_schema  # type: ignore[return-value]
+
+    return openapi
