@@ -88,6 +88,7 @@ class Engine:
         for model in self.models.values():
             if model.state == "loading":
                 model.load()
+                self.memory.set_aside(model.working_set_bytes)
 
     @classmethod
     def loaded(cls, spec: DeploymentSpec) -> Engine:

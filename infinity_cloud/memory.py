@@ -1,7 +1,8 @@
 """The process's memory budget: how much the work admitted may take, and giving freed memory back.
 
-A request is admitted when the process's resident memory now, plus what the requests already
-admitted are estimated to hold, plus its own estimate, fits the budget; otherwise it is
+A request is admitted when the process's resident memory now, plus the loaded models' full
+batches' working sets (`set_aside`), plus what the requests already admitted are estimated
+to hold, plus its own estimate, fits the budget; otherwise it is
 answered at once: 429 while others hold memory (it would fit later), 413 when it could not
 fit even alone. Counting resident memory as well as the estimates counts a request's memory
 twice once it is allocated: the error is on the safe side, and it also catches what no
@@ -101,6 +102,10 @@ class MemoryBudget:
         self._lock = threading.Lock()
         self._held = 0
         self._holders = 0
+        self._aside = 0  # the models' full-batch working sets (`set_aside`)
+        # Resident memory when last idle (loaded, or just trimmed): what a request must fit
+        # beside to fit at all. Resident memory now may hold other requests' bodies.
+        self._idle_resident = resident()
         self._idle = threading.Event()
         self._trimmer: threading.Thread | None = None
 
@@ -116,6 +121,20 @@ class MemoryBudget:
     def held_bytes(self) -> int:
         return self._held
 
+    def set_aside(self, working_set: int) -> None:
+        """Keep `working_set` bytes for a loaded model's batches (not resident between them:
+        the heap is trimmed when idle); warns when the budget cannot hold it beside what the
+        process already takes."""
+        self._aside += working_set
+        self._idle_resident = self._resident()
+        if self.limit_bytes is not None and self._resident() + self._aside > self.limit_bytes:
+            log.warning(
+                "the memory budget (%d MB) is less than the models take (%d MB) plus their full "
+                "batches' working sets (%d MB): requests will be refused; raise --memory-budget-mb "
+                "or lower --batch-tokens",
+                self.limit_bytes // MB, self._resident() // MB, self._aside // MB,
+            )
+
     @contextmanager
     def reserved(self, need: int) -> Iterator[None]:
         """Hold `need` bytes of the budget for the block, or refuse (429/413) at once."""
@@ -128,7 +147,7 @@ class MemoryBudget:
     def _reserve(self, need: int) -> None:
         with self._lock:
             if self.limit_bytes is not None:
-                resident = self._resident()
+                resident = self._resident() + self._aside
                 if resident + self._held + need > self.limit_bytes:
                     raise self._refusal(need, resident)
             self._held += need
@@ -136,11 +155,12 @@ class MemoryBudget:
 
     def _refusal(self, need: int, resident: int) -> Exception:
         assert self.limit_bytes is not None
-        if self._holders == 0:  # nothing else holds memory: it would not fit later either
+        idle = self._idle_resident + self._aside
+        if idle + need > self.limit_bytes:  # it would not fit on an idle server either
             return PayloadTooLargeError(
                 f"this request would take about {math.ceil(need / MB)} MB, and the server has "
-                f"{max(0, self.limit_bytes - resident) // MB} MB of its {self.limit_bytes // MB} MB "
-                "memory budget free; send fewer or shorter inputs"
+                f"{max(0, self.limit_bytes - idle) // MB} MB of its {self.limit_bytes // MB} MB "
+                "memory budget free when idle; send fewer or shorter inputs"
             )
         error = QueueFullError(
             f"the server's memory budget ({self.limit_bytes // MB} MB) is taken by requests in "
@@ -170,4 +190,6 @@ class MemoryBudget:
             self._idle.clear()
             started = time.perf_counter()
             self._trim()
+            if not self._holders:
+                self._idle_resident = self._resident()
             time.sleep(max(0.0, self._trim_every_s - (time.perf_counter() - started)))

@@ -551,6 +551,8 @@ async def test_memory_budget_sheds_what_would_not_fit(tiny_embedder):
     engine.memory = MemoryBudget(100 * MB, resident=lambda: 40 * MB, trim=lambda: trims.append(1))
     long_text = ("a fairly ordinary sentence of words " * 223)[:8000]
     async with serve_in_process(engine) as c:
+        # Beside the resident 40 MB, the model's full batches are set aside: 60 MB for requests.
+        engine.memory.limit_bytes = 100 * MB + engine.models["emb"].working_set_bytes
         response = await c.post("/embeddings", json={"input": [long_text] * 2000})  # ~16 MB
         assert_error(response, 413, None, "would take about", "MB", "memory budget")
         # ~16 MB each by the estimate: three fit beside the 40 MB resident, not all six.

@@ -81,3 +81,26 @@ def test_trimming_gives_the_tokenizers_freed_memory_back(minilm_dir: Path) -> No
     assert grown > 50 * MB, "the test did not allocate enough to see"
     assert give_back_freed_memory() is True
     assert resident_bytes() - before < grown / 3
+
+
+def test_a_models_full_batches_are_set_aside(caplog) -> None:
+    budget = MemoryBudget(100 * MB, resident=lambda: 50 * MB, trim=lambda: None)
+    budget.set_aside(30 * MB)
+    with pytest.raises(PayloadTooLargeError, match="20 MB of its 100 MB"):
+        budget._reserve(25 * MB)
+    with budget.reserved(20 * MB):
+        pass
+    budget.set_aside(30 * MB)  # a second model: more than the budget holds, said loudly
+    assert "less than the models take (50 MB) plus their full batches' working sets (60 MB)" in caplog.text
+
+
+def test_memory_taken_for_a_while_is_429_not_413() -> None:
+    """Resident memory above the idle level (other requests' bodies being read, a heap not yet
+    trimmed) passes: a request that fits an idle server is told to retry, not to shrink."""
+    resident = {"now": 50 * MB}
+    budget = MemoryBudget(100 * MB, resident=lambda: resident["now"], trim=lambda: None)
+    resident["now"] = 90 * MB
+    with pytest.raises(QueueFullError):
+        budget._reserve(30 * MB)
+    with pytest.raises(PayloadTooLargeError, match="50 MB of its 100 MB memory budget free when idle"):
+        budget._reserve(60 * MB)
