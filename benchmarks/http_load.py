@@ -87,6 +87,7 @@ class LoadRun:
     texts: int = 0
     tokens: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    shed: int = 0  # answered 429 (overloaded): the client waited Retry-After and went on
 
     def __add__(self, other: LoadRun) -> LoadRun:
         return LoadRun(
@@ -94,6 +95,7 @@ class LoadRun:
             self.texts + other.texts,
             self.tokens + other.tokens,
             self.latencies_s + other.latencies_s,
+            self.shed + other.shed,
         )
 
     def summary(self) -> dict[str, float]:
@@ -104,6 +106,7 @@ class LoadRun:
             "p50_ms": round(1000 * statistics.median(latencies), 1),
             "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
             "requests": len(latencies),
+            "shed_429": self.shed,
             "elapsed_s": round(self.elapsed_s, 2),
         }
 
@@ -127,6 +130,10 @@ async def load(
                 batch = next(cycle)
                 started = time.perf_counter()
                 response = await c.post("/embeddings", json={"input": batch.texts, "model": model})
+                if response.status_code == 429:  # a server that sheds load (ours, past --deadline-s)
+                    run.shed += 1
+                    await asyncio.sleep(float(response.headers.get("retry-after", 1)))
+                    continue
                 response.raise_for_status()
                 run.latencies_s.append(time.perf_counter() - started)
                 run.texts += len(batch.texts)

@@ -121,6 +121,13 @@ class MemoryBudget:
     def held_bytes(self) -> int:
         return self._held
 
+    def room_for_batches(self) -> int:
+        """What a loaded model's full batches may take: half of what the budget has left, the
+        other half for the requests."""
+        if self.limit_bytes is None:
+            return 1 << 62
+        return max(0, self.limit_bytes - self._resident() - self._aside) // 2
+
     def set_aside(self, working_set: int) -> None:
         """Keep `working_set` bytes for a loaded model's batches (not resident between them:
         the heap is trimmed when idle); warns when the budget cannot hold it beside what the

@@ -189,11 +189,30 @@ class ServedModel:
         16 MB request of 256-token texts was measured to take 250 MB with the request itself."""
         if self._loaded is None:
             return 0
+        per_token = self._bytes_per_batch_token()
+        return sum(per_token * tower.worker.queue.batch_tokens for tower in self._loaded.towers.values())
+
+    def _bytes_per_batch_token(self) -> int:
+        assert self._loaded is not None
         info, length = self._loaded.info, self._loaded.tokenizer.max_length
         heads = int(info.raw.get("num_attention_heads") or max(1, info.hidden_size // 64))
-        return sum(
-            4 * tower.worker.queue.batch_tokens * (heads * length + 8 * info.hidden_size)
-            for tower in self._loaded.towers.values()
+        return 4 * (heads * length + 8 * info.hidden_size)
+
+    def fit_batches(self, room: int) -> None:
+        """Shrink the towers' token budgets until their full batches fit `room` bytes: a long
+        model (8,192 tokens, 16 heads) would take 9 GB at the default budget, more than a
+        Lambda function has."""
+        if self._loaded is None or self.working_set_bytes <= room:
+            return
+        towers = self._loaded.towers.values()
+        tokens = max(64, room // len(towers) // self._bytes_per_batch_token())
+        before = next(iter(towers)).worker.queue.batch_tokens
+        for tower in towers:
+            tower.worker.queue.batch_tokens = min(tower.worker.queue.batch_tokens, tokens)
+        log.warning(
+            "model %s: batches cut to %d tokens (from %d) so their working set fits the memory budget; "
+            "a longer input still runs alone, and may not fit: lower --max-length or raise "
+            "--memory-budget-mb", self.name, tokens, before,
         )
 
     def stop(self) -> None:

@@ -104,3 +104,22 @@ def test_memory_taken_for_a_while_is_429_not_413() -> None:
         budget._reserve(30 * MB)
     with pytest.raises(PayloadTooLargeError, match="50 MB of its 100 MB memory budget free when idle"):
         budget._reserve(60 * MB)
+
+
+async def test_batches_are_cut_smaller_to_fit_a_small_budget(tiny_embedder, caplog) -> None:
+    """A model whose full batches would not fit beside what the process holds gets smaller
+    batches (said loudly), and still answers."""
+    from conftest import fake, spec_of
+
+    from infinity_cloud.engine import Engine
+
+    roomy = Engine(spec_of(fake(tiny_embedder, "emb")))
+    budget = {"memory_budget_mb": resident_bytes() // MB + 40}
+    tight = Engine(spec_of(fake(tiny_embedder, "emb"), limits=budget))
+    async with roomy, tight:
+        full = roomy.models["emb"].working_set_bytes
+        assert full > 20 * MB  # 16,384 tokens at 128, two heads: 33 MB
+        assert tight.models["emb"].working_set_bytes <= 20 * MB
+        assert "batches cut to" in caplog.text and "--memory-budget-mb" in caplog.text
+        result = await tight.embed(["still answers"] * 3)
+        assert result.embeddings.shape[0] == 3
