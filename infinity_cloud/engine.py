@@ -88,6 +88,7 @@ class Engine:
         for model in self.models.values():
             if model.state == "loading":
                 model.load()
+                self.memory.trim()
                 model.fit_batches(self.memory.room_for_batches())
                 self.memory.set_aside(model.working_set_bytes)
 

@@ -128,6 +128,14 @@ class MemoryBudget:
             return 1 << 62
         return max(0, self.limit_bytes - self._resident() - self._aside) // 2
 
+    def trim(self) -> None:
+        """Give freed memory back now (after loading: exports and precision checks leave
+        hundreds of MB freed but resident)."""
+        self._trim()
+        with self._lock:
+            if not self._holders:
+                self._idle_resident = self._resident()
+
     def set_aside(self, working_set: int) -> None:
         """Keep `working_set` bytes for a loaded model's batches (not resident between them:
         the heap is trimmed when idle); warns when the budget cannot hold it beside what the

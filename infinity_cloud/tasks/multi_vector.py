@@ -65,7 +65,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
             check_media(call.inputs, limits)
 
     def cost(self, call: MultiVectorCall, served: ServedModel) -> Cost:
-        cost = inputs_cost(call.inputs, call.modality, served)  # a vector per token or patch:
+        cost = inputs_cost(call.inputs, call.modality, served)  # answered: a vector per token or patch
         return cost.answering(cost.tokens * (served.loaded.info.dimensions or 0))
 
     def media(self, call: MultiVectorCall) -> Sequence[str]:
