@@ -119,7 +119,8 @@ async def test_batches_are_cut_smaller_to_fit_a_small_budget(tiny_embedder, capl
     async with roomy, tight:
         full = roomy.models["emb"].working_set_bytes
         assert full > 20 * MB  # 16,384 tokens at 128, two heads: 33 MB
-        assert tight.models["emb"].working_set_bytes <= 20 * MB
+        # 40 MB over what the process held: about half of it for batches.
+        assert tight.models["emb"].working_set_bytes < 0.75 * full
         assert "batches cut to" in caplog.text and "--memory-budget-mb" in caplog.text
         result = await tight.embed(["still answers"] * 3)
         assert result.embeddings.shape[0] == 3
