@@ -161,14 +161,13 @@ class MemoryBudget:
 
     def _reserve(self, need: int) -> None:
         with self._lock:
-            if self.limit_bytes is not None:
-                resident = self._resident() + self._aside
-                if resident + self._held + need > self.limit_bytes:
-                    raise self._refusal(need, resident)
+            limit = self.limit_bytes
+            if limit is not None and self._resident() + self._aside + self._held + need > limit:
+                raise self._refusal(need)
             self._held += need
             self._holders += 1
 
-    def _refusal(self, need: int, resident: int) -> Exception:
+    def _refusal(self, need: int) -> Exception:
         assert self.limit_bytes is not None
         idle = self._idle_resident + self._aside
         if idle + need > self.limit_bytes:  # it would not fit on an idle server either
@@ -204,7 +203,5 @@ class MemoryBudget:
             self._idle.wait()
             self._idle.clear()
             started = time.perf_counter()
-            self._trim()
-            if not self._holders:
-                self._idle_resident = self._resident()
+            self.trim()
             time.sleep(max(0.0, self._trim_every_s - (time.perf_counter() - started)))

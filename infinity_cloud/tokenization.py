@@ -57,7 +57,7 @@ def _word_end_before(text: str, span: int) -> int | None:
     return None if last is None else last.end()
 
 
-def too_long(index: int, count: str, limit: int) -> InputTooLongError:
+def _too_long(index: int, count: str, limit: int) -> InputTooLongError:
     return InputTooLongError(
         f"input {index} has {count} tokens, more than the model's limit of {limit}; shorten it or "
         "send truncate=true",
@@ -144,7 +144,7 @@ class TextTokenizer:
         out = []
         for index, enc in enumerate(encodings):
             if not truncate and len(enc.ids) > limit:
-                raise too_long(index, str(len(enc.ids)), limit)
+                raise _too_long(index, str(len(enc.ids)), limit)
             out.append(Encoded(enc.ids, enc.type_ids))
         return out
 
@@ -181,7 +181,7 @@ class TextTokenizer:
             if next_word is None:
                 continue  # few long tokens: the whole text it is
             if not truncate:
-                raise too_long(i, f"over {len(encoding.ids)}", limit)
+                raise _too_long(i, f"over {len(encoding.ids)}", limit)
             out[i] = prefix[:next_word]
         return out
 
@@ -242,7 +242,7 @@ class TextTokenizer:
             if len(ids) > room:
                 if not truncate:
                     count = len(ids) + len(self._prefix) + len(self._suffix)
-                    raise too_long(index, str(count), self.max_length)
+                    raise _too_long(index, str(count), self.max_length)
                 ids = ids[:room]
             full = [*self._prefix, *ids, *self._suffix]
             out.append(Encoded(full, [0] * len(full)))

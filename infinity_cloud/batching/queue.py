@@ -52,8 +52,9 @@ class BatchQueue:
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
 
     `deadline_s`: a request whose wait, estimated from what is queued or coming (taking
-    turns) and the model's recent throughput (`observe`), would pass this is refused at
-    `admit` (429 with Retry-After) instead of queued to wait past its client's patience.
+    turns) and the model's recent throughput under load (`observe`), corrected by how long
+    admitted requests really stayed (`calibrate`), would pass this is refused at `admit`
+    (429 with Retry-After) instead of queued to wait past its client's patience.
     """
 
     def __init__(
