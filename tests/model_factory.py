@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -97,6 +97,16 @@ def _seeded(seed: int = SEED) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def _save_seeded(path: Path, make: Callable[[], Any], processor: Any) -> Path:
+    """A model drawn under the fixed seed, saved with its processor."""
+    with _seeded():
+        model = make().eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    processor.save_pretrained(str(path))
+    return path
 
 
 def _wordpiece_vocab() -> list[str]:
@@ -482,12 +492,7 @@ def build_colpali(path: Path) -> Path:
         "model_type": "paligemma", "image_token_index": processor.image_token_id, "vocab_size": vocab,
         "projection_dim": HIDDEN, "hidden_size": HIDDEN, "text_config": text, "vision_config": vision,
     })
-    with _seeded():
-        model = ColPaliForRetrieval(config).eval()
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))
-    processor.save_pretrained(str(path))
-    return path
+    return _save_seeded(path, lambda: ColPaliForRetrieval(config), processor)
 
 
 def build_colbert(path: Path, strategy: str = "fixed", attend: bool = False) -> Path:
@@ -580,12 +585,7 @@ def build_colqwen2(path: Path) -> Path:
         "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
         "text_config": text, "vision_config": vision,
     })
-    with _seeded():
-        model = ColQwen2ForRetrieval(config).eval()
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))
-    processor.save_pretrained(str(path))
-    return path
+    return _save_seeded(path, lambda: ColQwen2ForRetrieval(config), processor)
 
 
 def build_clap(path: Path) -> Path:

@@ -15,6 +15,7 @@ from fastapi.security import HTTPBearer
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import UnauthorizedError, error_response
 
 # A dependency of the routes that need a key: it documents the scheme (`ApiKeyGate` checks).
@@ -31,14 +32,14 @@ def rejection(authorization: str | None, keys: Collection[str]) -> str | None:
     return None
 
 
-class ApiKeyGate:
+class ApiKeyGate(HttpMiddleware):
     """With keys, every path but the `open` ones (health checks, the docs) answers 401 to a
     request without a right key, before its body is read."""
 
     def __init__(
         self, app: ASGIApp, keys: Collection[str], open_paths: Collection[str], open_prefix: str | None = None
     ) -> None:
-        self.app = app
+        super().__init__(app)
         self.keys = tuple(keys)
         self.open_paths = frozenset(open_paths)
         self.open_prefix = open_prefix
@@ -46,8 +47,8 @@ class ApiKeyGate:
     def _open(self, path: str) -> bool:
         return path in self.open_paths or bool(self.open_prefix and path.startswith(self.open_prefix))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.keys and not self._open(scope["path"]):
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.keys and not self._open(scope["path"]):
             reason = rejection(Headers(scope=scope).get("authorization"), self.keys)
             if reason is not None:
                 await error_response(UnauthorizedError(reason))(scope, receive, send)

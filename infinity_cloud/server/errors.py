@@ -14,9 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from infinity_cloud import errors
+from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.request_id import request_id
 
@@ -190,16 +191,10 @@ def in_tei_shape(response: Response) -> Response:
     return json_response({"error": message, "error_type": kind}, response.status_code, headers)
 
 
-class CatchBugs:
+class CatchBugs(HttpMiddleware):
     """Turn an unexpected exception into a logged 500 with a request id; the server lives on."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def tracking_send(message: dict[str, Any]) -> None:

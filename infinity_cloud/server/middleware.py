@@ -8,14 +8,15 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_cloud.errors import PayloadTooLargeError
+from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import error_response
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """Refuse bodies over `max_bytes`: at once from Content-Length, else while reading."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
     def _error(self, size: str) -> PayloadTooLargeError:
@@ -23,10 +24,7 @@ class BodyLimit:
             f"request body of {size} bytes is over the limit of {self.max_bytes} bytes"
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await error_response(self._error(declared.decode()))(scope, receive, send)

@@ -10,7 +10,9 @@ import re
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from infinity_cloud.server.asgi import HttpMiddleware
 
 HEADER = "X-Request-Id"
 _SANE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -30,14 +32,8 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class RequestId:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class RequestId(HttpMiddleware):
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         given = Headers(scope=scope).get(HEADER.lower(), "")
         rid = given if _SANE.fullmatch(given) else uuid.uuid4().hex[:16]
         token = current.set(rid)
