@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -22,7 +23,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 import model_factory  # noqa: E402 - after the skip: it imports torch
 import torch  # noqa: E402
-from conftest import cosines  # noqa: E402
+from conftest import cosines, holds_or_says_so  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, XLMRobertaConfig  # noqa: E402
 
@@ -131,11 +132,13 @@ def reference(path: Path) -> np.ndarray:
     return SentenceTransformer(str(path), device="cpu").encode(TEXTS, batch_size=4, convert_to_numpy=True)
 
 
-async def embed(path: Path, dtype: str = "float32", texts: list[str] = TEXTS) -> tuple[np.ndarray, str]:
-    """Embeddings from the engine with backend ctranslate2, and the dtype it reports."""
+async def embed(
+    path: Path, dtype: str = "float32", texts: list[str] = TEXTS
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Embeddings from the engine with backend ctranslate2, and what it reports of itself."""
     async with Engine(ModelSpec(model_id=str(path), backend="ctranslate2", device="cpu", dtype=dtype)) as e:
         result = await e.embed(texts)
-        return result.embeddings, e.describe()[0]["dtype"]
+        return result.embeddings, e.describe()[0]
 
 
 def assert_close(ours: np.ndarray, ref: np.ndarray, min_cosine: float) -> None:
@@ -183,8 +186,8 @@ TINY = ["bert-mean", "bert-cls-raw", "roberta", "xlm-roberta", "distilbert"]
 @pytest.mark.parametrize("name", TINY)
 async def test_tiny_embedders_match_float32_reference(tiny: Callable[[str], Path], name: str) -> None:
     path = tiny(name)
-    ours, dtype = await embed(path, "float32")
-    assert dtype == "float32"
+    ours, facts = await embed(path, "float32")
+    assert facts["dtype"] == "float32"
     ref = reference(path)
     assert_close(ours, ref, FLOAT32_COSINE)
     # Element-wise too, on each vector's scale: float32 kernels differ only in rounding.
@@ -193,10 +196,16 @@ async def test_tiny_embedders_match_float32_reference(tiny: Callable[[str], Path
 
 
 @pytest.mark.parametrize("name", ["bert-mean", "xlm-roberta"])
-async def test_tiny_embedders_int8_within_bound(tiny: Callable[[str], Path], name: str) -> None:
-    ours, dtype = await embed(tiny(name), "int8")
-    assert dtype == "int8"
-    assert_close(ours, reference(tiny(name)), INT8_COSINE)
+async def test_tiny_embedders_int8_within_bound(
+    tiny: Callable[[str], Path], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Within its bound where the load-time verdict says int8 holds on this CPU (CTranslate2's
+    int8 kernels lose far more without VNNI); otherwise the product must say it does not."""
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        ours, facts = await embed(tiny(name), "int8")
+    assert facts["dtype"] == "int8"
+    if holds_or_says_so(facts, caplog):
+        assert_close(ours, reference(tiny(name)), INT8_COSINE)
 
 
 async def test_padding_does_not_change_a_row(tiny: Callable[[str], Path]) -> None:
@@ -210,21 +219,24 @@ async def test_padding_does_not_change_a_row(tiny: Callable[[str], Path]) -> Non
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "min_cosine"), [("auto", FLOAT32_COSINE), ("int8", INT8_COSINE)])
 async def test_minilm_matches_sentence_transformers(
-    minilm_dir: Path, dtype: str, min_cosine: float
+    minilm_dir: Path, dtype: str, min_cosine: float, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ours, resolved = await embed(minilm_dir, dtype)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        ours, facts = await embed(minilm_dir, dtype)
     # auto is float32 on CPU: int8 is opt-in, and this build has no bfloat16 CPU kernels.
-    assert resolved == ("int8" if dtype == "int8" else "float32")
+    assert facts["dtype"] == ("int8" if dtype == "int8" else "float32")
     assert ours.shape == (len(TEXTS), 384)
-    assert_close(ours, reference(minilm_dir), min_cosine)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-4)
+    if dtype != "int8" or holds_or_says_so(facts, caplog):
+        assert_close(ours, reference(minilm_dir), min_cosine)
 
 
 # -- the cached conversion ---------------------------------------------------------------
 
 
 async def test_second_load_does_not_reconvert(
-    tiny: Callable[[str], Path], fresh_cache: Path, conversions: list[Path], monkeypatch: pytest.MonkeyPatch
+    tiny: Callable[[str], Path], fresh_cache: Path, conversions: list[Path], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from ctranslate2.converters import TransformersConverter
 
@@ -239,11 +251,13 @@ async def test_second_load_does_not_reconvert(
 
     monkeypatch.setattr(TransformersConverter, "convert", refuse)
     again, _ = await embed(path)
-    int8, _ = await embed(path, "int8")  # another dtype: the same float32 conversion
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        int8, facts = await embed(path, "int8")  # another dtype: the same float32 conversion
     assert only_export(fresh_cache) == folder
     assert (folder / MODEL_FILE).stat().st_mtime_ns == stamp
     np.testing.assert_array_equal(again, first)
-    assert_close(int8, first, INT8_COSINE)
+    if holds_or_says_so(facts, caplog):
+        assert_close(int8, first, INT8_COSINE)
 
 
 async def test_truncated_conversion_is_rebuilt(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import cosines, serve_in_process, spec_of, unwaited
+from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwaited
 
 from infinity_cloud import Engine, ModelSpec, backend_choice, fidelity
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend
@@ -199,16 +199,22 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize(("model", "config"), MATRIX, ids=[f"{m}-{c}" for m, c in MATRIX])
-async def test_backend_matches_torch_float32(models, reference, model: str, config: str) -> None:
+async def test_backend_matches_torch_float32(
+    models, reference, model: str, config: str, caplog: pytest.LogCaptureFixture
+) -> None:
     backend, dtype = CONFIGS[config]
-    got, facts = await run(models[model], backend=backend, dtype=dtype)
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        got, facts = await run(models[model], backend=backend, dtype=dtype)
     assert facts["backend"] == backend
     assert facts["device"] == "cpu"
     if dtype != "auto":
         assert facts["dtype"] == dtype
     else:  # bf16 where the CPU has it, unless the fidelity check sent it back to float32
         assert facts["dtype"] in (("bfloat16", "float32") if cpu_has_fast_bf16() else ("float32",))
-    assert_close(got, await reference(model), CAPABILITY[model], facts["dtype"])
+    # int8, asked for by name, is served even where this CPU's kernels lose too much: then
+    # the product must say so, which is what is tested there.
+    if facts["dtype"] != "int8" or holds_or_says_so(facts, caplog):
+        assert_close(got, await reference(model), CAPABILITY[model], facts["dtype"])
 
 
 async def test_the_int8_model_is_quantised(models) -> None:
