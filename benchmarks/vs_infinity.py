@@ -14,9 +14,12 @@ Python running this file.
 Sides (--sides): `NAME` for a preset, or `NAME:FLAGS` to append FLAGS to the base command;
 a name starting with `ours` runs `infinity-cloud serve --model-id M --port P`, one starting
 with `infinity` runs `<infinity-python> -m infinity_emb.cli v2 --model-id M --host 127.0.0.1
---port P`. Presets: ours (our defaults), ours-torch (--backend torch), infinity-fp32
-(--engine torch --device cpu: Infinity's defaults on CPU), infinity-bf16 (plus --dtype
-bfloat16). E.g. --sides ours infinity-fp32 "ours-fp32:--backend torch --dtype float32".
+--port P`. Presets: ours (our defaults), ours-torch (--backend torch), ours-int8 (--backend
+onnx --dtype int8), infinity-fp32 (--engine torch --device cpu: Infinity's defaults on CPU),
+infinity-bf16 (plus --dtype bfloat16), infinity-best (the better of those two on this CPU:
+bf16 with AVX512-BF16 or AMX, else fp32; the default rival). E.g. --sides ours ours-int8
+infinity-best "ours-fp32:--backend torch --dtype float32". The CPU's flags and its measured
+float32/bfloat16/int8 GEMM roofline (benchmarks/roofline.py) head the report.
 
 Method, and why it is fair on a small (2-core) machine:
 - Servers are started one after the other; each is timed from Popen to its first answered
@@ -67,9 +70,11 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+import roofline
 from corpus import add_corpus_argument, describe, load_texts
 from http_load import Batch, LoadRun, TokenCounter, cosine_rows, load, make_batches, reference_embeddings
 
+from infinity_cloud.hardware import cpu_has_fast_bf16
 from infinity_cloud.model_source import packaged_default_model
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -80,9 +85,14 @@ NO_SHEDDING = ("--deadline-s", "86400")
 PRESETS: dict[str, tuple[str, ...]] = {
     "ours": NO_SHEDDING,
     "ours-torch": ("--backend", "torch", *NO_SHEDDING),
+    "ours-int8": ("--backend", "onnx", "--dtype", "int8", *NO_SHEDDING),
     "infinity-fp32": ("--engine", "torch", "--device", "cpu"),
     "infinity-bf16": ("--engine", "torch", "--device", "cpu", "--dtype", "bfloat16"),
 }
+# Infinity's best CPU engine on the machine it runs on: torch bfloat16 where the CPU has it in
+# hardware, else float32 (its bfloat16 is emulated on AVX2: 180 tokens/s, a comparison with
+# nothing).
+PRESETS["infinity-best"] = PRESETS["infinity-bf16" if cpu_has_fast_bf16() else "infinity-fp32"]
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
 FIDELITY_TEXTS = 32  # per kind
 
@@ -528,6 +538,7 @@ def markdown(report: dict[str, Any], reference: str, cells: Sequence[Cell]) -> s
         f"{report['args']['seconds']} s per cell and side. CPU: {report['machine']['cpu']}, "
         f"{report['machine']['nproc']} cores. Ratios: >1 means `{reference}` is better.",
         "",
+        *([roofline.describe(report["machine"]["roofline"]), ""] if "roofline" in report["machine"] else []),
     ]
 
     def throughput(row: dict[str, Any]) -> str:
@@ -658,7 +669,7 @@ def parse_args() -> argparse.Namespace:
         "--sides",
         nargs="+",
         type=parse_side,
-        default=[parse_side(s) for s in ("ours", "infinity-fp32", "infinity-bf16")],
+        default=[parse_side(s) for s in ("ours", "infinity-best")],
     )
     parser.add_argument("--reference", default=None, help="side the ratios are for (default: first 'ours*')")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -713,6 +724,8 @@ def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
     counter = TokenCounter(args.model)
     batches = cell_batches(args.corpus, cells, counter)
     machine = machine_info(args.infinity_python)
+    # Measured before any server starts, so the bound is the idle machine's.
+    machine["roofline"] = roofline.measure(json.loads((Path(args.model) / "config.json").read_text()))
     servers = [
         Server(
             side,

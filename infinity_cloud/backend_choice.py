@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
 from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
+from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.fidelity import MIN_AGREEMENT, agreement
+from infinity_cloud.hardware import int8_kernels
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.tasks.heads import Head
 
@@ -18,17 +21,19 @@ log = logging.getLogger(__name__)
 
 
 def open_backend(
-    info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head
+    info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head,
+    calibration: Callable[[], Calibration],
 ) -> Backend:
     """The backend `spec` asks for to run `graph`; for `auto`, the first installed one that
-    loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32."""
+    loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32;
+    `calibration` makes the inputs a precision built by measuring (int8) is built with."""
     if spec.backend != "auto":
-        return _verified(backend_class(spec.backend), info, spec, graph, probes, head)
+        return _verified(backend_class(spec.backend), info, spec, graph, probes, head, calibration)
     failures: list[tuple[str, Exception]] = []
     for name in auto_backends(spec.device):
         try:
             chosen = spec.model_copy(update={"backend": name})
-            return _verified(backend_class(name), info, chosen, graph, probes, head)
+            return _verified(backend_class(name), info, chosen, graph, probes, head, calibration)
         # A ConfigError too: one backend lacking the dtype or device (int8 on OpenVINO) is
         # no reason to stop before another that has it.
         except (ModelLoadError, ConfigError) as exc:
@@ -48,17 +53,18 @@ def open_backend(
 
 def _verified(
     cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs,
-    head: Head,
+    head: Head, calibration: Callable[[], Calibration],
 ) -> Backend:
     """Load; for a precision below float32, measure how far its outputs are from float32's.
 
     `dtype auto` keeps a reduced precision only if float32 agrees (else serves float32); a
     precision asked for by name is served as asked, with a loud warning when it disagrees
-    (int8 can: per-tensor dynamic quantisation wrecks some models). The verdict is cached
+    (int8 can, where its kernels lose more: CTranslate2's without VNNI). The verdict is cached
     with the model's exports (keyed by its files, backend and precision), so only the first
     start pays for loading the float32 reference.
     """
-    backend = cls(info, spec, graph)
+    calibrated = spec.dtype in cls.calibrated_dtypes
+    backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
     if backend.dtype not in MIN_AGREEMENT:
         return backend
     floor = MIN_AGREEMENT[backend.dtype]
@@ -75,7 +81,9 @@ def _verified(
 
     verdict = exports.cached_export(
         info.path, "fidelity",
-        {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor},
+        # The CPU's integer kernels too: int8 that holds with VNNI may not without it.
+        {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor,
+         "kernels": int8_kernels() if backend.device == "cpu" else None},
         measure, f"checking {cls.name} {backend.dtype} against float32",
     )
     score = exports.export_metadata(verdict)["agreement"]

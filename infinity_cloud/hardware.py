@@ -29,6 +29,20 @@ def cpu_has_fast_bf16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
+def int8_kernels() -> str:
+    """The class of integer matrix kernels this CPU runs, the thing int8 accuracy and speed
+    depend on: `amx`, `vnni` (AVX512-VNNI or AVX-VNNI: exact int32 accumulation), `avx512`,
+    `avx2` (u8 x s8 pairs summed in int16, which can saturate) or `other`."""
+    flags = cpu_flags()
+    if "amx_int8" in flags:
+        return "amx"
+    if {"avx512_vnni", "avx_vnni"} & flags:
+        return "vnni"
+    if "avx512bw" in flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "other"
+
+
 def usable_cores() -> int:
     """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota."""
     try:

@@ -12,18 +12,20 @@ import numpy as np
 
 from infinity_cloud.backend_choice import open_backend
 from infinity_cloud.backends import Backend, ModelInputs
+from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
-from infinity_cloud.fidelity import PROBES
+from infinity_cloud.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
 from infinity_cloud.media import MediaPreprocessor, preprocessors
 from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
 from infinity_cloud.tasks.pooling import supported_activation
+from infinity_cloud.tasks.quantization import calibration_texts
 from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.tokenization import TextTokenizer
 
@@ -159,7 +161,21 @@ class ServedModel:
             length = padded_length(longest) if static or info.pad_to_max_length else None
             return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)
 
-        backend = open_backend(info, spec, graph, collate(probes, static=False), head)
+        def calibration() -> Calibration:
+            """Batches to build int8 with: standard-library docstrings, one batch in four to
+            rank layers on (a run per layer: few), the rest held out; media towers, which have
+            no such texts, their fixed probes."""
+            if preprocessor:
+                batch = collate(probes, static=False)
+                return Calibration([batch], [batch], head)
+            texts = calibration_texts(CALIBRATION_BATCHES * CALIBRATION_ROWS)
+            batches = [
+                collate(task.encode_probes(tokenizer, texts[i : i + CALIBRATION_ROWS]), static=False)
+                for i in range(0, len(texts), CALIBRATION_ROWS)
+            ]
+            return Calibration(batches[0::4], [b for i, b in enumerate(batches) if i % 4], head)
+
+        backend = open_backend(info, spec, graph, collate(probes, static=False), head, calibration)
         queue = BatchQueue(
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
             fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length, deadline_s=spec.deadline_s,

@@ -223,10 +223,14 @@ async def test_the_int8_model_is_quantised(models) -> None:
 
     await run(models["bert"], backend="onnx", dtype="int8")
     await run(models["bert"], backend="onnx", dtype="float32")
-    ops = {}
+    ops, facts = {}, {}
     for folder in exported(models["bert"] / ".infinity-cloud", "onnxruntime"):
         graph = onnx.load(str(folder / onnx_backend.OPTIMIZED_FILE)).graph
+        facts[exports.export_metadata(folder)["dtype"]] = exports.export_metadata(folder)
         ops[exports.export_metadata(folder)["dtype"]] = {node.op_type for node in graph.node}
+    # Built accuracy-aware: measured on held-out texts, most layers still int8.
+    assert facts["int8"]["held_out_agreement"] >= fidelity.MIN_AGREEMENT["int8"]
+    assert facts["int8"]["int8_layers"] > len(facts["int8"]["float32_layers"])
     assert {"DynamicQuantizeLinear", "MatMulInteger"} & ops["int8"] or "DynamicQuantizeMatMul" in ops["int8"]
     assert not any("Quant" in op or "Integer" in op for op in ops["float32"])
 

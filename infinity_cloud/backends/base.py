@@ -83,6 +83,17 @@ class ModelInputs:
         return {name: self.arrays[name] for name in names}
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """Inputs for measuring a precision while building it (accuracy-aware int8): batches to
+    rank layers on, held-out batches to check the result on, and the task's head, so that what
+    is compared is what a caller gets (pooled, normalised vectors; scores)."""
+
+    batches: list[ModelInputs]
+    held_out: list[ModelInputs]
+    head: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+
+
 class Backend(ABC):
     """Loads a model's weights and runs batches through one of its graphs.
 
@@ -97,6 +108,9 @@ class Backend(ABC):
     graphs: ClassVar[frozenset[str]] = frozenset(GraphOutput.__args__)  # type: ignore[attr-defined]
     # Where to turn for a graph this backend does not run.
     others: ClassVar[str] = "--backend torch (or auto)"
+    # Precisions built by measuring: their __init__ takes `calibration=`, a function that
+    # makes the `Calibration` (only a build calls it).
+    calibrated_dtypes: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         self.info = info

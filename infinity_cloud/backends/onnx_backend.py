@@ -2,23 +2,26 @@
 
 Starts from `onnx_export.onnx_file` (the folder's own file or the cached export), then
 caches an optimised copy: ONNX Runtime's transformer fusions (attention, LayerNorm, GELU)
-for BERT-like encoders, float16 for CUDA, and dynamic per-channel int8 for `dtype int8`.
+for BERT-like encoders, float16 for CUDA, and for `dtype int8` dynamic per-channel int8 with
+the layers that lose most kept in float32 (`onnx_int8`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from infinity_cloud.backends import exports
-from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.backends import exports, onnx_int8
+from infinity_cloud.backends.base import Backend, Calibration, ModelInputs
 from infinity_cloud.backends.onnx_export import onnx_file, source_label
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.fidelity import MIN_AGREEMENT
 from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 
@@ -33,20 +36,30 @@ class OnnxBackend(Backend):
     name = "onnx"
     # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
     graphs = Backend.graphs - {"colqwen2_text", "colqwen2_image"}
+    calibrated_dtypes = frozenset({"int8"})
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+    def __init__(
+        self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None,
+        calibration: Callable[[], Calibration] | None = None,
+    ) -> None:
         super().__init__(info, spec, graph)
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
         source = onnx_file(info, self.graph, spec.trust_remote_code, self.name)
         fuse = info.model_type in _BERT_LIKE and self.graph != "image_embeds"
         # The source by its place in the folder, so a moved folder keeps its exports.
-        options = {"source": source_label(info, source, self.graph), "dtype": self.dtype, "fuse": fuse}
+        options: dict[str, Any] = {
+            "source": source_label(info, source, self.graph), "dtype": self.dtype, "fuse": fuse,
+        }
+        if self.dtype == "int8" and calibration is not None:  # which layers stay float32 is measured
+            options["int8_floor"] = MIN_AGREEMENT["int8"]
 
         def optimized() -> Path:
             return exports.cached_export(
                 info.path, "onnxruntime", options,
-                lambda out: _optimize(source, out / OPTIMIZED_FILE, info, self.dtype, fuse),
+                lambda out: _optimize(
+                    source, out / OPTIMIZED_FILE, info, self.dtype, fuse, calibration and calibration()
+                ),
                 f"optimising {info.path.name} for ONNX Runtime ({self.dtype})",
             )
 
@@ -109,8 +122,11 @@ def _providers(device: str, spec: ModelSpec) -> list[Any]:
     return [*chosen, "CPUExecutionProvider"]
 
 
-def _optimize(source: Path, target: Path, info: ModelInfo, dtype: str, fuse: bool) -> dict[str, Any]:
-    """Fuse (BERT-like encoders), then convert: float16 for CUDA, dynamic int8 for CPU."""
+def _optimize(
+    source: Path, target: Path, info: ModelInfo, dtype: str, fuse: bool, calibration: Calibration | None
+) -> dict[str, Any]:
+    """Fuse (BERT-like encoders), then convert: float16 for CUDA, int8 for CPU (every layer
+    without a calibration, else only those that hold float32's answers)."""
     import onnx
 
     staged = target.with_suffix(".fused.onnx") if dtype == "int8" else target
@@ -137,14 +153,11 @@ def _optimize(source: Path, target: Path, info: ModelInfo, dtype: str, fuse: boo
 
             model = convert_float_to_float16(model, keep_io_types=True)
         onnx.save(model, str(staged))
+    facts: dict[str, Any] = {"dtype": dtype, "fused": fuse, "model_type": info.model_type}
     if dtype == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # Per-channel weights keep cosine to float32 far higher than one scale per tensor.
-        quantize_dynamic(
-            staged, target, weight_type=QuantType.QInt8, per_channel=True,
-            # Fused contrib ops carry no type information for the quantiser's shape inference.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
+        if calibration is None:
+            onnx_int8.quantize(staged, target)
+        else:
+            facts |= onnx_int8.quantize_holding(staged, target, calibration, MIN_AGREEMENT["int8"])
         staged.unlink()
-    return {"dtype": dtype, "fused": fuse, "model_type": info.model_type}
+    return facts
