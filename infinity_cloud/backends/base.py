@@ -83,6 +83,11 @@ class ModelInputs:
         return {name: self.arrays[name] for name in names}
 
 
+# A task's per-batch head: (backend output, attention mask or None for inputs without
+# positions) -> (batch, ...) rows. Defined here, as backends measure through it (`Calibration`).
+Head = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Inputs for measuring a precision while building it (accuracy-aware int8): batches to
@@ -91,7 +96,7 @@ class Calibration:
 
     batches: list[ModelInputs]
     held_out: list[ModelInputs]
-    head: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+    head: Head
 
 
 class Backend(ABC):

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from infinity_cloud.backends.base import Calibration, ModelInputs
+from infinity_cloud.backends.base import Calibration, Head, ModelInputs
 from infinity_cloud.fidelity import agreement
 from infinity_cloud.hardware import int8_kernels
 
 log = logging.getLogger(__name__)
-Head = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]  # `Calibration.head`
 
 # The held-out texts are a sample: the worst cosine over a user's whole corpus is lower than
 # over them (all-MiniLM-L6-v2 built to 0.9905 on them gave 0.9896 on 400 passages), so the
@@ -75,7 +73,7 @@ def quantize_holding(source: Path, target: Path, calibration: Calibration, floor
     # Where u8 x s8 pairs are summed in int16 (no VNNI), large activations times large weights
     # saturate: ONNX Runtime's answer is 7-bit weights (`reduce_range`), which costs precision
     # where nothing saturates. Both are measured there and the better kept.
-    ranges = (False, True) if int8_kernels() in ("avx2", "avx512", "other") else (False,)
+    ranges = (False,) if int8_kernels() in ("vnni", "amx") else (False, True)
     while True:
         score, reduce_range = max(
             (_real(source, target, ranked[:kept], reduced, calibration, reference), reduced)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from infinity_cloud.backends.base import Head
 from infinity_cloud.model_files import DenseLayer
 from infinity_cloud.tasks.pooling import apply_dense, l2_normalize, pool
-
-# (backend output, attention mask or None for inputs without positions) -> (batch, ...) rows
-Head = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 
 
 def embedding_head(pooling: str, dense: Sequence[DenseLayer], normalize: bool) -> Head:
