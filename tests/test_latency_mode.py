@@ -1,5 +1,7 @@
-"""Latency mode: every core on each batch, for containers that take one request at a time.
-OpenVINO compiles with its LATENCY hint and keeps one batch in flight; the answers are the
+"""Latency or throughput. Without a flag OpenVINO chooses per batch: a lone batch too small
+to keep every stream busy runs as one request on every core, a full one on the streams.
+Latency mode (the flag) is for containers that take one request at a time: OpenVINO
+compiles with its LATENCY hint only and keeps one batch in flight; the answers are the
 throughput mode's; the flag reaches the spec, and Lambda and SageMaker serverless turn it on."""
 
 from __future__ import annotations
@@ -31,6 +33,33 @@ async def test_openvino_latency_mode_uses_the_latency_hint_and_answers_the_same(
     assert "LATENCY" in fast_hint and "THROUGHPUT" in wide_hint
     assert (fast_batches, wide_batches) == (1, 2)  # one batch in flight, against two
     np.testing.assert_allclose(fast, wide, atol=1e-6)
+
+
+async def test_a_lone_passage_runs_on_every_core_and_a_full_batch_on_the_streams(tiny_embedder: Path) -> None:
+    # Two streams even on a one-core machine, so both paths exist wherever this runs.
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
+                     backend_options={"streams": 2})
+    async with Engine(spec) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        assert backend.solo_ready.wait(120)  # compiled in the background, off the cold start
+        assert backend.streams == 2 and backend.solo is not None
+        assert "LATENCY" in str(backend.solo.get_property("PERFORMANCE_HINT"))
+        before = backend.solo_batches
+        alone = (await engine.embed(TEXTS[:1])).embeddings
+        assert backend.solo_batches == before + 1
+        # Sixteen inputs of one length split evenly over the two streams: no gain on one request.
+        full = (await engine.embed([TEXTS[0]] * 16)).embeddings
+        assert backend.solo_batches == before + 1
+    np.testing.assert_allclose(full, np.repeat(alone, 16, axis=0), atol=1e-5)
+
+
+async def test_one_stream_compiles_once(tiny_embedder: Path) -> None:
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
+                     backend_options={"streams": 1})
+    async with Engine(spec) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        assert backend.solo_ready.is_set() and backend.streams == 1 and backend.solo is None
+        assert len((await engine.embed(TEXTS[:1])).embeddings) == 1
 
 
 def test_the_flag_reaches_every_model() -> None:

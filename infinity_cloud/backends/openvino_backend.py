@@ -1,14 +1,21 @@
 """OpenVINO backend (Intel CPUs): bfloat16 on AMX, several inference requests in flight.
 
 Converts the model's ONNX file (`onnx_export.onnx_file`) to OpenVINO IR once and caches it;
-compiled blobs are cached beside it, so later starts skip compilation too. Each batch is
-split into length-sorted slices that run as parallel inference requests, one per stream, so
-every core is busy and each slice pads only to its own longest input.
+compiled blobs are cached beside it, so later starts skip compilation too.
+
+Each batch is split into length-sorted slices that run as parallel inference requests, one
+per stream, so every core is busy and each slice pads only to its own longest input. A batch
+alone on the machine whose slices cannot keep every stream busy (one passage) runs instead
+as one request on every core, on a second compilation with OpenVINO's LATENCY hint: latency
+or throughput is chosen per batch, without a flag.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +30,15 @@ from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 
+log = logging.getLogger(__name__)
+
 IR_FILE = "model.xml"
 _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+# One request on N cores against N streams of one core: a lone batch goes to every core
+# when its slices' time on the streams is above its time on all cores divided by this.
+# Measured 0.92 on 2 cores (one 157-token MiniLM passage: 28 ms against 52 ms); taken lower
+# because one request scales worse on more cores.
+SOLO_EFFICIENCY = 0.8
 
 
 class OpenVinoBackend(Backend):
@@ -48,16 +62,36 @@ class OpenVinoBackend(Backend):
                 f"converting {info.path.name} to OpenVINO IR",
             )
 
-        self.compiled = exports.load_cached(converted, self._compile)
-        streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-        # One set of requests per batch in flight: while a finished batch is collected, the
-        # next one already runs, so no stream idles between batches.
+        folder: list[Path] = []
+
+        def compiled(found: Path) -> ov.CompiledModel:
+            folder[:] = [found]
+            return self._compile(found, latency=spec.latency)
+
+        self.compiled = exports.load_cached(converted, compiled)
+        self.streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        # Lone batches run on every core on a second compilation (its weights mostly shared
+        # with the first: MiniLM +38 MB), made in the background so it adds nothing to a
+        # cold start (0.12 s on MiniLM); until it is ready they run on the streams.
+        self.solo: ov.CompiledModel | None = None
+        self._solo_request: ov.InferRequest | None = None
+        self.solo_ready = threading.Event()
+        self._solo_thread = None
+        if self.streams > 1 and not spec.latency:
+            self._solo_thread = threading.Thread(
+                target=self._compile_solo, args=(folder[0],), name=f"{info.path.name}-solo", daemon=True
+            )
+            self._solo_thread.start()
+        else:
+            self.solo_ready.set()  # one stream already runs on every core
+        # One set of requests (one per stream) per batch in flight: while a finished batch is
+        # collected, the next one already runs, so no stream idles between batches. Latency
+        # mode (targets that take one request at a time): one batch at a time.
+        self.in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
         self._free: queue.Queue[list[ov.InferRequest]] = queue.Queue()
-        # Latency mode: one batch at a time, on one stream that uses every core.
-        in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
-        for _ in range(in_flight):
-            self._free.put([self.compiled.create_infer_request() for _ in range(streams)])
-        self.streams = streams
+        for _ in range(self.in_flight):
+            self._free.put([self.compiled.create_infer_request() for _ in range(self.streams)])
+        self.solo_batches = 0  # batches that ran on every core as one request
         # A port has several names (a traced image graph's pixel input also carries its first
         # cast's): take the one the ONNX file gave it.
         self._inputs = [
@@ -74,16 +108,29 @@ class OpenVinoBackend(Backend):
             raise ConfigError(f"the openvino backend runs float32, bfloat16 or float16, not {dtype}")
         return dtype
 
-    def _compile(self, folder: Path) -> ov.CompiledModel:
+    def _compile_solo(self, folder: Path) -> None:
+        try:
+            self.solo = self._compile(folder, latency=True)
+            self._solo_request = self.solo.create_infer_request()
+        except Exception as exc:  # the streams still serve every batch, only a lone one slower
+            log.warning(
+                "could not compile %s for lone batches (%s: %s); one request at a time runs on "
+                "one stream, not every core. Fix: clear the compiled cache at %s, or serve with "
+                "--latency", self.info.path.name, type(exc).__name__, exc, folder / "compiled",
+            )
+        finally:
+            self.solo_ready.set()
+
+    def _compile(self, folder: Path, latency: bool) -> ov.CompiledModel:
         options = self.spec.backend_options
         config = {
             "INFERENCE_PRECISION_HINT": _PRECISIONS[self.dtype],
-            "PERFORMANCE_HINT": "LATENCY" if self.spec.latency
+            "PERFORMANCE_HINT": "LATENCY" if latency
             else str(options.get("performance_hint", "THROUGHPUT")).upper(),
             "INFERENCE_NUM_THREADS": int(options.get("threads", usable_cores())),
             "CACHE_DIR": str(folder / "compiled"),
         }
-        if "streams" in options:
+        if "streams" in options and not latency:
             config["NUM_STREAMS"] = int(options["streams"])
         return self.core.compile_model(self.core.read_model(str(folder / IR_FILE)), "CPU", config)
 
@@ -99,20 +146,53 @@ class OpenVinoBackend(Backend):
             lengths = np.ones(inputs.rows, dtype=np.int64)
         else:
             lengths = inputs.lengths if inputs.lengths is not None else mask.sum(axis=1)
-        slices = balanced_slices(lengths, self.streams)
         feed = inputs.feed(self._inputs)
+        width = mask.shape[1] if mask is not None else 0
+        slices = balanced_slices(lengths, self.streams)
+        # Only this (the forward) thread takes sets of requests: all of them free means no
+        # other batch is in flight.
+        alone = self._free.qsize() == self.in_flight
+        solo = self._solo_request
+        if solo is not None and alone and self._solo_is_faster(lengths, slices):
+            held = [self._free.get() for _ in range(self.in_flight)]  # later batches wait for it
+            self.solo_batches += 1
+            return self._run([solo], [np.arange(inputs.rows)], feed, cut, lengths, width,
+                             lambda: [self._free.put(requests) for requests in held])
         requests = self._free.get()
-        started = []
+        return self._run(requests, slices, feed, cut, lengths, width, lambda: self._free.put(requests))
+
+    def _solo_is_faster(self, lengths: np.ndarray, slices: list[np.ndarray]) -> bool:
+        """Whether the batch takes less time as one request on every core than its slices
+        take on the streams (costs in padded tokens; see SOLO_EFFICIENCY)."""
+        costs = sorted((len(rows) * int(lengths[rows].max()) for rows in slices), reverse=True)
+        streams = [0] * self.streams
+        for cost in costs:  # longest first, each onto the least loaded stream
+            streams[streams.index(min(streams))] += cost
+        whole = len(lengths) * int(lengths.max())
+        return whole / (self.streams * SOLO_EFFICIENCY) < max(streams)
+
+    def _run(
+        self,
+        requests: list[ov.InferRequest],
+        slices: list[np.ndarray],
+        feed: dict[str, np.ndarray],
+        cut: bool,
+        lengths: np.ndarray,
+        width: int,
+        release: Callable[[], None],
+    ) -> Callable[[], np.ndarray]:
+        """Start each slice on its own request; return the function that waits for them."""
+        started: list[ov.InferRequest] = []
         try:
             for request, rows in zip(requests, slices, strict=False):
-                width = int(lengths[rows].max())
-                request.start_async({
-                    name: array[rows, :width] if cut else array[rows]
-                    for name, array in feed.items()
-                })
+                longest = int(lengths[rows].max())
+                request.start_async(
+                    {name: array[rows, :longest] if cut else array[rows] for name, array in feed.items()}
+                )
                 started.append(request)
         except BaseException:
-            self._release(requests, started)
+            _settle(started)
+            release()
             raise
 
         def wait() -> np.ndarray:
@@ -122,18 +202,24 @@ class OpenVinoBackend(Backend):
                     request.wait()
                     parts.append(request.get_output_tensor(0).data.copy())
             finally:
-                self._release(requests, started)
-            return _reassemble(parts, slices, mask.shape[1] if mask is not None else 0)
+                _settle(started)
+                release()
+            return _reassemble(parts, slices, width)
 
         return wait
 
-    def _release(self, requests: list[ov.InferRequest], started: list[ov.InferRequest]) -> None:
-        for request in started:  # a request may only be reused once it has finished
-            request.wait()
-        self._free.put(requests)
-
     def close(self) -> None:
-        del self._free, self.compiled
+        if self._solo_thread is not None:
+            self._solo_thread.join()
+        del self._free, self.compiled, self.solo, self._solo_request
+
+
+def _settle(started: list[ov.InferRequest]) -> None:
+    """Wait for requests still running (a request may only be reused once it has finished);
+    their errors were the batch's, already raised or moot."""
+    for request in started:
+        with contextlib.suppress(Exception):
+            request.wait()
 
 
 def balanced_slices(lengths: np.ndarray, count: int) -> list[np.ndarray]:
