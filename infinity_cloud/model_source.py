@@ -31,13 +31,21 @@ def packaged_default_model() -> Path | None:
 
 
 def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    """The model's snapshot in the Hugging Face cache, read from the cache's layout
+    (models--ORG--NAME/refs/REVISION holds the commit of snapshots/COMMIT/): importing the
+    hub client for `snapshot_download(local_files_only=True)` took 0.45 s of every start."""
+    from huggingface_hub import constants  # the cache's location only: not the client
 
-    try:
-        return Path(snapshot_download(model_id, revision=revision, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+    if model_id.count("/") > 1 or ".." in model_id:
         return None
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{model_id.replace('/', '--')}"
+    ref = repo / "refs" / (revision or "main")
+    try:
+        commit = ref.read_text().strip() if ref.is_file() else revision
+    except OSError:
+        return None
+    snapshot = repo / "snapshots" / commit if commit else None
+    return snapshot if snapshot is not None and (snapshot / "config.json").is_file() else None
 
 
 def _download(model_id: str, revision: str | None) -> Path:

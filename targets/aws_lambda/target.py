@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 
 from infinity_cloud.backends.exports import CACHE_ENV
@@ -63,6 +62,8 @@ class LambdaTarget(Target[LambdaSpec]):
             "models": tuple(served), "server": spec.server.model_copy(update={"limits": limits}),
         }), settings.timeout_s, settings.memory_mb)
         served_data = container.served_spec_data(served_spec)
+        import yaml  # only here: not on every start of the CLI
+
         (out_dir / SPEC_FILE).write_text(yaml.safe_dump(served_data, sort_keys=False))
         requirements = container.write_requirements(
             out_dir, [*container.serving_requirements(served_spec, "cpu"), *_mangum()]

@@ -48,7 +48,7 @@ class LocalTarget(Target[LocalSpec]):
         app = create_app(engine)
         uvicorn.run(
             app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level,
-            http=deadline_protocol(spec.server),
+            http=deadline_protocol(spec.server), ws="none",  # the API has no websockets: not imported
         )
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:

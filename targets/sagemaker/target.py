@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
 from rich.console import Console
 
 from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
@@ -102,6 +101,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
         (out_dir / SPEC_FILE).write_text(spec_yaml(served))
         if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
             core = container.pinned_requirements(())
+            from packaging.requirements import Requirement  # only here: not on every start of the CLI
+
             pins = [pin for pin in core if Requirement(pin).name not in NEURON_IMAGE_HAS]
         else:
             pins = container.pinned_requirements(container.image_extras(spec, device))
