@@ -88,6 +88,8 @@ class Engine:
         for model in self.models.values():
             if model.state == "loading":
                 model.load()
+                if self.memory.limit_bytes is not None:  # a budget counts what is built after load
+                    model.settle()
                 self.memory.trim()
                 model.fit_batches(self.memory.room_for_batches())
                 self.memory.set_aside(model.working_set_bytes)

@@ -231,6 +231,12 @@ class ServedModel:
             "--memory-budget-mb", self.name, tokens, before,
         )
 
+    def settle(self) -> None:
+        """Wait for what the backends still build in the background (`Backend.settle`)."""
+        if self._loaded is not None:
+            for tower in self._loaded.towers.values():
+                tower.backend.settle()
+
     def stop(self) -> None:
         if self._loaded is not None:
             for tower in self._loaded.towers.values():

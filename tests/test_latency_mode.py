@@ -6,14 +6,17 @@ throughput mode's; the flag reaches the spec, and Lambda and SageMaker serverles
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.cli import app as cli
+from infinity_cloud.config import LimitsSpec
 
 TEXTS = ["a lone request on a cold function", "all cores on one small batch", "x"]
 runner = CliRunner()
@@ -51,6 +54,26 @@ async def test_a_lone_passage_runs_on_every_core_and_a_full_batch_on_the_streams
         full = (await engine.embed([TEXTS[0]] * 16)).embeddings
         assert backend.solo_batches == before + 1
     np.testing.assert_allclose(full, np.repeat(alone, 16, axis=0), atol=1e-5)
+
+
+async def test_under_a_memory_budget_the_load_waits_for_the_second_compilation(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Built in the background otherwise; a budget must count its memory when it sizes batches.
+    from infinity_cloud.backends.openvino_backend import OpenVinoBackend
+
+    compile_solo = OpenVinoBackend._compile_solo
+
+    def slowly(self: OpenVinoBackend, folder: Path) -> None:  # still building when the load ends
+        time.sleep(2)
+        compile_solo(self, folder)
+
+    monkeypatch.setattr(OpenVinoBackend, "_compile_solo", slowly)
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
+                     backend_options={"streams": 2})
+    async with Engine(spec, limits=LimitsSpec(memory_budget_mb=8192)) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        assert backend.solo_ready.is_set() and backend.solo is not None
 
 
 async def test_one_stream_compiles_once(tiny_embedder: Path) -> None:

@@ -143,5 +143,9 @@ class Backend(ABC):
         output = self.forward(inputs)
         return lambda: output
 
+    def settle(self) -> None:  # noqa: B027 - most backends do nothing in the background
+        """Wait for what the backend still builds in the background after loading (it adds
+        memory a budget must count)."""
+
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release what the backend holds (device memory, sessions)."""
