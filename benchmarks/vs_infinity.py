@@ -470,16 +470,8 @@ def infinity_versions(python: Path) -> dict[str, str]:
 
 
 def machine_info(infinity_python: Path) -> dict[str, Any]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
-        "cpu": cpu,
+        "cpu": roofline.cpu_name(),
         "nproc": len(os.sched_getaffinity(0)),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(),
