@@ -36,8 +36,9 @@ def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
     hub client for `snapshot_download(local_files_only=True)` took 0.45 s of every start."""
     from huggingface_hub import constants  # the cache's location only: not the client
 
-    if model_id.count("/") > 1 or ".." in model_id:
-        return None
+    named = (model_id, revision or "")
+    if model_id.count("/") > 1 or any(".." in name or name.startswith("/") for name in named):
+        return None  # not a hub id or revision: no path outside the cache
     repo = Path(constants.HF_HUB_CACHE) / f"models--{model_id.replace('/', '--')}"
     ref = repo / "refs" / (revision or "main")
     try:

@@ -99,6 +99,7 @@ def test_a_model_in_the_hub_cache_is_found_as_the_hub_client_finds_it(
                                            local_files_only=True))
     assert _from_hub_cache("org/other", revision) is None
     assert _from_hub_cache("org/model", "no-such-branch") is None
+    assert _from_hub_cache("org/model", "../../models--org--model/snapshots/" + "a" * 40) is None
 
 
 def test_resolving_a_model_does_not_import_the_hub_client():

@@ -41,7 +41,7 @@ async def test_openvino_latency_mode_uses_the_latency_hint_and_answers_the_same(
 async def test_a_lone_passage_runs_on_every_core_and_a_full_batch_on_the_streams(tiny_embedder: Path) -> None:
     # Two streams even on a one-core machine, so both paths exist wherever this runs.
     spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
-                     backend_options={"streams": 2})
+                     backend_options={"streams": 2, "threads": 2})
     async with Engine(spec) as engine:
         backend = next(iter(engine.models.values()))._loaded.backend
         assert backend.solo_ready.wait(120)  # compiled in the background, off the cold start
@@ -70,7 +70,7 @@ async def test_under_a_memory_budget_the_load_waits_for_the_second_compilation(
 
     monkeypatch.setattr(OpenVinoBackend, "_compile_solo", slowly)
     spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
-                     backend_options={"streams": 2})
+                     backend_options={"streams": 2, "threads": 2})
     async with Engine(spec, limits=LimitsSpec(memory_budget_mb=8192)) as engine:
         backend = next(iter(engine.models.values()))._loaded.backend
         assert backend.solo_ready.is_set() and backend.solo is not None

@@ -77,12 +77,7 @@ class OpenVinoBackend(Backend):
         self.solo: ov.CompiledModel | None = None
         self._solo_request: ov.InferRequest | None = None
         self.solo_ready = threading.Event()
-        if self.streams > 1 and not spec.latency:
-            threading.Thread(
-                target=self._compile_solo, args=(folder[0],), name=f"{info.path.name}-solo", daemon=True
-            ).start()
-        else:
-            self.solo_ready.set()  # one stream already runs on every core
+        self._closed = False
         # One set of requests (one per stream) per batch in flight: while a finished batch is
         # collected, the next one already runs, so no stream idles between batches. Latency
         # mode (targets that take one request at a time): one batch at a time.
@@ -97,6 +92,12 @@ class OpenVinoBackend(Backend):
             next((n for n in port.get_names() if n in INPUT_NAMES), port.any_name)
             for port in self.compiled.inputs
         ]
+        if self.streams > 1 and not spec.latency:  # last: nothing after it may fail
+            threading.Thread(
+                target=self._compile_solo, args=(folder[0],), name=f"{info.path.name}-solo", daemon=True
+            ).start()
+        else:
+            self.solo_ready.set()  # one stream already runs on every core
 
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":
@@ -109,8 +110,10 @@ class OpenVinoBackend(Backend):
 
     def _compile_solo(self, folder: Path) -> None:
         try:
-            self.solo = self._compile(folder, latency=True)
-            self._solo_request = self.solo.create_infer_request()
+            solo = self._compile(folder, latency=True)
+            request = solo.create_infer_request()
+            if not self._closed:  # a backend closed meanwhile (a reference for a check) drops it
+                self.solo, self._solo_request = solo, request
         except Exception as exc:  # the streams still serve every batch, only a lone one slower
             log.warning(
                 "could not compile %s for lone batches (%s: %s); one request at a time runs on "
@@ -211,7 +214,7 @@ class OpenVinoBackend(Backend):
         self.solo_ready.wait()
 
     def close(self) -> None:
-        self.settle()
+        self._closed = True  # not waited for: a compilation still running is dropped when done
         del self._free, self.compiled, self.solo, self._solo_request
 
 
