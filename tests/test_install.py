@@ -26,7 +26,7 @@ SERVE = "HF_HUB_OFFLINE=1 .venv/bin/infinity-cloud serve"
 
 def readme_setup_command() -> str:
     """The README's first command, less its final `serve`: exactly what a user runs to set up."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Two commands", 1)[1]
     command = re.search(r"```bash\n(.+?)\n```", section, re.S).group(1).strip()
     assert command.endswith(SERVE), f"the README's first command no longer ends with {SERVE!r}: {command}"
