@@ -148,7 +148,7 @@ class ServerSpec(_Frozen):
         if self.api_key_file is None:
             return self.api_keys
         try:
-            lines = self.api_key_file.read_text().splitlines()
+            lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise ConfigError(f"cannot read the API key file {self.api_key_file}: {exc.strerror}") from exc
         from_file = tuple(k for k in (line.strip() for line in lines) if k and not k.startswith("#"))
@@ -249,7 +249,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

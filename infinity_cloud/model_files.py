@@ -113,7 +113,7 @@ def _read_json(path: Path) -> dict[str, Any] | list[Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from exc
 

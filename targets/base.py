@@ -149,7 +149,7 @@ def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> lis
 
     root = resources.files("infinity_cloud.templates").joinpath(target)
     env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+        loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text(encoding="utf-8")),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
@@ -160,7 +160,7 @@ def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> lis
             continue
         if entry.name.endswith(".j2"):
             path = out_dir / entry.name.removesuffix(".j2")
-            path.write_text(env.get_template(entry.name).render(**context))
+            path.write_text(env.get_template(entry.name).render(**context), encoding="utf-8")
         else:
             path = out_dir / entry.name
             path.write_bytes(entry.read_bytes())

@@ -121,7 +121,7 @@ def serving_requirements(spec: DeploymentSpec, device: str) -> list[str]:
 
 def write_requirements(out_dir: Path, requirements: list[str], name: str = REQUIREMENTS_FILE) -> Path:
     path = out_dir / name
-    path.write_text("\n".join(requirements) + "\n")
+    path.write_text("\n".join(requirements) + "\n", encoding="utf-8")
     return path
 
 

@@ -158,7 +158,7 @@ def _failure_record(target: Path) -> Path:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -190,7 +190,7 @@ def load_cached(make: Callable[[], Path], load: Callable[[Path], T]) -> T:
 def verify(folder: Path) -> bool:
     """True when the manifest exists and every file it lists is intact."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         for name, expected in manifest["files"].items():
             if _file_record(folder / name) != expected:
                 return False
@@ -200,7 +200,7 @@ def verify(folder: Path) -> bool:
 
 
 def export_metadata(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / MANIFEST).read_text())["metadata"]
+    return json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["metadata"]
 
 
 def remove(folder: Path) -> None:

@@ -64,7 +64,7 @@ class LambdaTarget(Target[LambdaSpec]):
         served_data = container.served_spec_data(served_spec)
         import yaml  # only here: not on every start of the CLI
 
-        (out_dir / SPEC_FILE).write_text(yaml.safe_dump(served_data, sort_keys=False))
+        (out_dir / SPEC_FILE).write_text(yaml.safe_dump(served_data, sort_keys=False), encoding="utf-8")
         requirements = container.write_requirements(
             out_dir, [*container.serving_requirements(served_spec, "cpu"), *_mangum()]
         )

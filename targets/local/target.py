@@ -61,7 +61,7 @@ class LocalTarget(Target[LocalSpec]):
         out_dir.mkdir(parents=True, exist_ok=True)
         model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
         served = container.image_spec(spec, model_dirs, host="0.0.0.0")
-        (out_dir / SPEC_FILE).write_text(spec_yaml(served))
+        (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
         extras = container.image_extras(spec, settings.device)
         requirements = container.write_requirements(out_dir, container.pinned_requirements(extras))
         package = container.stage_package(out_dir)

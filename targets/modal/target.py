@@ -167,7 +167,7 @@ class ModalTarget(Target[ModalSpec]):
         out_dir = Path(out_dir)
         written = render_templates("modal", out_dir, context)
         package = container.stage_package(out_dir)
-        (out_dir / "infinity-cloud.yaml").write_text(spec_yaml(spec))
+        (out_dir / "infinity-cloud.yaml").write_text(spec_yaml(spec), encoding="utf-8")
         return [*written, package, out_dir / "infinity-cloud.yaml"]
 
     def load(self, out_dir: Path) -> ModuleType:

@@ -98,7 +98,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
         memory_mb = settings.memory_mb if variant == "serverless" else None  # instances: their cgroup
         served = container.within_platform(served, INVOCATION_TIMEOUT_S, memory_mb)
-        (out_dir / SPEC_FILE).write_text(spec_yaml(served))
+        (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
         if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
             core = container.pinned_requirements(())
             from packaging.requirements import Requirement  # only here: not on every start of the CLI
