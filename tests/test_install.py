@@ -52,7 +52,8 @@ def readme_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The venv the README's set-up command makes, in a copy of this tree."""
     tree = copy_tree(tmp_path_factory.mktemp("clone"))
     done = subprocess.run(
-        ["bash", "-c", readme_setup_command()], cwd=tree, capture_output=True, text=True, timeout=900
+        ["bash", "-c", readme_setup_command()], cwd=tree, capture_output=True, timeout=900,
+        encoding="utf-8", errors="replace",  # pip's progress bars, whatever this process's locale
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return tree / ".venv"
@@ -96,8 +97,8 @@ def test_readme_install_serves_an_unseen_model_on_openvino(readme_server: tuple[
 
 
 def run_installed(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    return subprocess.run([*args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
+                          timeout=300, env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
 
 
 def test_build_local_finds_its_templates_in_a_new_folder(readme_venv: Path, elsewhere: Path) -> None:
