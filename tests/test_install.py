@@ -90,8 +90,8 @@ def readme_server(
 def test_readme_install_serves_an_unseen_model_on_openvino(readme_server: tuple[str, Path]) -> None:
     url, log = readme_server
     model = httpx.get(f"{url}/models").json()["data"][0]
-    assert model["backend"] == "openvino", log.read_text()[-3000:]
-    assert "cannot serve" not in log.read_text()  # no backend was tried and dropped on the way
+    assert model["backend"] == "openvino", log.read_text(encoding="utf-8")[-3000:]
+    assert "cannot serve" not in log.read_text(encoding="utf-8")  # no backend tried and dropped
     answer = httpx.post(f"{url}/embeddings", json={"input": ["hello", "world"]}, timeout=60).json()
     assert [len(d["embedding"]) for d in answer["data"]] == [384, 384]
 
@@ -112,7 +112,7 @@ def test_build_modal_finds_its_templates(readme_venv: Path, elsewhere: Path) -> 
     out = elsewhere / "modal-app"
     done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "modal", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "app = modal.App" in (out / "modal_app.py").read_text()
+    assert "app = modal.App" in (out / "modal_app.py").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", ["targets", "templates"])
