@@ -328,7 +328,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         with reported_errors():
             deployment = cls().deploy(spec, out, dry_run=dry_run)
         if deployment is None:
-            typer.echo(f"rendered {out}; nothing deployed (--dry-run)")
+            typer.echo("nothing deployed (--dry-run)")
             return
         report_deployment(deployment, spec)
 
@@ -403,8 +403,10 @@ def report_deployment(deployment: Deployment, spec: DeploymentSpec) -> None:
         typer.echo(f"the URL is printed above; `infinity-cloud status {deployment.target}` shows it again")
         return
     typer.echo(f"endpoint: {deployment.url}\n")
+    from infinity_cloud.targets.container import served_name
+
     typer.echo(usage_examples(
-        deployment.url, spec.models[0].name, api_key=deployment.api_key, headers=deployment.headers
+        deployment.url, served_name(spec.models[0]), api_key=deployment.api_key, headers=deployment.headers
     ))
 
 

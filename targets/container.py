@@ -9,16 +9,22 @@ This runs on the deploying machine; `runtime.py` is its counterpart inside the c
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infinity_cloud.backends.registry import backend_entry, backend_extra, device_kind, resolve_auto
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.model_source import local_model_dir
+from infinity_cloud.targets.platforms import ImagePlatform
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 # The torch release the tests ran on; an image pins the installed one, or this without it.
 TESTED_TORCH = "2.13.0"
@@ -80,43 +86,115 @@ def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
     return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))
 
 
-def pinned_requirements(extras: tuple[str, ...]) -> list[str]:
-    """The package's dependencies (core and `extras`), each pinned to the version installed
-    here, so the image runs the versions the tests ran; a missing one keeps its range.
-    torch is left out: it is installed on its own, from the index that fits the hardware."""
+def declared_requirements(extras: tuple[str, ...], more: tuple[str, ...] = ()) -> list[Requirement]:
+    """The package's dependencies (core and `extras`) as it declares them, and `more`; torch
+    is left out: it is installed on its own, from the index that fits the hardware."""
     from packaging.requirements import Requirement
 
     try:
-        requirements = importlib.metadata.requires("infinity-cloud") or []
+        declared = importlib.metadata.requires("infinity-cloud") or []
     except importlib.metadata.PackageNotFoundError:
         raise ConfigError(
             "infinity-cloud is not installed as a package here, so its pinned dependencies are "
             "unknown: pip install . (or -e .) first"
         ) from None
-    pins: dict[str, str] = {}
-    for line in requirements:
+    found: dict[str, Requirement] = {}
+    for line in [*declared, *more]:
         req = Requirement(line)
         if req.marker and not any(req.marker.evaluate({"extra": e}) for e in extras):
             continue
-        if req.name == "torch" or req.name in pins:
+        if req.name != "torch" and req.name not in found:
+            req.marker = None
+            found[req.name] = req
+    return list(found.values())
+
+
+def _pin(req: Requirement, version: str | None) -> str:
+    extras_of = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name}{extras_of}" + (f"=={version}" if version else str(req.specifier))
+
+
+def pinned_requirements(
+    extras: tuple[str, ...], platform: ImagePlatform | None = None, *,
+    exact: frozenset[str] = frozenset(), more: tuple[str, ...] = (),
+) -> list[str]:
+    """The package's dependencies (core, `extras` and `more`) pinned for an image on
+    `platform`: each at the version the tests ran here where a wheel of it installs there,
+    else the newest below it that does (an older Python, another CPU), resolved from the
+    package index. `exact` packages must install at the tested version (what `build` made
+    with them must load there), or the build is refused. Packages the base image ships stay
+    as it has them. Without a platform, or without the index: the tested versions, as is."""
+    from packaging.utils import canonicalize_name
+
+    from infinity_cloud.targets import resolution
+
+    reqs = declared_requirements(extras, more)
+    tested = {req.name: installed_version(req.name) for req in reqs}
+    if platform is None or not resolution.enabled():
+        return [_pin(req, tested[req.name]) for req in reqs]
+    shipped = {canonicalize_name(name) for name, _ in platform.shipped}
+    wanted = []
+    for req in reqs:
+        version = tested[req.name]
+        if version is None or canonicalize_name(req.name) in shipped:  # the image's own, if in range
+            wanted.append(str(req))
+        elif req.name in exact:
+            wanted.append(_pin(req, version))
+        else:  # the tested version, or the newest before it that installs there
+            wanted.append(f"{_pin(req, None)}{',' if req.specifier else ''}<={version}")
+    try:
+        resolved = resolution.resolve(wanted, platform)
+    except resolution.IndexUnreachable as exc:
+        _warn_unchecked(platform, str(exc))
+        return [_pin(req, tested[req.name]) for req in reqs if canonicalize_name(req.name) not in shipped]
+    pins = []
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        if name in shipped:
             continue
-        version = installed_version(req.name)
-        extras_of = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-        pins[req.name] = f"{req.name}{extras_of}" + (f"=={version}" if version else str(req.specifier))
-    return list(pins.values())
+        version = resolved[name]
+        if tested[req.name] not in (None, version):
+            print(f"note: {req.name} {version} in the image, not {tested[req.name]} as here: the newest that "
+                  f"installs on {platform}", file=sys.stderr)
+        pins.append(_pin(req, version))
+    return pins
 
 
-def serving_requirements(spec: DeploymentSpec, device: str) -> list[str]:
-    """The pins an image's run stage needs once the exports are built: the core, and only the
-    packages each model's backend serves with (no torch, transformers or onnx for OpenVINO
-    and ONNX Runtime)."""
+def check_installs(requirement: str, platform: ImagePlatform | None) -> None:
+    """A package installed on its own (torch, from its own index) has a wheel for `platform`."""
+    from infinity_cloud.targets import resolution
+
+    if platform is None or not resolution.enabled():
+        return
+    try:
+        resolution.resolve([requirement], platform, deps=False)
+    except resolution.IndexUnreachable as exc:
+        _warn_unchecked(platform, str(exc))
+
+
+@functools.cache
+def _warn_unchecked(platform: ImagePlatform, why: str) -> None:
+    print(
+        f"warning: could not ask the package index ({why}), so the image's requirements are the "
+        f"versions tested here, unchecked for {platform}: build where the index is reachable to "
+        "check them (pip's own configuration names the index)", file=sys.stderr,
+    )
+
+
+def serving_requirements(
+    spec: DeploymentSpec, device: str, platform: ImagePlatform | None = None, *,
+    exact: frozenset[str] = frozenset(), more: tuple[str, ...] = (),
+) -> list[str]:
+    """The pins an image's run stage needs once the exports are built: the core, the media
+    extras, `more`, and only the packages each model's backend serves with (no torch,
+    transformers or onnx for OpenVINO and ONNX Runtime). Pinned as the whole image is, so
+    the two stages agree."""
     from packaging.requirements import Requirement
 
     keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, device)).serving_packages}
-    core = pinned_requirements(())
-    keep |= {Requirement(pin).name for pin in pinned_requirements(MEDIA_EXTRAS)}
-    return core + [pin for pin in pinned_requirements(image_extras(spec, device))
-                   if Requirement(pin).name in keep and pin not in core]
+    keep |= {req.name for req in declared_requirements(MEDIA_EXTRAS, more)}
+    pins = pinned_requirements(image_extras(spec, device), platform, exact=exact, more=more)
+    return [pin for pin in pins if Requirement(pin).name in keep]
 
 
 def write_requirements(out_dir: Path, requirements: list[str], name: str = REQUIREMENTS_FILE) -> Path:
@@ -169,6 +247,25 @@ def copy_local_models(
         shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".infinity-cloud"))
         copies.append((dest.relative_to(out_dir).as_posix(), image_path))
     return model_dirs, copies
+
+
+def served_name(model: ModelSpec) -> str:
+    """The name an image serves a model under: its served name, else its hub id, else (a
+    local folder) the folder's name, never where it lies on the building machine."""
+    if model.served_model_name:
+        return model.served_model_name
+    path = local_model_dir(model.model_id)
+    return path.name if path is not None else model.model_id
+
+
+def with_served_names(spec: DeploymentSpec) -> DeploymentSpec:
+    """The spec with each local folder's model named as `served_name` says."""
+    models = tuple(
+        m if m.served_model_name or local_model_dir(m.model_id) is None
+        else m.model_copy(update={"served_model_name": served_name(m)})
+        for m in spec.models
+    )
+    return spec.model_copy(update={"models": models})
 
 
 def image_spec(spec: DeploymentSpec, model_dirs: dict[str, str], **server: Any) -> DeploymentSpec:

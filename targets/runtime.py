@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
@@ -29,7 +30,7 @@ def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) 
         model_id = model.get("model_id")
         if model_id in model_dirs:
             model = {**model, "model_id": model_dirs[model_id]}
-            model.setdefault("served_model_name", model_id)
+            model.setdefault("served_model_name", PurePath(model_id).name)
         models.append(model)
     return build_spec({**spec_data, "models": models})
 

@@ -10,6 +10,9 @@ import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Builds do not ask the package index here: test_image_requirements resolves every image
+# variant's requirements for its platform, through `build`, once.
+os.environ["INFINITY_CLOUD_RESOLVE_IMAGES"] = "0"
 os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"  # haystack reports usage unless told not to
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # litellm fetches its price list at import otherwise
 # Backend exports of the tests (and of the servers they start) go to a private folder, not

@@ -11,6 +11,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.client import BaseClient
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 from moto import mock_aws
@@ -43,7 +44,17 @@ def deploy(tmp_path: Path, model: Path, arn: str, *args: str, image: str = IMAGE
 
 
 @mock_aws
-def test_deploy_creates_the_function_and_its_url_then_updates_it(tmp_path: Path, tiny_embedder: Path) -> None:
+def test_deploy_creates_the_function_and_its_url_then_updates_it(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    make_call = BaseClient._make_api_call
+
+    def record(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
+        sent.append((operation, params))
+        return make_call(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", record)
     arn = role()
     result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--memory", "3538",
                     "--timeout", "30", "--architecture", "arm64")
@@ -66,8 +77,13 @@ def test_deploy_creates_the_function_and_its_url_then_updates_it(tmp_path: Path,
     function = lam.get_function(FunctionName="emb")
     assert function["Code"]["ImageUri"] == image and function["Configuration"]["MemorySize"] == 1769
     assert lam.get_function_url_config(FunctionName="emb")["AuthType"] == "NONE"
-    (statement,) = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
-    assert statement["Action"] == "lambda:InvokeFunctionUrl" and statement["Principal"] == "*"
+    # Both permissions a public URL needs since October 2025, the second only through the URL
+    # (moto keeps the statements, not their conditions: those are read from the calls sent).
+    statements = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert [(s["Action"], s["Principal"]) for s in statements] == [
+        ("lambda:InvokeFunctionUrl", "*"), ("lambda:InvokeFunction", "*")]
+    url_only, invoke = [params for operation, params in sent if operation == "AddPermission"]
+    assert url_only["FunctionUrlAuthType"] == "NONE" and invoke["InvokedViaFunctionUrl"] is True
     assert "the function URL is public" in result.output
 
     status = runner.invoke(cli, ["status", "aws-lambda", "--function-name", "emb", "--region", REGION])
@@ -84,10 +100,17 @@ def test_dry_run_prints_the_calls(tmp_path: Path, tiny_embedder: Path, monkeypat
     from infinity_cloud.targets.aws_lambda import target
 
     monkeypatch.setattr(target, "clients", lambda region: pytest.fail("AWS was called"))
+    monkeypatch.setattr(target.LambdaTarget, "build", lambda *a: pytest.fail("the models were exported"))
     arn = "arn:aws:iam::123456789012:role/lambda-exec"
-    result = deploy(tmp_path, tiny_embedder, arn, "--dry-run")
+    result = deploy(tmp_path, tiny_embedder, arn, "--dry-run", "--auth", "NONE")
     assert result.exit_code == 0, result.output
     assert "lambda.create_function(" in result.output and IMAGE in result.output and arn in result.output
+    # Complete: the URL and both permissions a public one needs.
+    assert "lambda.create_function_url_config(" in result.output
+    assert result.output.count("lambda.add_permission(") == 2
+    assert '"InvokedViaFunctionUrl": true' in result.output
+    refused = deploy(tmp_path, tiny_embedder, arn, "--dry-run", "--backend", "torch")
+    assert refused.exit_code == 2 and "serves without torch" in refused.output  # still checked
 
 
 def test_deploy_needs_an_image_and_a_role(tmp_path: Path) -> None:

@@ -124,7 +124,10 @@ def test_build_local_copies_local_model_folders_into_the_image(tmp_path, tiny_em
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load((out / "infinity-cloud.yaml").read_text())
     image_path = spec["models"][0]["model_id"]
-    assert spec["models"][0]["served_model_name"] == str(tiny_embedder)  # what clients know it by
+    # Served under its folder's name, not where it lay on the building machine.
+    assert spec["models"][0]["served_model_name"] == tiny_embedder.name
+    for rendered in ("infinity-cloud.yaml", "Dockerfile", "compose.yaml"):
+        assert str(tiny_embedder) not in (out / rendered).read_text()
     copy = out / "models" / image_path.rsplit("/", 1)[1]
     assert (copy / "config.json").is_file() and not (copy / ".infinity-cloud").exists()
     assert f"COPY models/{copy.name} {image_path}" in (out / "Dockerfile").read_text()

@@ -166,17 +166,21 @@ def test_the_example_spec_renders_two_models_in_one_app(tmp_path: Path) -> None:
 
 def test_the_container_sees_local_folders_at_their_image_copies(gpu_app: Any, tiny_embedder: Path) -> None:
     module, _ = gpu_app
-    spec = container_spec(module.SPEC, module.MODEL_DIRS)
-    assert spec.models[0].model_id == module.MODEL_DIRS[str(tiny_embedder)]
-    assert spec.models[0].model_id.startswith("/models/local/")
+    spec = container_spec(module.SPEC, {})
+    copy, image_path = module.MODEL_COPIES[0]
+    assert spec.models[0].model_id == image_path and image_path.startswith("/models/local/")
+    assert (Path(module.__file__).parent / copy / "config.json").is_file()  # what add_local_dir sends
     assert spec.models[0].name == "embedder"
     assert "modal" not in module.SPEC  # the container's copy holds what it serves, not how
     assert module.HUB_MODELS == []  # nothing to fetch from the hub
 
 
-def test_a_local_folder_model_keeps_its_name_for_clients(tmp_path: Path, tiny_embedder: Path) -> None:
-    module, _ = build(tmp_path, "--model-id", str(tiny_embedder))
-    assert container_spec(module.SPEC, module.MODEL_DIRS).models[0].name == str(tiny_embedder)
+def test_a_local_folder_is_served_under_its_folder_name_not_the_build_path(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    module, source = build(tmp_path, "--model-id", str(tiny_embedder))
+    assert container_spec(module.SPEC, {}).models[0].name == tiny_embedder.name
+    assert str(tiny_embedder) not in source  # nothing rendered names where it lay here
 
 
 def test_defaults_are_safe(tmp_path: Path, tiny_embedder: Path) -> None:
@@ -295,7 +299,7 @@ def test_the_image_build_step_exports_each_model(
     """What `build_exports` runs in the image build, here against this machine's CPU."""
     monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "exports"))
     module, _ = build(tmp_path / "app", "--model-id", str(tiny_embedder), "--backend", "onnx")
-    bake_models(container_spec(module.SPEC, {}))
+    bake_models(container_spec(module.SPEC, module.model_dirs()))  # the copy beside the app, here
     assert "ready for onnx" in capsys.readouterr().out
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "exports").iterdir()) == ["onnx", "onnxruntime"]
 

@@ -15,6 +15,7 @@ from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 POLL_S = 2.0
 WAIT_LIMIT_S = 900.0
 PUBLIC_URL_STATEMENT = "infinity-cloud-public-url"
+PUBLIC_INVOKE_STATEMENT = "infinity-cloud-public-url-invoke"
 # Provisioned concurrency needs a published version; deploys that use it serve through this
 # alias, which then follows every later deploy.
 ALIAS = "live"
@@ -79,19 +80,37 @@ def url_of(client: Callable[[str], Any], name: str, qualifier: str | None = None
         return None
 
 
-def ensure_url(client: Callable[[str], Any], settings: LambdaSpec, qualifier: str | None = None) -> str:
-    """The function's (or its alias's) URL with the spec's auth; a public (NONE) one also needs
-    a resource policy letting anyone invoke it."""
-    lam, name, where = client("lambda"), settings.function_name, _qualified(qualifier)
-    exists = url_of(client, name, qualifier) is not None
-    write = lam.update_function_url_config if exists else lam.create_function_url_config
-    url = write(FunctionName=name, AuthType=settings.auth, **where)["FunctionUrl"]
+def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool = False) -> list[Call]:
+    """The function's (or its alias's) URL with the spec's auth. A public (NONE) one also needs
+    a resource policy letting anyone call it: since October 2025 both lambda:InvokeFunctionUrl
+    and lambda:InvokeFunction (the latter only through the URL), else it answers 403."""
+    name, where = settings.function_name, _qualified(qualifier)
+    write = "update_function_url_config" if exists else "create_function_url_config"
+    calls = [Call("lambda", write, {"FunctionName": name, "AuthType": settings.auth, **where})]
     if settings.auth == "NONE":
+        calls += [
+            Call("lambda", "add_permission", {
+                "FunctionName": name, "StatementId": PUBLIC_URL_STATEMENT,
+                "Action": "lambda:InvokeFunctionUrl", "Principal": "*", "FunctionUrlAuthType": "NONE",
+                **where,
+            }),
+            Call("lambda", "add_permission", {
+                "FunctionName": name, "StatementId": PUBLIC_INVOKE_STATEMENT,
+                "Action": "lambda:InvokeFunction", "Principal": "*", "InvokedViaFunctionUrl": True, **where,
+            }),
+        ]
+    return calls
+
+
+def ensure_url(client: Callable[[str], Any], settings: LambdaSpec, qualifier: str | None = None) -> str:
+    """Create or update the URL (and a public one's permissions); returns it."""
+    lam = client("lambda")
+    exists = url_of(client, settings.function_name, qualifier) is not None
+    write, *permissions = url_calls(settings, qualifier, exists=exists)
+    url = getattr(lam, write.operation)(**write.params)["FunctionUrl"]
+    for call in permissions:
         with contextlib.suppress(lam.exceptions.ResourceConflictException):  # an earlier deploy's
-            lam.add_permission(
-                FunctionName=name, StatementId=PUBLIC_URL_STATEMENT, Action="lambda:InvokeFunctionUrl",
-                Principal="*", FunctionUrlAuthType="NONE", **where,
-            )
+            lam.add_permission(**call.params)
     return url
 
 

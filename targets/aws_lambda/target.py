@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from infinity_cloud.backends.exports import CACHE_ENV
+from infinity_cloud.backends.registry import backend_entry
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
@@ -20,6 +21,8 @@ from infinity_cloud.targets.aws import AwsError, aws_calls, clients, require_ima
 from infinity_cloud.targets.aws_lambda import calls as lambda_calls
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
+from infinity_cloud.targets.platforms import image_platform
+from infinity_cloud.targets.resolution import Unresolvable
 
 SPEC_FILE = "infinity-cloud.yaml"
 HANDLER = "infinity_cloud.targets.aws_lambda.handler.handler"
@@ -28,6 +31,8 @@ PAYLOAD_BYTES = 6 * 1024 * 1024
 # What serves on Lambda without torch: ONNX Runtime by default (it writes nothing at run time,
 # where the image is read-only), OpenVINO when asked.
 LAMBDA_BACKENDS = ("onnx", "openvino")
+# The adapter from Lambda's events to the ASGI app (the aws extra's).
+MANGUM = "mangum>=0.17"
 
 
 class LambdaTarget(Target[LambdaSpec]):
@@ -47,27 +52,28 @@ class LambdaTarget(Target[LambdaSpec]):
             spec, f"set {ENDPOINT_KEYS_ENV} in the function's environment instead (or use the function "
             "URL's AWS_IAM auth)",
         )
+        spec = container.with_served_names(spec)
         models = tuple(self._lambda_model(m, settings) for m in spec.models)
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         for folder in ("models", "exports"):
             shutil.rmtree(out_dir / folder, ignore_errors=True)
-        served = []
-        for i, model in enumerate(models):
-            folder = f"models/{i}-{Path(model.model_id).name or 'model'}"
-            self._stage_model(model, out_dir / folder, out_dir / "exports")
-            served.append(model.model_copy(update={"model_id": folder, "served_model_name": model.name}))
+        folders = [f"models/{i}-{Path(model.model_id).name or 'model'}" for i, model in enumerate(models)]
+        served = [model.model_copy(update={"model_id": folder, "served_model_name": model.name})
+                  for model, folder in zip(models, folders, strict=True)]
         limits = spec.server.limits.model_copy(update={"max_payload_bytes": PAYLOAD_BYTES})
         served_spec = container.within_platform(spec.model_copy(update={
             "models": tuple(served), "server": spec.server.model_copy(update={"limits": limits}),
         }), settings.timeout_s, settings.memory_mb)
+        # Resolved first: a backend with no wheel for the function's CPU is refused before the
+        # models are exported.
+        requirements = container.write_requirements(out_dir, self._requirements(served_spec, settings))
+        for model, folder in zip(models, folders, strict=True):
+            self._stage_model(model, out_dir / folder, out_dir / "exports")
         served_data = container.served_spec_data(served_spec)
         import yaml  # only here: not on every start of the CLI
 
         (out_dir / SPEC_FILE).write_text(yaml.safe_dump(served_data, sort_keys=False), encoding="utf-8")
-        requirements = container.write_requirements(
-            out_dir, [*container.serving_requirements(served_spec, "cpu"), *_mangum()]
-        )
         package = container.stage_package(out_dir)
         written = render_templates("aws_lambda", out_dir, {
             "spec": served_spec, "aws_lambda": settings, "handler": HANDLER, "spec_file": SPEC_FILE,
@@ -81,15 +87,12 @@ class LambdaTarget(Target[LambdaSpec]):
         built and pushed with your own Docker."""
         settings = self.settings(spec)
         require_image_and_role("aws-lambda", settings.image_uri, settings.role)
-        self.build(spec, out_dir)
-        if dry_run:
-            for call in lambda_calls.function_calls(settings, exists=False):
-                print(call.describe())
-            print("(update_function_code and update_function_configuration when the function exists)")
-            if settings.provisioned_concurrency:
-                print(f"publish_version, then alias {lambda_calls.ALIAS!r} to it, then "
-                      f"put_provisioned_concurrency_config({settings.provisioned_concurrency}) on the alias")
+        if dry_run:  # the calls, checked and printed; no export (the image is built already)
+            for model in spec.models:
+                self._lambda_model(model, settings)
+            self._print_plan(settings)
             return None
+        self.build(spec, out_dir)
         client = clients(settings.region)
         name = settings.function_name
         with aws_calls(f"deploy function {name!r}"):
@@ -117,6 +120,20 @@ class LambdaTarget(Target[LambdaSpec]):
             notes.append(f"served through alias {name}:{lambda_calls.ALIAS} with "
                          f"{settings.provisioned_concurrency} provisioned environment(s)")
         return Deployment(self.name, name, url, notes=tuple(notes))
+
+    @staticmethod
+    def _print_plan(settings: LambdaSpec) -> None:
+        for call in lambda_calls.function_calls(settings, exists=False):
+            print(call.describe())
+        print("(update_function_code and update_function_configuration when the function exists)")
+        qualifier = None
+        if settings.provisioned_concurrency:
+            qualifier = lambda_calls.ALIAS
+            print(f"lambda.publish_version, then alias {lambda_calls.ALIAS!r} to it, then lambda."
+                  f"put_provisioned_concurrency_config({settings.provisioned_concurrency}) on the alias")
+        if settings.function_url:
+            for call in lambda_calls.url_calls(settings, qualifier):
+                print(call.describe())
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The function's state, configuration and URL, from Lambda; its alias and provisioned
@@ -165,6 +182,27 @@ class LambdaTarget(Target[LambdaSpec]):
             return lambda_calls.invoke(clients(settings.region), settings.function_name, body, route, api_key)
 
     @staticmethod
+    def _requirements(spec: DeploymentSpec, settings: LambdaSpec) -> list[str]:
+        """The serving pins, resolved for the base image's Python on the function's CPU. Each
+        backend's runtime must install there at the version that made the exports here."""
+        platform = image_platform(settings.base_image, settings.architecture)
+        if platform is None:
+            raise ConfigError(
+                f"cannot tell the Python of base image {settings.base_image!r} from its name: start "
+                "FROM public.ecr.aws/lambda/python:X.Y (or an image whose tag names it)"
+            )
+        exact = frozenset(pkg for m in spec.models for pkg in backend_entry(m.backend).serving_packages)
+        try:
+            return container.serving_requirements(spec, "cpu", platform, exact=exact, more=(MANGUM,))
+        except Unresolvable as exc:
+            others = [b for b in LAMBDA_BACKENDS if b not in {m.backend for m in spec.models}]
+            other_arch = "x86_64" if settings.architecture == "arm64" else "arm64"
+            raise Unresolvable(
+                f"{exc.message}: this backend cannot serve a Lambda {settings.architecture} function from "
+                f"{settings.base_image}; use --backend {' or '.join(others)}, or --architecture {other_arch}"
+            ) from None
+
+    @staticmethod
     def _lambda_model(model: ModelSpec, settings: LambdaSpec) -> ModelSpec:
         """The model as the function serves it: a backend without torch, an explicit dtype (the
         image is read-only, so no precision check can run there), threads for its vCPUs."""
@@ -200,6 +238,3 @@ class LambdaTarget(Target[LambdaSpec]):
                 os.environ[CACHE_ENV] = previous
 
 
-def _mangum() -> list[str]:
-    version = container.installed_version("mangum")
-    return [f"mangum=={version}" if version else "mangum>=0.17"]

@@ -17,6 +17,7 @@ from infinity_cloud.targets.base import (
     spec_yaml,
 )
 from infinity_cloud.targets.local.spec import LocalSpec
+from infinity_cloud.targets.platforms import image_platform, this_machine_arch
 
 IMAGE_MODELS = "/models"
 SPEC_FILE = "infinity-cloud.yaml"
@@ -55,6 +56,7 @@ class LocalTarget(Target[LocalSpec]):
         """A Dockerfile, a compose file, the pinned requirements, the package, the spec the
         container serves, and copies of local model folders; the image bakes the weights in."""
         settings = self.settings(spec)
+        spec = container.with_served_names(spec)
         container.refuse_spec_keys(spec, f"give them when it runs: docker run -e {SERVE_KEY_ENV}=KEY")
         container.check_backends(spec, settings.device, "this image")
         out_dir = Path(out_dir)
@@ -63,7 +65,9 @@ class LocalTarget(Target[LocalSpec]):
         served = container.image_spec(spec, model_dirs, host="0.0.0.0")
         (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
         extras = container.image_extras(spec, settings.device)
-        requirements = container.write_requirements(out_dir, container.pinned_requirements(extras))
+        platform = image_platform(settings.base_image, this_machine_arch())  # docker builds for this CPU
+        container.check_installs(f"torch=={container.torch_version()}", platform)
+        requirements = container.write_requirements(out_dir, container.pinned_requirements(extras, platform))
         package = container.stage_package(out_dir)
         written = render_templates("local", out_dir, {
             "spec": served,

@@ -26,6 +26,7 @@ from infinity_cloud.targets.base import (
     spec_yaml,
 )
 from infinity_cloud.targets.modal.spec import ModalSpec
+from infinity_cloud.targets.platforms import DEBIAN_GLIBC, ImagePlatform
 
 APP_FILE = "modal_app.py"
 SERVER_NAME = "Server"
@@ -88,21 +89,30 @@ def python_literal(value: Any) -> str:
     return pprint.pformat(value, width=100, sort_dicts=False)
 
 
-def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
+def render_context(
+    spec: DeploymentSpec, settings: ModalSpec, copies: list[tuple[str, str]] | None = None,
+    model_dirs: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """What the app file is rendered from. `model_dirs` maps local model folders to their
+    copies in the image and `copies` says where build put them beside the app file."""
     gpu = bool(settings.gpu)
     device = settings.device
     max_concurrency, target_concurrency = container.concurrency(
         spec, device, settings.max_concurrency, settings.target_concurrency
     )
-    served = container.queue_sized_for(spec, max_concurrency)
+    served = container.image_spec(spec, model_dirs or {})
+    served = container.queue_sized_for(served, max_concurrency)
     served = container.within_platform(served, None, settings.memory_mib)
-    model_dirs = container.local_model_dirs(spec, IMAGE_MODELS)
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    # Modal's debian_slim image, on Modal's x86-64 hosts, with this machine's Python.
+    platform = ImagePlatform(python_version, "x86_64", DEBIAN_GLIBC, f"Modal debian_slim {python_version}")
+    container.check_installs(f"torch=={container.torch_version()}", platform)
     return {
         "spec": spec,
         "modal": settings,
         "spec_literal": python_literal(container.served_spec_data(served)),
-        "model_dirs_literal": python_literal(model_dirs),
-        "model_dirs_items": list(model_dirs.items()),
+        "model_copies_literal": python_literal(copies or []),
+        "model_copies": copies or [],
         "hub_models_literal": python_literal(container.hub_models(spec)),
         "gpu_literal": repr(settings.gpu[0] if len(settings.gpu) == 1 else list(settings.gpu) or None),
         # One GPU of the first type builds the exports: the fallbacks share its software.
@@ -110,10 +120,10 @@ def render_context(spec: DeploymentSpec, settings: ModalSpec) -> dict[str, Any]:
         "secrets": list(settings.secrets),
         "api_key_secret": settings.api_key_secret,
         "keys_env": ENDPOINT_KEYS_ENV,
-        "python_version": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "python_version": python_version,
         "torch": f"torch=={container.torch_version()}",
         "torch_index": None if gpu else container.TORCH_CPU_INDEX,
-        "requirements": container.pinned_requirements(container.image_extras(spec, device)),
+        "requirements": container.pinned_requirements(container.image_extras(spec, device), platform),
         "max_concurrency": max_concurrency,
         "target_concurrency": target_concurrency,
         "unauthenticated": not settings.requires_proxy_auth,
@@ -163,8 +173,10 @@ class ModalTarget(Target[ModalSpec]):
             "and pass --api-key-secret NAME",
         )
         container.check_backends(spec, settings.device, "this Modal app")
-        context = render_context(spec, settings)
+        spec = container.with_served_names(spec)
         out_dir = Path(out_dir)
+        model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+        context = render_context(spec, settings, copies, model_dirs)
         written = render_templates("modal", out_dir, context)
         package = container.stage_package(out_dir)
         (out_dir / "infinity-cloud.yaml").write_text(spec_yaml(spec), encoding="utf-8")

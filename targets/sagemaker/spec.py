@@ -20,13 +20,29 @@ _NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,45}$")
 _ROLE = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 
 Variant = Literal["gpu", "cpu", "serverless", "inferentia2"]
-# Hugging Face's Neuron inference container (Neuron SDK 2.20, optimum-neuron, Python 3.10),
-# in the AWS account that serves it in most regions; pulling it needs `aws ecr get-login-password`
-# for that account. Check Hugging Face's list of Neuron containers for a newer tag.
+# Graviton (arm64) families SageMaker hosts real-time endpoints on (API_ProductionVariant):
+# their images are built for linux/arm64.
+GRAVITON_FAMILIES = ("c6g", "c6gd", "c6gn", "c7g", "m6g", "m6gd", "r6g", "r6gd", "r7gd", "r8g", "c8g", "m8g")
+# Hugging Face's Neuron inference container, in the AWS account that serves it in most
+# regions; pulling it needs `aws ecr get-login-password` for that account. The newest HF
+# Neuron image with transformers (the 2.20 one before it shipped transformers 4.43 and
+# tokenizers 0.19, below this package's floors); AWS's plain Neuron images run newer Pythons
+# but hold no transformers or optimum-neuron.
 NEURON_IMAGE = (
     "763104351884.dkr.ecr.{region}.amazonaws.com/huggingface-pytorch-inference-neuronx:"
-    "2.1.2-transformers4.43.2-neuronx-py310-sdk2.20.0-ubuntu20.04"
+    "2.8.0-transformers4.55.4-neuronx-py310-sdk2.26.0-ubuntu22.04"
 )
+# What that image's Python (3.10) already holds, at the versions its Neuron SDK was built
+# against (its Dockerfile: huggingface/pytorch/inference/docker/2.8/py3/sdk2.26.0): the image
+# keeps them, and the rest of the requirements are resolved around them.
+NEURON_IMAGE_SHIPS = {
+    "torch": "==2.8.0",
+    "transformers": "==4.55.4",
+    "tokenizers": ">=0.21,<0.22",
+    "huggingface-hub": "==0.35.0",
+    "numpy": ">=1.22.2,<=1.25.2",
+    "optimum-neuron": "==0.4.1",
+}
 
 
 class SageMakerSpec(BaseModel):
@@ -149,6 +165,11 @@ class SageMakerSpec(BaseModel):
         if self.family in NEURON_FAMILIES:
             return "inferentia2"
         return "gpu" if self.family in GPU_FAMILIES else "cpu"
+
+    @property
+    def arch(self) -> str:
+        """The image's CPU: arm64 on Graviton instances, else x86_64 (serverless included)."""
+        return "aarch64" if not self.serverless and self.family in GRAVITON_FAMILIES else "x86_64"
 
     @property
     def device(self) -> str:

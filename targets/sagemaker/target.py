@@ -15,8 +15,9 @@ from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
+from infinity_cloud.targets.platforms import ImagePlatform, image_platform
 from infinity_cloud.targets.sagemaker import aws
-from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
+from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE_SHIPS, SageMakerSpec
 
 IMAGE_MODELS = "/models"
 # Where SageMaker's convention puts the program, and the exports the build stage makes.
@@ -27,8 +28,22 @@ SERVING_REQUIREMENTS = "requirements-serving.txt"
 MODEL_ARCHIVE = "model.tar.gz"
 # SageMaker gives an invocation 60 s (real-time and serverless endpoints alike).
 INVOCATION_TIMEOUT_S = 60
-# What the Neuron image's own environment provides, at the versions its Neuron SDK needs.
-NEURON_IMAGE_HAS = {"numpy", "tokenizers", "safetensors", "huggingface-hub", "torch", "transformers"}
+CONSTRAINTS = "constraints.txt"
+
+
+def image_platform_of(settings: SageMakerSpec) -> ImagePlatform:
+    """The platform the image installs on: the Neuron image's Python and packages, or the
+    base image's Python on the instance's CPU."""
+    if settings.variant == "inferentia2":
+        image = settings.neuron_image.format(region=settings.region or "us-east-1")
+        return image_platform(image, "x86_64", shipped=NEURON_IMAGE_SHIPS)  # type: ignore[return-value]
+    found = image_platform(settings.base_image, settings.arch)
+    if found is None:
+        raise ConfigError(
+            f"cannot tell the Python of base image {settings.base_image!r} from its name: start FROM a "
+            "python:X.Y image (or one whose tag names it), so its requirements can be resolved for it"
+        )
+    return found
 
 
 def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
@@ -66,6 +81,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
         stage and run OpenVINO or ONNX Runtime without torch; Inferentia2 images start from
         the Neuron container and compile each model for its (batch, length) buckets."""
         settings = self.settings(spec)
+        spec = container.with_served_names(spec)
         variant, device = settings.variant, settings.device
         container.refuse_spec_keys(
             spec, "a SageMaker endpoint is reached only through IAM-signed invoke_endpoint, which "
@@ -99,17 +115,21 @@ class SageMakerTarget(Target[SageMakerSpec]):
         memory_mb = settings.memory_mb if variant == "serverless" else None  # instances: their cgroup
         served = container.within_platform(served, INVOCATION_TIMEOUT_S, memory_mb)
         (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
+        platform = image_platform_of(settings)
         if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
-            core = container.pinned_requirements(())
-            from packaging.requirements import Requirement  # only here: not on every start of the CLI
-
-            pins = [pin for pin in core if Requirement(pin).name not in NEURON_IMAGE_HAS]
+            pins = container.pinned_requirements((), platform)
         else:
-            pins = container.pinned_requirements(container.image_extras(spec, device))
+            if variant == "gpu" or settings.pack_models:
+                container.check_installs(f"torch=={container.torch_version()}", platform)
+            pins = container.pinned_requirements(container.image_extras(spec, device), platform)
         requirements = [container.write_requirements(out_dir, pins)]
+        if variant == "inferentia2":  # so pip keeps the Neuron SDK's own versions
+            requirements.append(container.write_requirements(
+                out_dir, [f"{name}{version}" for name, version in platform.shipped], CONSTRAINTS
+            ))
         if variant in ("cpu", "serverless"):
             requirements.append(container.write_requirements(
-                out_dir, container.serving_requirements(spec, device), SERVING_REQUIREMENTS
+                out_dir, container.serving_requirements(spec, device, platform), SERVING_REQUIREMENTS
             ))
         package = container.stage_package(out_dir)
         written = render_templates("sagemaker", out_dir, {
@@ -124,6 +144,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
             "model_copies": copies,
             "requirements_file": container.REQUIREMENTS_FILE,
             "serving_requirements_file": SERVING_REQUIREMENTS,
+            "constraints_file": CONSTRAINTS,
+            "arch": "arm64" if settings.arch == "aarch64" else "amd64",
             "package_dir": package.name,
             "spec_file": SPEC_FILE,
             "program_dir": PROGRAM_DIR,
