@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -23,26 +26,83 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 NEURON = ImagePlatform("3.10", "x86_64", (2, 35), shipped=(("numpy", ">=1.22.2,<=1.25.2"),))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def index(request: pytest.FixtureRequest) -> None:
-    """Builds ask the index here (the rest of the suite builds without it)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv(resolution.RESOLVE_ENV, "1")
-    resolution._resolve.cache_clear()
+@pytest.fixture(scope="module")
+def index() -> None:
+    """The index answers pip here, or (CI) the test fails rather than skips."""
     try:
         resolution.resolve(["packaging"], ImagePlatform("3.12", "x86_64"))
     except resolution.IndexUnreachable as exc:
-        patch.undo()
         if os.environ.get("CI"):
             pytest.fail(f"CI reaches the package index, but pip could not: {exc}")
         pytest.skip(f"the package index is not reachable here: {exc}")
-    request.addfinalizer(patch.undo)
 
 
-def build(target: str, out: Path, *args: str) -> str:
-    result = runner.invoke(cli, ["build", target, "--out", str(out), *args])
-    assert result.exit_code == 0, result.output
-    return result.output
+# Each image variant: the build's arguments, and the platform its image really installs on
+# (written out here, not taken from the code under test).
+LAMBDA_X86, LAMBDA_ARM = ImagePlatform("3.12", "x86_64", (2, 34)), ImagePlatform("3.12", "aarch64", (2, 34))
+VARIANTS: dict[str, tuple[list[str], ImagePlatform | None]] = {
+    "local-cpu": (["local"], ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
+    "local-gpu": (["local", "--gpu"], ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
+    "modal-cpu": (["modal"], ImagePlatform(PY, "x86_64", DEBIAN_GLIBC)),
+    "modal-gpu": (["modal", "--gpu", "L4"], ImagePlatform(PY, "x86_64", DEBIAN_GLIBC)),
+    "sagemaker-gpu": (["sagemaker", "--instance-type", "ml.g5.xlarge"], ImagePlatform("3.11", "x86_64")),
+    "sagemaker-cpu": (["sagemaker", "--instance-type", "ml.c7i.xlarge"], ImagePlatform("3.11", "x86_64")),
+    "sagemaker-serverless": (["sagemaker", "--serverless"], ImagePlatform("3.11", "x86_64")),
+    "sagemaker-graviton": (["sagemaker", "--instance-type", "ml.c7g.xlarge"],  # arm64
+                           ImagePlatform("3.11", "aarch64")),
+    "sagemaker-inferentia2": (["sagemaker", "--instance-type", "ml.inf2.xlarge", "--backend", "neuron",
+                               "--batch-buckets", "1", "--length-buckets", "128"], None),
+    "lambda-x86_64": (["aws-lambda", "--architecture", "x86_64"], LAMBDA_X86),
+    "lambda-arm64": (["aws-lambda", "--architecture", "arm64"], LAMBDA_ARM),
+    "lambda-arm64-openvino": (["aws-lambda", "--architecture", "arm64", "--backend", "openvino"], None),
+}
+
+
+@pytest.fixture(scope="module")
+def builds(
+    index: None, tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Every variant built by the CLI, each in its own process, all at once (pip spends its
+    time waiting on the index)."""
+    env = {**os.environ, resolution.RESOLVE_ENV: "1", "HF_HUB_OFFLINE": "1"}
+    started = {}
+    for name, (args, _) in VARIANTS.items():
+        out = tmp_path_factory.mktemp(name)
+        model = "BAAI/bge-small-en-v1.5" if "inferentia2" in name else str(tiny_embedder)
+        command = [sys.executable, "-m", "infinity_cloud", "build", args[0], "--out", str(out),
+                   "--model-id", model, *args[1:]]
+        started[name] = (out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, encoding="utf-8", errors="replace"))
+    done = {}
+    for name, (out, process) in started.items():
+        output, _ = process.communicate(timeout=600)
+        done[name] = (out, subprocess.CompletedProcess(process.args, process.returncode, output))
+    return done
+
+
+def written_pins(name: str, out: Path) -> dict[str, list[str]]:
+    if name.startswith("modal"):
+        return {"app": modal_pins((out / "modal_app.py").read_text())}
+    files = ("requirements.txt", "requirements-serving.txt")
+    return {file: pins(out / file) for file in files if (out / file).exists()}
+
+
+@pytest.fixture(scope="module")
+def resolved(builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> dict[str, dict[str, str]]:
+    """The written pins of each variant resolved again, independently, for its platform."""
+    jobs: dict[str, Any] = {}
+    with ThreadPoolExecutor(8) as pool:
+        asked: dict[tuple[tuple[str, ...], ImagePlatform], Any] = {}  # the same pins, asked once
+        for name, (_, platform) in VARIANTS.items():
+            out, result = builds[name]
+            if platform is None or result.returncode != 0:
+                continue
+            for file, found in written_pins(name, out).items():
+                key = (tuple(found), platform)
+                if key not in asked:
+                    asked[key] = pool.submit(resolves, found, platform)
+                jobs[f"{name}:{file}"] = asked[key]
+        return {key: job.result() for key, job in jobs.items()}
 
 
 def pins(path: Path) -> list[str]:
@@ -60,88 +120,65 @@ def modal_pins(source: str) -> list[str]:
     return re.findall(r'"([^"]+==[^"]+)"', block)
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
-def test_local_image(tmp_path: Path, tiny_embedder: Path, gpu: bool) -> None:
-    build("local", tmp_path, "--model-id", str(tiny_embedder), *(["--gpu"] if gpu else []))
-    resolves(pins(tmp_path / "requirements.txt"), ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC))
+@pytest.mark.parametrize("name", [n for n, (_, p) in VARIANTS.items() if p is not None])
+def test_each_images_pins_resolve_for_its_own_platform(
+    name: str, builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    resolved: dict[str, dict[str, str]],
+) -> None:
+    out, result = builds[name]
+    assert result.returncode == 0, result.stdout
+    files = written_pins(name, out)
+    assert files and all(f"{name}:{file}" in resolved for file in files)
+    if name.startswith("lambda"):
+        found = files["requirements.txt"]
+        assert {p.split("==")[0] for p in found} >= {"onnxruntime", "mangum"}
+    if name.startswith("sagemaker"):
+        expected = "arm64" if "graviton" in name else "amd64"
+        assert f"Build it for linux/{expected}" in (out / "Dockerfile").read_text()
 
 
-@pytest.mark.parametrize("gpu", [[], ["--gpu", "L4"]], ids=["cpu", "gpu"])
-def test_modal_image(tmp_path: Path, tiny_embedder: Path, gpu: list[str]) -> None:
-    build("modal", tmp_path, "--model-id", str(tiny_embedder), *gpu)
-    found = modal_pins((tmp_path / "modal_app.py").read_text())
-    resolves(found, ImagePlatform(PY, "x86_64", DEBIAN_GLIBC))
-
-
-@pytest.mark.parametrize(("args", "arch"), [
-    (["--instance-type", "ml.g5.xlarge"], "x86_64"),
-    (["--instance-type", "ml.c7i.xlarge"], "x86_64"),
-    (["--serverless"], "x86_64"),
-    (["--instance-type", "ml.c7g.xlarge"], "aarch64"),  # Graviton: an arm64 image
-], ids=["gpu", "cpu", "serverless", "graviton"])
-def test_sagemaker_image(tmp_path: Path, tiny_embedder: Path, args: list[str], arch: str) -> None:
-    build("sagemaker", tmp_path, "--model-id", str(tiny_embedder), *args)
-    platform = ImagePlatform("3.11", arch, DEBIAN_GLIBC)
-    resolves(pins(tmp_path / "requirements.txt"), platform)
-    if (tmp_path / "requirements-serving.txt").exists():
-        resolves(pins(tmp_path / "requirements-serving.txt"), platform)
-    expected = "arm64" if arch == "aarch64" else "amd64"
-    assert f"Build it for linux/{expected}" in (tmp_path / "Dockerfile").read_text()
-
-
-def test_inferentia2_image_keeps_the_neuron_images_python_and_packages(tmp_path: Path) -> None:
+def test_inferentia2_image_keeps_the_neuron_images_python_and_packages(
+    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+) -> None:
     """The Neuron image runs Python 3.10 with the Neuron SDK's own numpy, torch and
     transformers: the image's pins install on 3.10 around them, which the building venv's
     (typer and fastapi need 3.11 there) do not."""
-    output = build("sagemaker", tmp_path, "--model-id", "BAAI/bge-small-en-v1.5", "--instance-type",
-                   "ml.inf2.xlarge", "--backend", "neuron", "--batch-buckets", "1", "--length-buckets", "128")
-    found = pins(tmp_path / "requirements.txt")
+    out, result = builds["sagemaker-inferentia2"]
+    assert result.returncode == 0, result.stdout
+    found = pins(out / "requirements.txt")
     names = {re.split(r"[\[=]", pin)[0] for pin in found}
     assert not names & {"numpy", "torch", "transformers", "tokenizers", "huggingface-hub"}
-    kept = pins(tmp_path / "constraints.txt")
+    kept = pins(out / "constraints.txt")
     assert "numpy>=1.22.2,<=1.25.2" in kept and "transformers==4.55.4" in kept
-    platform = ImagePlatform("3.10", "x86_64", (2, 35), shipped=tuple(
-        (re.split(r"[=<>]", line, maxsplit=1)[0], line[len(re.split(r"[=<>]", line, maxsplit=1)[0]):])
-        for line in kept
-    ))
-    resolves(found, platform)
-    dockerfile = (tmp_path / "Dockerfile").read_text()
+    shipped = tuple((re.split(r"[=<>]", line, maxsplit=1)[0], re.sub(r"^[\w.-]+", "", line)) for line in kept)
+    resolves(found, ImagePlatform("3.10", "x86_64", (2, 35), shipped=shipped))
+    dockerfile = (out / "Dockerfile").read_text()
     assert "-c /opt/program/constraints.txt" in dockerfile and "py310-sdk2.26.0" in dockerfile
     # What the building venv has would not install there.
-    tested = container.pinned_requirements(())
+    tested = [p for p in container.pinned_requirements(()) if not p.startswith("numpy")]
     with pytest.raises(resolution.Unresolvable, match=r"Python 3\.10"):
-        resolution.resolve([p for p in tested if not p.startswith("numpy")], NEURON)
-    assert "typer 0.29.1 in the image, not" in " ".join(output.split()) or "typer" not in tested[0]
-
-
-@pytest.mark.parametrize("arch", ["x86_64", "arm64"])
-def test_lambda_image(tmp_path: Path, tiny_embedder: Path, arch: str) -> None:
-    build("aws-lambda", tmp_path, "--model-id", str(tiny_embedder), "--architecture", arch)
-    platform = ImagePlatform("3.12", "aarch64" if arch == "arm64" else "x86_64", (2, 34))
-    found = pins(tmp_path / "requirements.txt")
-    assert any(p.startswith("onnxruntime==") for p in found) and any(p.startswith("mangum==") for p in found)
-    resolves(found, platform)
+        resolution.resolve(tested, NEURON)
 
 
 def test_lambda_arm64_with_openvino_is_refused_at_build_with_the_alternatives(
-    tmp_path: Path, tiny_embedder: Path
+    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
 ) -> None:
     """openvino has no aarch64 wheel for Lambda's Python 3.12 at the version the exports are
     made with: refused before anything is exported, naming what works instead."""
-    result = runner.invoke(cli, ["build", "aws-lambda", "--out", str(tmp_path), "--model-id",
-                                 str(tiny_embedder), "--architecture", "arm64", "--backend", "openvino"])
-    assert result.exit_code == 2
-    message = " ".join(result.output.split())
+    out, result = builds["lambda-arm64-openvino"]
+    assert result.returncode == 2, result.stdout
+    message = " ".join(result.stdout.split())
     version = container.installed_version("openvino")
     assert f"openvino=={version} has no wheel for Python 3.12 on linux/aarch64" in message
     assert "--backend onnx" in message and "--architecture x86_64" in message
-    assert not (tmp_path / "exports").exists()  # refused before exporting
+    assert not (out / "exports").exists()  # refused before exporting
 
 
 def test_without_the_index_a_build_says_its_pins_are_unchecked(
     tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No index (offline): the tested versions, and a warning that names the platform."""
+    monkeypatch.setenv(resolution.RESOLVE_ENV, "1")
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_FIND_LINKS", "")
