@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.base import TargetError
+from infinity_cloud.targets.base import TargetError, one_line
 
 NO_CREDENTIALS = (
     "no AWS credentials: run `aws configure` (or `aws sso login`), or set AWS_ACCESS_KEY_ID and "
@@ -59,10 +59,10 @@ def aws_calls(action: str) -> Iterator[None]:
     except ClientError as exc:
         error = exc.response.get("Error", {})
         raise AwsError(
-            f"AWS refused to {action}: {error.get('Code', 'error')}: {error.get('Message', exc)}"
+            f"AWS refused to {action}: {error.get('Code', 'error')}: {one_line(error.get('Message', exc))}"
         ) from None
     except (BotoCoreError, OSError) as exc:
-        raise AwsError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
+        raise AwsError(f"could not {action}: {type(exc).__name__}: {one_line(str(exc))}") from exc
 
 
 def clients(region: str | None) -> Callable[[str], Any]:

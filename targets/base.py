@@ -4,6 +4,7 @@ template rendering, the spec file they write, logging, and calling a deployed en
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -118,7 +119,24 @@ def _error_message(response: Any) -> str:
     try:
         return response.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        return response.text[:500]
+        return one_line(response.text)
+
+
+_TAG = re.compile(r"<[^>]+>")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_SCRIPT = re.compile(r"<(script|style)[^>]*>.*?</\1>", re.I | re.S)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """What a platform answered, as one readable line: an HTML error page (a proxy's, a load
+    balancer's) as its title or text, whitespace collapsed, at most `limit` characters."""
+    text = str(text)
+    if "<" in text and ">" in text and _TAG.search(text):
+        title = _TITLE.search(text)
+        text = title.group(1) if title else _TAG.sub(" ", _SCRIPT.sub(" ", text))
+        text = f"{' '.join(text.split())} (an HTML page, not an API error: a proxy or the wrong endpoint?)"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def configure_logging(level: str, form: str = "text") -> None:

@@ -108,6 +108,36 @@ def test_delete_removes_endpoint_config_model_and_scaling(tmp_path: Path, tiny_e
     assert again.exit_code == 2 and "no SageMaker endpoint named 'infinity-cloud'" in again.output
 
 
+@mock_aws
+def test_delete_also_removes_what_earlier_and_failed_deploys_left(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    assert deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.m5.large").exit_code == 0
+    sm = boto3.client("sagemaker", region_name=REGION)
+    container = {"Image": IMAGE}
+    variant = {"VariantName": "AllTraffic", "InstanceType": "ml.m5.large", "InitialInstanceCount": 1}
+    for name in ("infinity-cloud-20250101-000000", "other-20250101-000000"):  # a leftover; someone else's
+        sm.create_model(ModelName=name, ExecutionRoleArn=ROLE, PrimaryContainer=container)
+        sm.create_endpoint_config(
+            EndpointConfigName=name, ProductionVariants=[{**variant, "ModelName": name}])
+    result = runner.invoke(cli, ["delete", "sagemaker", "--region", REGION, "--yes"])
+    assert result.exit_code == 0, result.output
+    assert [m["ModelName"] for m in sm.list_models()["Models"]] == ["other-20250101-000000"]
+    configs = sm.list_endpoint_configs()["EndpointConfigs"]
+    assert [c["EndpointConfigName"] for c in configs] == ["other-20250101-000000"]
+
+
+@mock_aws
+def test_a_deploy_that_fails_midway_deletes_what_it_created(tmp_path: Path, tiny_embedder: Path) -> None:
+    """moto refuses ml.g5 in an endpoint config (as AWS refuses a type a region lacks): the
+    model made before it is deleted again, and the error is one line."""
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.g5.xlarge")
+    assert result.exit_code == 2 and "AWS refused to deploy endpoint" in result.output
+    assert "rolled back: sagemaker.delete_model(infinity-cloud-" in result.output
+    sm = boto3.client("sagemaker", region_name=REGION)
+    assert sm.list_models()["Models"] == [] and sm.list_endpoint_configs()["EndpointConfigs"] == []
+
+
 # -- what moto lacks, with botocore's Stubber over the real API models --------------------------
 
 
@@ -165,20 +195,60 @@ def test_a_failed_endpoint_says_sagemakers_reason(
     reason = "The primary container for production variant AllTraffic did not pass the ping health check."
     sm.add_response("describe_endpoint", endpoint_state("Creating"))
     sm.add_response("describe_endpoint", endpoint_state("Failed", FailureReason=reason))
+    # Rolled back, newest first: the endpoint, its config, its model.
+    for operation in ("delete_endpoint", "delete_endpoint_config", "delete_model"):
+        sm.add_response(operation, {})
     result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb")
     assert result.exit_code == 2
     assert f"endpoint 'emb' is Failed: {reason}" in result.output and "Traceback" not in result.output
+    assert result.output.count("rolled back:") == 3
+
+
+def test_a_failed_update_keeps_the_old_config_and_deletes_the_new_one(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """SageMaker puts an endpoint whose update failed back on its old config, InService: that
+    is a failure, and the new model and config go."""
+    sm = stubbed["sagemaker"]
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
+    stub_creation(sm, update=True)
+    sm.add_response("describe_endpoint", endpoint_state("Updating", config="emb-old"))
+    reason = "The primary container did not pass the ping health check."
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old", FailureReason=reason))
+    sm.add_response("delete_endpoint_config", {})
+    sm.add_response("delete_model", {})
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb")
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert "could not move to emb-" in message and f"still serves emb-old: {reason}" in message
+    assert "delete_endpoint(" not in message and message.count("rolled back:") == 2
+
+
+def test_an_html_error_page_is_one_readable_line() -> None:
+    """A proxy's or load balancer's HTML page in place of AWS's error: its title, on one line."""
+    from botocore.exceptions import ClientError
+
+    from infinity_cloud.targets.aws import AwsError, aws_calls
+
+    page = ("<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n<center><h1>502 Bad Gateway"
+            "</h1></center>\n<hr><center>nginx</center>\n</body>\n</html>")
+    with pytest.raises(AwsError) as raised, aws_calls("describe endpoint 'emb'"):
+        raise ClientError({"Error": {"Code": "502", "Message": page}}, "DescribeEndpoint")
+    message = str(raised.value)
+    assert "\n" not in message and "<" not in message
+    assert message.startswith("AWS refused to describe endpoint 'emb': 502: 502 Bad Gateway (an HTML page")
 
 
 def test_deploying_an_existing_name_updates_it_blue_green(
-    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new model and config, the endpoint moved to them, then the old ones deleted."""
+    monkeypatch.setattr(aws, "stamp", lambda: "20260101-000000")
     sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
     sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
     stub_creation(sm, update=True)
-    sm.add_response("describe_endpoint", endpoint_state("Updating"))
-    sm.add_response("describe_endpoint", endpoint_state("InService"))
+    sm.add_response("describe_endpoint", endpoint_state("Updating", config="emb-old"))
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-20260101-000000"))
     scaling.add_response("register_scalable_target", {})
     policy = {"PolicyARN": "arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:p", "Alarms": []}
     scaling.add_response("put_scaling_policy", policy)

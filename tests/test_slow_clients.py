@@ -1,23 +1,59 @@
-"""Slow clients against a real server process: headers or a body that do not arrive within
-their deadline get a 408 and the connection closed (slowloris); clients in time are served."""
+"""Slow clients against a real server process, `infinity-cloud serve` and SageMaker's
+`serve` alike: headers or a body that do not arrive within their deadline get a 408 and the
+connection closed (slowloris); clients in time are served."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import FAKE, server_process
+import yaml
+from conftest import FAKE, free_port, server_process
 
 
-@pytest.fixture(scope="module")
-def url(tiny_embedder: Path) -> Iterator[str]:
-    deadlines = ("--header-timeout-s", "1", "--body-timeout-s", "1")
-    with server_process("--model-id", str(tiny_embedder), "--backend", FAKE, *deadlines) as running:
-        yield running
+@pytest.fixture(scope="module", params=["serve", "sagemaker"])
+def url(request: pytest.FixtureRequest, tiny_embedder: Path, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[str]:
+    if request.param == "serve":
+        deadlines = ("--header-timeout-s", "1", "--body-timeout-s", "1")
+        with server_process("--model-id", str(tiny_embedder), "--backend", FAKE, *deadlines) as running:
+            yield running
+        return
+    folder = tmp_path_factory.mktemp("sagemaker-serve")
+    config = folder / "infinity-cloud.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"model_id": str(tiny_embedder), "backend": FAKE}],
+        "server": {"header_timeout_s": 1, "body_timeout_s": 1, "log_level": "warning"},
+    }))
+    port = free_port()
+    env = {**os.environ, "INFINITY_CLOUD_CONFIG": str(config), "SAGEMAKER_BIND_TO_PORT": str(port),
+           "SM_MODEL_DIR": str(folder / "no-model-data")}
+    with (folder / "serve.log").open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "infinity_cloud.targets.sagemaker.serve", "serve"],
+                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (folder / "serve.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (folder / "serve.log").read_text()
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def exchange(url: str, *parts: bytes) -> bytes:

@@ -5,6 +5,8 @@ and invoke_endpoint. Every AWS failure ends in one clear line."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -12,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.aws import AwsError, Call
+from infinity_cloud.targets.aws import AwsError, Call, run
 from infinity_cloud.targets.aws import clients as aws_clients
+from infinity_cloud.targets.base import one_line
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
 
 VARIANT = "AllTraffic"
@@ -117,9 +120,11 @@ def describe_endpoint(client: Callable[[str], Any], name: str) -> dict[str, Any]
 
 
 def wait_in_service(
-    client: Callable[[str], Any], name: str, report: Callable[[str, float], None]
+    client: Callable[[str], Any], name: str, report: Callable[[str, float], None], config: str | None = None
 ) -> dict[str, Any]:
-    """Poll until the endpoint is InService; a failure raises with SageMaker's reason."""
+    """Poll until the endpoint is InService (on `config`, when given); a failure raises with
+    SageMaker's reason. A failed update is InService again, on its old config: SageMaker
+    rolled it back."""
     started = time.monotonic()
     while True:
         endpoint = describe_endpoint(client, name)
@@ -127,6 +132,12 @@ def wait_in_service(
             raise SageMakerError(f"endpoint {name!r} disappeared while deploying")
         status, elapsed = endpoint["EndpointStatus"], time.monotonic() - started
         report(status, elapsed)
+        if status == "InService" and config is not None and endpoint["EndpointConfigName"] != config:
+            reason = endpoint.get("FailureReason") or "SageMaker gave no reason"
+            raise SageMakerError(
+                f"endpoint {name!r} could not move to {config} and still serves "
+                f"{endpoint['EndpointConfigName']}: {reason}"
+            )
         if status == "InService":
             return endpoint
         if status in FAILED:
@@ -145,6 +156,50 @@ def resources_of(client: Callable[[str], Any], config_name: str) -> list[Call]:
         Call("sagemaker", "delete_endpoint_config", {"EndpointConfigName": config_name}),
         *(Call("sagemaker", "delete_model", {"ModelName": m}) for m in models),
     ]
+
+
+# The undo of each call a deploy makes.
+_UNDO = {
+    "create_model": ("delete_model", "ModelName"),
+    "create_endpoint_config": ("delete_endpoint_config", "EndpointConfigName"),
+    "create_endpoint": ("delete_endpoint", "EndpointName"),
+}
+
+
+def roll_back(client: Callable[[str], Any], made: list[Call]) -> None:
+    """Delete what a failed deploy created, newest first (an updated endpoint SageMaker rolls
+    back itself). Each step is tried and said; a failing one does not hide the deploy's error."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    for call in reversed(made):
+        if call.operation not in _UNDO:
+            continue
+        operation, key = _UNDO[call.operation]
+        undo = Call(call.service, operation, {key: call.params[key]})
+        try:
+            run(client, undo)
+            print(f"rolled back: {call.service}.{operation}({call.params[key]})", file=sys.stderr)
+        except (ClientError, BotoCoreError) as exc:
+            print(f"could not roll back {call.params[key]}: {one_line(str(exc))}; delete it by hand",
+                  file=sys.stderr)
+
+
+def _stamped(endpoint: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(endpoint)}-\d{{8}}-\d{{6}}$")
+
+
+def leftovers(client: Callable[[str], Any], endpoint: str) -> list[Call]:
+    """The delete calls for every endpoint config and model named as this endpoint's deploys
+    name them (`NAME-YYYYMMDD-HHMMSS`): those a failed or replaced deploy left behind."""
+    sm, stamped = client("sagemaker"), _stamped(endpoint)
+    calls = []
+    for page in sm.get_paginator("list_endpoint_configs").paginate(NameContains=endpoint):
+        calls += [Call("sagemaker", "delete_endpoint_config", {"EndpointConfigName": c["EndpointConfigName"]})
+                  for c in page["EndpointConfigs"] if stamped.match(c["EndpointConfigName"])]
+    for page in sm.get_paginator("list_models").paginate(NameContains=endpoint):
+        calls += [Call("sagemaker", "delete_model", {"ModelName": m["ModelName"]})
+                  for m in page["Models"] if stamped.match(m["ModelName"])]
+    return calls
 
 
 def scaling_registered(client: Callable[[str], Any], endpoint: str) -> bool:
@@ -180,4 +235,4 @@ def _container_message(response: dict[str, Any]) -> str:
     try:
         return json.loads(original)["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        return str(original)[:500]
+        return one_line(str(original))

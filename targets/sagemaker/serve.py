@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from infinity_cloud.engine import Engine
     from infinity_cloud.server import create_app
+    from infinity_cloud.targets.read_deadlines import deadline_protocol
 
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["serve"]):
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     uvicorn.run(
         app, host="0.0.0.0", port=port, log_level=spec.server.log_level,
         timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_PERIOD_S,
+        http=deadline_protocol(spec.server), ws="none",  # the header and body deadlines of every server
     )
 
 

@@ -179,12 +179,20 @@ class SageMakerTarget(Target[SageMakerSpec]):
             )
             endpoint_calls = [c for c in calls if c.service != "application-autoscaling"]
             scaling = calls[len(endpoint_calls):]
-            for call in endpoint_calls:
-                run(client, call)
-            with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
-                aws.wait_in_service(
-                    client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)")
-                )
+            made: list[Call] = []  # what this deploy created, undone in reverse if it fails
+            try:
+                for call in endpoint_calls:
+                    run(client, call)
+                    made.append(call)
+                with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
+                    aws.wait_in_service(
+                        client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)"),
+                        # an update that failed is InService again, on the old config
+                        config=endpoint_calls[-1].params["EndpointConfigName"] if existing else None,
+                    )
+            except Exception:  # not on Ctrl-C: the endpoint may still come up
+                aws.roll_back(client, made)
+                raise
             for call in scaling:
                 run(client, call)
             if existing is not None:  # the old config and model serve nothing now
@@ -226,7 +234,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
         return facts
 
     def delete(self, spec: DeploymentSpec) -> None:
-        """Delete the endpoint, its config and its model, and its autoscaling target."""
+        """Delete the endpoint, its autoscaling target, and every endpoint config and model
+        a deploy of it made (earlier ones, and those a failed deploy left, included)."""
         settings = self.settings(spec)
         client = aws.clients(settings)
         name = settings.endpoint_name
@@ -235,6 +244,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             if endpoint is None:
                 raise aws.SageMakerError(f"no SageMaker endpoint named {name!r}")
             calls = aws.resources_of(client, endpoint["EndpointConfigName"])
+            calls += [c for c in aws.leftovers(client, name) if c not in calls]
             if aws.scaling_registered(client, name):
                 run(client, Call("application-autoscaling", "deregister_scalable_target", {
                     "ServiceNamespace": "sagemaker", "ResourceId": aws.resource_id(name),
