@@ -374,6 +374,8 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     ) -> None:
         target = cls()
         if not yes:
+            if not sys.stdin.isatty():  # no one to ask: a script says so with --yes
+                raise fail(f"not interactive, so not asking: pass --yes to stop {target.describe(spec)}")
             typer.confirm(f"Stop {target.describe(spec)}?", abort=True)
         with reported_errors():
             target.delete(spec)

@@ -398,6 +398,9 @@ def test_dry_run_renders_and_loads_without_credentials(tmp_path: Path, monkeypat
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "nothing deployed" in result.output and (out / "modal_app.py").is_file()
+    assert "public" not in result.output
+    public = runner.invoke(cli, [*args, "--no-proxy-auth"])  # warned as the real deploy warns
+    assert public.exit_code == 0 and "this endpoint is public" in public.output
 
 
 def test_deploy_calls_app_deploy_with_output_enabled(tmp_path: Path, monkeypatch, tiny_embedder) -> None:

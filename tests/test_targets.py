@@ -145,6 +145,21 @@ def test_invoke_local_calls_a_running_server(tiny_embedder: Path) -> None:
         assert answer["object"] == "list" and len(answer["data"]) == 1
         refused = runner.invoke(cli, ["invoke", "local", "--port", port, "--key", "wrong"])
         assert refused.exit_code == 2 and "answered 401" in refused.output
+        # Every target has the same verbs: status says what answers there, and what it serves.
+        keyed = {"INFINITY_CLOUD_ENDPOINT_KEY": "k1"}
+        status = runner.invoke(cli, ["status", "local", "--port", port], env=keyed)
+        assert status.exit_code == 0, status.output
+        assert f"url: {url}" in status.output and "status: ok" in status.output
+        assert f"models: {tiny_embedder}" in status.output
+    gone = runner.invoke(cli, ["status", "local", "--port", port])
+    assert gone.exit_code == 2 and "nothing answers at" in gone.output
+    assert "infinity-cloud serve" in gone.output
+
+
+def test_delete_asks_no_one_when_not_interactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script's delete (no terminal to ask) is refused with the flag to say so, not aborted."""
+    result = runner.invoke(build_cli(), ["delete", "sagemaker", "--region", "us-east-1"])
+    assert result.exit_code == 2 and "not interactive" in result.output and "--yes" in result.output
 
 
 @pytest.mark.parametrize(("deadline", "capped"), [(10.0, 10.0), (100.0, 30.0), (None, 30.0)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.targets import container
@@ -12,6 +13,7 @@ from infinity_cloud.targets.base import (
     CLIENT_KEY_ENV,
     Endpoint,
     Target,
+    TargetError,
     configure_logging,
     render_templates,
     spec_yaml,
@@ -28,7 +30,7 @@ SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
 class LocalTarget(Target[LocalSpec]):
     name = "local"
     spec_class = LocalSpec
-    verbs = ("build", "invoke")
+    verbs = ("build", "invoke", "status")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"the server at {self.endpoint(spec, None).url}"
@@ -81,6 +83,25 @@ class LocalTarget(Target[LocalSpec]):
             "spec_file": SPEC_FILE,
         })
         return [*written, out_dir / SPEC_FILE, requirements, package, *(out_dir / copy for copy, _ in copies)]
+
+    def status(self, spec: DeploymentSpec) -> dict[str, Any]:
+        """Whether a server answers at the spec's address, and what it serves."""
+        import httpx
+
+        endpoint = self.endpoint(spec, None)
+        try:
+            health = httpx.get(f"{endpoint.url}/health", headers=endpoint.headers, timeout=5)
+            models = httpx.get(f"{endpoint.url}/models", headers=endpoint.headers, timeout=5)
+        except httpx.HTTPError as exc:
+            raise TargetError(f"nothing answers at {endpoint.url} ({type(exc).__name__}): start it with "
+                              "`infinity-cloud serve`") from None
+        state = health.json().get("status", health.status_code)
+        facts: dict[str, Any] = {"url": endpoint.url, "status": state}
+        if models.status_code == 401:
+            facts["models"] = f"(set {CLIENT_KEY_ENV} to its API key to list them)"
+        elif models.status_code == 200:
+            facts["models"] = ", ".join(m["id"] for m in models.json()["data"])
+        return facts
 
     def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:
         server = spec.server

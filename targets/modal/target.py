@@ -192,22 +192,29 @@ class ModalTarget(Target[ModalSpec]):
             require_credentials()
         self.build(spec, out_dir)
         module = self.load(out_dir)
+        notes = self._notes(settings)
         if dry_run:
+            for note in notes:
+                print(f"note: {note}", file=sys.stderr)
             return None
         modal = import_modal()
         with modal_calls("deploy the app", settings), modal.enable_output():
             module.app.deploy(name=settings.app_name, environment_name=settings.environment)
             url = getattr(module, SERVER_NAME).get_url() if module.app.app_id else None
         proxy_headers = {header: f"${env}" for header, env in PROXY_HEADERS.items()}
-        notes = () if settings.requires_proxy_auth or settings.api_key_secret else (
-            "this endpoint is public: anyone with its URL can call it (--api-key-secret or --proxy-auth "
-            "guards it)",
-        )
         return Deployment(
             self.name, settings.app_name, url + spec.server.url_prefix if url else None,
             api_key=settings.api_key_secret is not None, notes=notes,
             headers=proxy_headers if settings.requires_proxy_auth else {},
         )
+
+    @staticmethod
+    def _notes(settings: ModalSpec) -> tuple[str, ...]:
+        """What a deploy (or its dry run) warns of."""
+        if settings.requires_proxy_auth or settings.api_key_secret:
+            return ()
+        return ("this endpoint is public: anyone with its URL can call it (--api-key-secret or --proxy-auth "
+                "guards it)",)
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The deployed app's state and endpoint URL, from Modal."""
