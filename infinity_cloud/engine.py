@@ -43,7 +43,7 @@ from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
-from infinity_cloud.validation import check_embedding_types, check_texts, check_top_n
+from infinity_cloud.validation import check_answer_size, check_embedding_types, check_texts, check_top_n
 
 if TYPE_CHECKING:  # imported on first use: it brings httpx
     from infinity_cloud.media.fetch import MediaFetcher
@@ -183,6 +183,7 @@ class Engine:
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
         # fetching and tokenizing count as waiting.
         queue, cost = served.queue(tower), task.cost(call, served)
+        check_answer_size(cost.numbers, self.limits)
         with self.memory.reserved(cost.memory):  # held until the answer is made
             predicted = queue.admit(cost.tokens)
             try:

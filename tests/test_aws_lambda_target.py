@@ -231,6 +231,8 @@ def test_the_image_holds_no_torch_and_names_its_handler(built: Path) -> None:
     assert model["model_id"].startswith("models/") and model["backend"] == "onnx"
     assert model["dtype"] == "float32" and model["backend_options"]["threads"] == 2  # 3,538 MB: 2 vCPUs
     assert served["server"]["limits"]["max_payload_bytes"] == 6 * 1024 * 1024
+    # Answers that could pass Lambda's 6 MB are refused before any work (test_http_errors).
+    assert served["server"]["limits"]["max_response_bytes"] == int(6 * 1024 * 1024 * 0.95)
     assert served["server"]["limits"]["memory_budget_mb"] == int(3538 * 0.9)  # the function's memory
 
 

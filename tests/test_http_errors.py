@@ -15,6 +15,7 @@ import pytest
 from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wait_until
 from tokenizers import Tokenizer
 
+from infinity_cloud.config import ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.memory import MB, MemoryBudget
 
@@ -568,3 +569,22 @@ async def test_memory_budget_sheds_what_would_not_fit(tiny_embedder):
                 assert len(response.json()["data"]) == 300
         await wait_until(lambda: engine.memory.held_bytes == 0 and trims)
         await assert_still_serving(c)
+
+
+async def test_an_answer_that_could_pass_the_response_limit_is_a_413_before_any_work(tiny_embedder) -> None:
+    """Lambda and SageMaker pass at most 6 MB back: a request whose answer could be larger is
+    refused up front, and what is let through, as JSON floats or base64, fits."""
+    limit = 200_000
+    model = ModelSpec(model_id=str(tiny_embedder), backend="onnx")
+    spec = spec_of(model, limits={"max_response_bytes": limit})
+    async with serve_in_process(spec) as client:
+        width = len((await client.post("/embeddings", json={"input": ["x"]})).json()["data"][0]["embedding"])
+        fits = (limit - 4096) // (15 * width)  # the bound the server uses: 15 bytes a number
+        texts = [f"text number {i} with some words" for i in range(fits)]
+        for encoding in ("float", "base64"):
+            answer = await client.post("/embeddings", json={"input": texts, "encoding_format": encoding})
+            assert answer.status_code == 200 and len(answer.content) <= limit, encoding
+        refused = await client.post("/embeddings", json={"input": [*texts, *texts]})
+        assert refused.status_code == 413
+        message = refused.json()["error"]["message"]
+        assert "more than this deployment's response limit of 0.2 MB" in message and "at least 2" in message

@@ -47,10 +47,11 @@ class Cost:
 
     tokens: int
     memory: int
+    numbers: int = 0  # in the answer
 
     def answering(self, numbers: int) -> Cost:
         """With an answer of `numbers` floats."""
-        return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER)
+        return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER, self.numbers + numbers)
 
 
 class Task(ABC, Generic[Call, Result]):

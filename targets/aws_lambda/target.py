@@ -26,7 +26,8 @@ from infinity_cloud.targets.resolution import Unresolvable
 
 SPEC_FILE = "infinity-cloud.yaml"
 HANDLER = "infinity_cloud.targets.aws_lambda.handler.handler"
-# Lambda's synchronous invocation payload limit.
+# Lambda's synchronous invocation payload limit, each way (a buffered function URL's too;
+# streaming answers need a runtime mangum does not run on).
 PAYLOAD_BYTES = 6 * 1024 * 1024
 # What serves on Lambda without torch: ONNX Runtime by default (it writes nothing at run time,
 # where the image is read-only), OpenVINO when asked.
@@ -61,7 +62,10 @@ class LambdaTarget(Target[LambdaSpec]):
         folders = [f"models/{i}-{Path(model.model_id).name or 'model'}" for i, model in enumerate(models)]
         served = [model.model_copy(update={"model_id": folder, "served_model_name": model.name})
                   for model, folder in zip(models, folders, strict=True)]
-        limits = spec.server.limits.model_copy(update={"max_payload_bytes": PAYLOAD_BYTES})
+        # Lambda passes at most 6 MB back, the answer's JSON escaped again inside its envelope.
+        limits = spec.server.limits.model_copy(update={
+            "max_payload_bytes": PAYLOAD_BYTES, "max_response_bytes": int(PAYLOAD_BYTES * 0.95),
+        })
         served_spec = container.within_platform(spec.model_copy(update={
             "models": tuple(served), "server": spec.server.model_copy(update={"limits": limits}),
         }), settings.timeout_s, settings.memory_mb)

@@ -110,7 +110,9 @@ class SageMakerTarget(Target[SageMakerSpec]):
         else:
             model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
             packed = []
-        limits = spec.server.limits.model_copy(update={"max_payload_bytes": settings.payload_limit})
+        limits = spec.server.limits.model_copy(update={  # invoke_endpoint's limit, each way
+            "max_payload_bytes": settings.payload_limit, "max_response_bytes": settings.payload_limit,
+        })
         served = container.image_spec(spec, model_dirs, host="0.0.0.0", port=settings.port, limits=limits)
         memory_mb = settings.memory_mb if variant == "serverless" else None  # instances: their cgroup
         served = container.within_platform(served, INVOCATION_TIMEOUT_S, memory_mb)
