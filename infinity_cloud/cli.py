@@ -381,7 +381,20 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
             target.delete(spec)
         typer.echo(f"stopped {target.describe(spec)}")
 
-    verbs = {"build": build, "deploy": deploy, "invoke": invoke, "status": status, "delete": delete}
+    def policy(
+        spec: DeploymentSpec,
+        which: Annotated[str, typer.Argument(help="trust, execution or deployer.")] = "deployer",
+    ) -> None:
+        import json
+
+        with reported_errors():
+            documents = cls().policies(spec)
+        if which not in documents:
+            raise fail(f"no policy {which!r}: ask for {', '.join(documents)}")
+        typer.echo(json.dumps(documents[which], indent=2))
+
+    verbs = {"build": build, "deploy": deploy, "invoke": invoke, "status": status, "delete": delete,
+             "policy": policy}
     commands = {}
     for verb in cls.verbs:
         command = verbs[verb]

@@ -22,6 +22,7 @@ VERBS = {
     "invoke": "Send a request to a deployed endpoint and print the answer.",
     "status": "Show a deployment's state and URL.",
     "delete": "Stop a deployment.",
+    "policy": "Print an IAM policy a first deployment needs: trust, execution or deployer (JSON).",
 }
 # How a caller picks the route of /invocations (SageMaker passes it through as is).
 ROUTE_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
@@ -91,6 +92,10 @@ class Target(Generic[Settings]):
     def delete(self, spec: DeploymentSpec) -> None:
         raise NotImplementedError
 
+    def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
+        """IAM policy documents by name (trust, execution, deployer)."""
+        raise NotImplementedError
+
     def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:
         """The deployed endpoint's base URL (with the spec's prefix) and auth headers."""
         raise NotImplementedError
@@ -124,6 +129,8 @@ def _error_message(response: Any) -> str:
 
 _TAG = re.compile(r"<[^>]+>")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
+_XML_CODE = re.compile(r"<Code>(.*?)</Code>", re.S)
+_XML_MESSAGE = re.compile(r"<Message>(.*?)</Message>", re.S)
 _SCRIPT = re.compile(r"<(script|style)[^>]*>.*?</\1>", re.I | re.S)
 
 
@@ -131,7 +138,10 @@ def one_line(text: str, limit: int = 300) -> str:
     """What a platform answered, as one readable line: an HTML error page (a proxy's, a load
     balancer's) as its title or text, whitespace collapsed, at most `limit` characters."""
     text = str(text)
-    if "<" in text and ">" in text and _TAG.search(text):
+    code, message = _XML_CODE.search(text), _XML_MESSAGE.search(text)
+    if message:  # an AWS XML error document: its code and message
+        text = f"{code.group(1)}: {message.group(1)}" if code else message.group(1)
+    elif "<" in text and ">" in text and _TAG.search(text):
         title = _TITLE.search(text)
         text = title.group(1) if title else _TAG.sub(" ", _SCRIPT.sub(" ", text))
         text = f"{' '.join(text.split())} (an HTML page, not an API error: a proxy or the wrong endpoint?)"

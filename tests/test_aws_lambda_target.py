@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,13 +144,16 @@ def without_volatile(body: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def local_answers(built: Path) -> dict[str, tuple[int, Any]]:
-    """The local server's answers to the same requests, from the same spec and models."""
+def local_answers(built: Path, tiny_embedder: Path, tiny_reranker: Path, tiny_classifier: Path
+                  ) -> dict[str, tuple[int, Any]]:
+    """The local server's answers to the same requests, from the same spec and the original
+    models (the image holds their exports, not their weights)."""
     import asyncio
 
     data = yaml.safe_load((built / "infinity-cloud.yaml").read_text())
+    originals = {"emb": tiny_embedder, "rr": tiny_reranker, "cl": tiny_classifier}
     for model in data["models"]:
-        model["model_id"] = str(built / model["model_id"])
+        model["model_id"] = str(originals[model["served_model_name"]])
 
     async def ask() -> dict[str, tuple[int, Any]]:
         async with serve_in_process(build_spec(data)) as client:
@@ -214,6 +218,76 @@ def test_base64_bodies_oversize_bodies_and_direct_invocations(
     assert without_volatile(direct[1]["body"]) == without_volatile(local_answers["rerank"][1])
     assert direct[2]["statusCode"] == 200 and direct[2]["body"]["status"] == "ok"
     assert direct[3]["statusCode"] == 422 and direct[3]["body"]["error"]["param"] is not None
+
+
+def test_the_image_holds_one_copy_of_the_weights(built: Path, tiny_embedder: Path) -> None:
+    """The runtime exports only: no weights in the model folders, no intermediate ONNX."""
+    for folder in (built / "models").iterdir():
+        assert not [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".onnx")]
+        assert (folder / "tokenizer.json").is_file() and (folder / "config.json").is_file()
+    kinds = sorted(p.name.split("-")[0] for p in (built / "exports").iterdir() if p.is_dir())
+    assert kinds == ["onnxruntime"] * 3, kinds
+
+
+def test_the_handler_runs_from_a_read_only_task_root(tmp_path: Path, tiny_embedder: Path) -> None:
+    """As on Lambda: the task root read-only, only /tmp writable. The image's compile step
+    leaves every module of the package a .pyc, and OpenVINO, finding no blob for this CPU
+    (one compiled elsewhere), compiles into /tmp rather than failing to write its export."""
+    out = tmp_path / "image"
+    result = runner.invoke(cli, ["build", "aws-lambda", "--out", str(out), "--model-id", str(tiny_embedder),
+                                 "--served-model-name", "emb", "--backend", "openvino"])
+    assert result.exit_code == 0, result.output
+    for compiled in (out / "exports").glob("*/compiled"):  # as if built on another CPU
+        shutil.rmtree(compiled)
+    dockerfile = (out / "Dockerfile").read_text()
+    (step,) = [line[4:] for line in dockerfile.splitlines() if line.startswith("RUN python -m compileall")]
+    subprocess.run(step.replace("${LAMBDA_TASK_ROOT}", str(out)).replace("python", sys.executable, 1),
+                   shell=True, check=True)
+    env, handler = image_env(out)
+    (tmp_path / "tmp").mkdir()
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([{"route": "embeddings", "body": {"model": "emb", "input": TEXTS}}]))
+    python = [sys.executable, "-c", READ_ONLY_HARNESS, handler, str(events), str(out)]
+    if os.geteuid() == 0:  # root writes through permissions: a read-only mount instead
+        mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        command = ["unshare", "-m", "sh", "-c", mount, str(out), *python]
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(out)], check=True)
+        command = python
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, **env, "PYTHONPATH": str(out), "TMPDIR": str(tmp_path / "tmp")})
+    subprocess.run(["chmod", "-R", "u+w", str(out)], check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == 200 and len(report["data"]) == len(TEXTS)
+    assert report["written"] is False, "the task root is read-only here"
+    assert report["without_pyc"] == [], report["without_pyc"]
+    assert "Read-only file system" not in done.stderr and "Permission denied" not in done.stderr
+    assert list((tmp_path / "tmp" / "infinity-cloud-openvino").glob("*/*"))  # the blob went to /tmp
+    print(f"cold start from a read-only task root: {report['init_s']:.2f} s")
+
+
+READ_ONLY_HARNESS = """
+import importlib, importlib.util, json, os, sys, time
+started = time.perf_counter()
+module_name, _, function = sys.argv[1].rpartition(".")
+handler = getattr(importlib.import_module(module_name), function)
+init_s = time.perf_counter() - started
+answer = handler(json.load(open(sys.argv[2]))[0], None)
+root = sys.argv[3]
+without_pyc = sorted(
+    name for name, module in list(sys.modules.items())
+    if (getattr(module, "__file__", None) or "").startswith(root) and module.__file__.endswith(".py")
+    and not os.path.exists(importlib.util.cache_from_source(module.__file__))
+)
+try:
+    open(os.path.join(root, "probe"), "w").close()
+    written = True
+except OSError:
+    written = False
+print(json.dumps({"status": answer["statusCode"], "data": answer["body"]["data"], "init_s": init_s,
+                  "without_pyc": without_pyc, "written": written}))
+"""
 
 
 def test_the_image_holds_no_torch_and_names_its_handler(built: Path) -> None:

@@ -237,6 +237,13 @@ def test_an_html_error_page_is_one_readable_line() -> None:
     message = str(raised.value)
     assert "\n" not in message and "<" not in message
     assert message.startswith("AWS refused to describe endpoint 'emb': 502: 502 Bad Gateway (an HTML page")
+    xml = ('<?xml version="1.0" encoding="utf-8"?>\n<ErrorResponse><Errors><Error><Code>AccessDenied</Code>'
+           "<Message>User: arn:aws:iam::1:user/d is not authorized</Message></Error></Errors>"
+           "</ErrorResponse>")
+    with pytest.raises(AwsError) as raised, aws_calls("describe endpoint 'emb'"):
+        raise ClientError({"Error": {"Code": "403", "Message": xml}}, "DescribeEndpoint")
+    assert str(raised.value) == ("AWS refused to describe endpoint 'emb': 403: AccessDenied: User: "
+                                 "arn:aws:iam::1:user/d is not authorized")
 
 
 def test_deploying_an_existing_name_updates_it_blue_green(

@@ -32,6 +32,10 @@ MANIFEST = "manifest.json"
 _FORMAT = 1  # bump when the layout of an export changes
 _SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
 _CHECKSUM_SPAN = 1 << 20  # bytes hashed at each end of a file: fast even for GBs
+PINNED_FINGERPRINT = "infinity-cloud-fingerprint.json"
+# What only building an export reads: the weights, in every format a hub folder ships them.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".onnx_data")
+_WEIGHT_FOLDERS = ("onnx", "openvino")
 
 T = TypeVar("T")
 
@@ -41,8 +45,12 @@ def model_fingerprint(model_path: Path) -> str:
 
     Content, not paths or times, so a folder copied or moved elsewhere keeps its exports.
     One load asks several times (each export, the fidelity verdict); the content is read
-    again only when a file's size or time has changed.
+    again only when a file's size or time has changed. A folder whose weights an image left
+    out (`serve_from_exports`) carries the digest they had.
     """
+    pinned = model_path / PINNED_FINGERPRINT
+    if pinned.is_file():
+        return json.loads(pinned.read_text(encoding="utf-8"))["fingerprint"]
     files = []
     for file in sorted(model_path.rglob("*")):
         rel = file.relative_to(model_path)
@@ -86,8 +94,10 @@ def cached_export(
     options: Mapping[str, Any],
     build: Callable[[Path], Mapping[str, Any] | None],
     description: str,
+    intermediate: bool = False,
 ) -> Path:
     """The verified export folder, building it with `build(folder)` first if needed.
+    `intermediate`: only other exports are built from it (`prune` may drop it).
 
     `build` writes its files into an empty folder and may return metadata to keep in the
     manifest (read back with `export_metadata`). Builds go to a private folder that is
@@ -120,7 +130,7 @@ def cached_export(
                 message = f"{description} failed: {type(exc).__name__}: {exc}"
                 _record_failure(failure, message)
                 raise ModelLoadError(message) from exc
-        _write_manifest(scratch, kind, options, metadata)
+        _write_manifest(scratch, kind, options, metadata, intermediate)
         try:
             scratch.rename(target)
         except OSError:  # another process finished the same export first
@@ -203,16 +213,45 @@ def export_metadata(folder: Path) -> dict[str, Any]:
     return json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["metadata"]
 
 
+def serve_from_exports(model_path: Path) -> list[Path]:
+    """Leave a model folder only what serving from its exports reads, for an image that holds
+    them: its fingerprint is pinned first (so the exports keep their names), then its weights
+    go (top level: a module's own folder, like 2_Dense, stays). Returns what went, relative."""
+    digest = model_fingerprint(model_path)
+    dropped = [p for p in sorted(model_path.iterdir())
+               if (p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name.endswith(".index.json")))
+               or (p.is_dir() and p.name in _WEIGHT_FOLDERS)]
+    (model_path / PINNED_FINGERPRINT).write_text(json.dumps({"fingerprint": digest}), encoding="utf-8")
+    for path in dropped:
+        remove(path) if path.is_dir() else path.unlink()
+    return [p.relative_to(model_path) for p in dropped]
+
+
+def prune(root: Path) -> list[Path]:
+    """Drop the intermediate exports under `root` (what other exports were built from), for
+    an image that serves the exports as they are; returns what went."""
+    dropped = []
+    for manifest in sorted(root.glob(f"*/{MANIFEST}")):
+        if (_read_json(manifest) or {}).get("intermediate"):
+            remove(manifest.parent)
+            dropped.append(manifest.parent)
+    return dropped
+
+
 def remove(folder: Path) -> None:
     """Drop an export, e.g. one that verified but that its runtime could not load."""
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _write_manifest(folder: Path, kind: str, options: Mapping[str, Any], metadata: Mapping[str, Any]) -> None:
+def _write_manifest(
+    folder: Path, kind: str, options: Mapping[str, Any], metadata: Mapping[str, Any],
+    intermediate: bool = False,
+) -> None:
     files = {
         str(f.relative_to(folder)): _file_record(f) for f in sorted(folder.rglob("*")) if f.is_file()
     }
-    manifest = {"kind": kind, "options": dict(options), "metadata": dict(metadata), "files": files}
+    manifest = {"kind": kind, "options": dict(options), "metadata": dict(metadata), "files": files,
+                "intermediate": intermediate}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 

@@ -1,6 +1,6 @@
 """ONNX Runtime backend: CPU, CUDA and TensorRT execution providers, optional int8.
 
-Starts from `onnx_export.onnx_file` (the folder's own file or the cached export), then
+Starts from `onnx_export.OnnxSource` (the folder's own file or the cached export), then
 caches an optimised copy: ONNX Runtime's transformer fusions (attention, LayerNorm, GELU)
 for BERT-like encoders, float16 for CUDA, and for `dtype int8` dynamic per-channel int8 with
 the layers that lose most kept in float32 (`onnx_int8`).
@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from infinity_cloud.backends import exports, onnx_int8
 from infinity_cloud.backends.base import Backend, Calibration, ModelInputs
-from infinity_cloud.backends.onnx_export import onnx_file, source_label
+from infinity_cloud.backends.onnx_export import OnnxSource
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.fidelity import MIN_AGREEMENT
@@ -45,11 +45,11 @@ class OnnxBackend(Backend):
         super().__init__(info, spec, graph)
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
-        source = onnx_file(info, self.graph, spec.trust_remote_code, self.name)
+        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name)
         fuse = info.model_type in _BERT_LIKE and self.graph != "image_embeds"
         # The source by its place in the folder, so a moved folder keeps its exports.
         options: dict[str, Any] = {
-            "source": source_label(info, source, self.graph), "dtype": self.dtype, "fuse": fuse,
+            "source": source.label, "dtype": self.dtype, "fuse": fuse,
         }
         if self.dtype == "int8" and calibration is not None:  # which layers stay float32 is measured
             options["int8_floor"] = MIN_AGREEMENT["int8"]
@@ -58,7 +58,7 @@ class OnnxBackend(Backend):
             return exports.cached_export(
                 info.path, "onnxruntime", options,
                 lambda out: _optimize(
-                    source, out / OPTIMIZED_FILE, info, self.dtype, fuse, calibration and calibration()
+                    source.path(), out / OPTIMIZED_FILE, info, self.dtype, fuse, calibration and calibration()
                 ),
                 f"optimising {info.path.name} for ONNX Runtime ({self.dtype})",
             )

@@ -33,29 +33,34 @@ def own_onnx(info: ModelInfo, graph: GraphOutput | None = None) -> Path | None:
     return None
 
 
-def source_label(info: ModelInfo, source: Path, graph: GraphOutput) -> str:
-    """Name an ONNX source in cache keys without its absolute path (a moved folder keeps its
-    exports): the folder's own file by its relative path, our export by its digest."""
-    own = own_onnx(info, graph)
-    return source.relative_to(info.path).as_posix() if source == own else source.parent.name
+class OnnxSource:
+    """A graph's ONNX file: the folder's own, else our export, built only when `path()` is
+    asked for, which a backend does only to build its own export from it. `label` names it in
+    cache keys without its absolute path (a moved folder keeps its exports), so a backend
+    whose export is cached never needs it, and an image may leave it out."""
 
+    def __init__(self, info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str) -> None:
+        from infinity_cloud.backends.exports import export_dir
 
-def onnx_file(info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str) -> Path:
-    """The folder's own ONNX file, else the cached export of `graph` (built now if missing or
-    corrupt)."""
-    from infinity_cloud.backends.exports import cached_export
+        self._info, self._graph, self._trust, self._backend = info, graph, trust_remote_code, backend
+        self.own = own_onnx(info, graph)
+        self._options = {"opset": _OPSET, "output": graph}
+        self.label = (self.own.relative_to(info.path).as_posix() if self.own is not None
+                      else export_dir(info.path, "onnx", self._options).name)
 
-    own = own_onnx(info, graph)
-    if own is not None:
-        return own
-    folder = cached_export(
-        info.path,
-        "onnx",
-        {"opset": _OPSET, "output": graph},
-        lambda out: export_onnx(info, graph, out / EXPORT_FILE, trust_remote_code, backend),
-        f"exporting {info.path.name} ({graph}) to ONNX",
-    )
-    return folder / EXPORT_FILE
+    def path(self) -> Path:
+        """The ONNX file, exported now if it is not cached (an intermediate: see `exports.prune`)."""
+        from infinity_cloud.backends.exports import cached_export
+
+        if self.own is not None:
+            return self.own
+        info, graph = self._info, self._graph
+        folder = cached_export(
+            info.path, "onnx", self._options,
+            lambda out: export_onnx(info, graph, out / EXPORT_FILE, self._trust, self._backend),
+            f"exporting {info.path.name} ({graph}) to ONNX", intermediate=True,
+        )
+        return folder / EXPORT_FILE
 
 
 # Which axes of each graph's output vary: every graph's rows; per-token outputs' positions too.

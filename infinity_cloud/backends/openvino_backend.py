@@ -1,6 +1,6 @@
 """OpenVINO backend (Intel CPUs): bfloat16 on AMX, several inference requests in flight.
 
-Converts the model's ONNX file (`onnx_export.onnx_file`) to OpenVINO IR once and caches it;
+Converts the model's ONNX file (`onnx_export.OnnxSource`) to OpenVINO IR once and caches it;
 compiled blobs are cached beside it, so later starts skip compilation too.
 
 Each batch is split into length-sorted slices that run as parallel inference requests, one
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +27,7 @@ import openvino as ov
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import INPUT_NAMES, Backend, ModelInputs
-from infinity_cloud.backends.onnx_export import onnx_file, source_label
+from infinity_cloud.backends.onnx_export import OnnxSource
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
@@ -41,6 +44,21 @@ _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 SOLO_EFFICIENCY = 0.8
 
 
+def compiled_cache(folder: Path) -> Path:
+    """Where OpenVINO keeps compiled blobs: beside the export, or, where that is read-only (a
+    Lambda image's task root), a copy of them in the temp dir, so a blob compiled elsewhere
+    for another CPU is replaced there instead of failing to be written."""
+    cache = folder / "compiled"
+    if os.access(folder, os.W_OK):
+        return cache
+    copy = Path(tempfile.gettempdir()) / "infinity-cloud-openvino" / folder.name
+    if not copy.exists():
+        if cache.is_dir():
+            shutil.copytree(cache, copy, dirs_exist_ok=True)
+        copy.mkdir(parents=True, exist_ok=True)
+    return copy
+
+
 class OpenVinoBackend(Backend):
     name = "openvino"
     # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
@@ -52,13 +70,13 @@ class OpenVinoBackend(Backend):
             raise ConfigError(f"the openvino backend runs on cpu, not {spec.device!r}")
         self.core = ov.Core()
         self.dtype = self._resolve_dtype(spec.dtype)
-        source = onnx_file(info, self.graph, spec.trust_remote_code, self.name)
+        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name)
 
         def converted() -> Path:
             return exports.cached_export(
                 info.path, "openvino",
-                {"source": source_label(info, source, self.graph), "openvino": ov.__version__},
-                lambda out: ov.save_model(ov.convert_model(str(source)), str(out / IR_FILE), False),
+                {"source": source.label, "openvino": ov.__version__},
+                lambda out: ov.save_model(ov.convert_model(str(source.path())), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR",
             )
 
@@ -118,7 +136,7 @@ class OpenVinoBackend(Backend):
             log.warning(
                 "could not compile %s for lone batches (%s: %s); one request at a time runs on "
                 "one stream, not every core. Fix: clear the compiled cache at %s, or serve with "
-                "--latency", self.info.path.name, type(exc).__name__, exc, folder / "compiled",
+                "--latency", self.info.path.name, type(exc).__name__, exc, compiled_cache(folder),
             )
         finally:
             self.solo_ready.set()
@@ -130,7 +148,7 @@ class OpenVinoBackend(Backend):
             "PERFORMANCE_HINT": "LATENCY" if latency
             else str(options.get("performance_hint", "THROUGHPUT")).upper(),
             "INFERENCE_NUM_THREADS": int(options.get("threads", usable_cores())),
-            "CACHE_DIR": str(folder / "compiled"),
+            "CACHE_DIR": str(compiled_cache(folder)),
         }
         if "streams" in options and not latency:
             config["NUM_STREAMS"] = int(options["streams"])

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from infinity_cloud.backends import exports
 from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.backends.registry import backend_entry
 from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import AwsError, aws_calls, clients, require_image_and_role, run
 from infinity_cloud.targets.aws_lambda import calls as lambda_calls
@@ -39,7 +41,7 @@ MANGUM = "mangum>=0.17"
 class LambdaTarget(Target[LambdaSpec]):
     name = "aws_lambda"
     spec_class = LambdaSpec
-    verbs = ("build", "deploy", "invoke", "status", "delete")
+    verbs = ("build", "deploy", "invoke", "status", "delete", "policy")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Lambda function {self.settings(spec).function_name!r}"
@@ -74,6 +76,7 @@ class LambdaTarget(Target[LambdaSpec]):
         requirements = container.write_requirements(out_dir, self._requirements(served_spec, settings))
         for model, folder in zip(models, folders, strict=True):
             self._stage_model(model, out_dir / folder, out_dir / "exports")
+        exports.prune(out_dir / "exports")  # what the runtime exports were built from
         served_data = container.served_spec_data(served_spec)
         import yaml  # only here: not on every start of the CLI
 
@@ -138,6 +141,13 @@ class LambdaTarget(Target[LambdaSpec]):
         if settings.function_url:
             for call in lambda_calls.url_calls(settings, qualifier):
                 print(call.describe())
+
+    def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
+        """The execution role's trust policy and permissions, and what the deploying user needs:
+        `infinity-cloud policy aws-lambda trust|execution|deployer` prints each."""
+        from infinity_cloud.targets.aws_lambda.policies import policies
+
+        return policies(self.settings(spec))
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The function's state, configuration and URL, from Lambda; its alias and provisioned
@@ -224,17 +234,32 @@ class LambdaTarget(Target[LambdaSpec]):
         )
 
     @staticmethod
-    def _stage_model(model: ModelSpec, folder: Path, exports: Path) -> None:
-        """Copy the model's files (fetched from the hub when needed) and build its exports here."""
+    def _stage_model(model: ModelSpec, folder: Path, exports_dir: Path) -> None:
+        """Copy the model's files (fetched from the hub when needed), build its exports here,
+        then leave out its weights, which only building them read: the image holds one copy.
+        Loaded again from what is left to be sure; where that fails the weights stay."""
         from infinity_cloud.model_source import resolve_model_dir
         from infinity_cloud.served_model import prepare_model
 
         source = resolve_model_dir(model.model_id, model.revision)
         shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".infinity-cloud"), symlinks=False)
+        staged = model.model_copy(update={"model_id": str(folder), "revision": None})
         previous = os.environ.get(CACHE_ENV)
-        os.environ[CACHE_ENV] = str(exports)
+        os.environ[CACHE_ENV] = str(exports_dir)
         try:
-            prepare_model(model.model_copy(update={"model_id": str(folder), "revision": None}))
+            prepare_model(staged)
+            dropped = exports.serve_from_exports(folder)
+            try:
+                prepare_model(staged)
+            except InfinityCloudError as exc:
+                for name in dropped:
+                    copy = shutil.copytree if (source / name).is_dir() else shutil.copy2
+                    copy(source / name, folder / name)
+                (folder / exports.PINNED_FINGERPRINT).unlink()
+                for failed in exports_dir.glob("*.failed.json"):
+                    failed.unlink()
+                print(f"warning: {model.name} does not load from its exports alone ({exc.message}), so "
+                      "the image keeps its weights too", file=sys.stderr)
         finally:
             if previous is None:
                 os.environ.pop(CACHE_ENV, None)

@@ -69,7 +69,7 @@ def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
 class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
-    verbs = ("build", "deploy", "invoke", "status", "delete")
+    verbs = ("build", "deploy", "invoke", "status", "delete", "policy")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"SageMaker endpoint {self.settings(spec).endpoint_name!r}"
@@ -208,6 +208,13 @@ class SageMakerTarget(Target[SageMakerSpec]):
     def _archive(self, out_dir: Path) -> Path | None:
         archive = Path(out_dir) / MODEL_ARCHIVE
         return archive if archive.is_file() else None
+
+    def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
+        """The execution role's trust policy and permissions, and what the deploying user needs:
+        `infinity-cloud policy sagemaker trust|execution|deployer` prints each."""
+        from infinity_cloud.targets.sagemaker.policies import policies
+
+        return policies(self.settings(spec))
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The endpoint's state, its config and its variant, from SageMaker."""
