@@ -393,8 +393,23 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
             raise fail(f"no policy {which!r}: ask for {', '.join(documents)}")
         typer.echo(json.dumps(documents[which], indent=2))
 
+    def smoke(
+        spec: DeploymentSpec,
+        out: out_option = default_out,
+        keep: Annotated[bool, typer.Option("--keep", help="Keep what the smoke test deployed.")] = False,
+        deployed: Annotated[bool, typer.Option(
+            "--deployed", help="Check the endpoint that runs now; deploy and delete nothing.",
+        )] = False,
+    ) -> None:
+        from infinity_cloud.targets import smoke as smoke_test
+
+        with reported_errors():
+            report = smoke_test.run(cls(), spec, out, keep=keep, deployed=deployed, say=typer.echo)
+        if not report.ok:
+            raise typer.Exit(1)
+
     verbs = {"build": build, "deploy": deploy, "invoke": invoke, "status": status, "delete": delete,
-             "policy": policy}
+             "policy": policy, "smoke": smoke}
     commands = {}
     for verb in cls.verbs:
         command = verbs[verb]

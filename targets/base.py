@@ -22,6 +22,8 @@ VERBS = {
     "invoke": "Send a request to a deployed endpoint and print the answer.",
     "status": "Show a deployment's state and URL.",
     "delete": "Stop a deployment.",
+    "smoke": "Deploy (or take a deployed endpoint), check its answers against a local run, time it, "
+             "and delete what it made.",
     "policy": "Print an IAM policy a first deployment needs: trust, execution or deployer (JSON).",
 }
 # How a caller picks the route of /invocations (SageMaker passes it through as is).

@@ -41,7 +41,7 @@ MANGUM = "mangum>=0.17"
 class LambdaTarget(Target[LambdaSpec]):
     name = "aws_lambda"
     spec_class = LambdaSpec
-    verbs = ("build", "deploy", "invoke", "status", "delete", "policy")
+    verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Lambda function {self.settings(spec).function_name!r}"

@@ -30,7 +30,7 @@ SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
 class LocalTarget(Target[LocalSpec]):
     name = "local"
     spec_class = LocalSpec
-    verbs = ("build", "invoke", "status")
+    verbs = ("build", "invoke", "status", "smoke")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"the server at {self.endpoint(spec, None).url}"

@@ -159,7 +159,7 @@ def load_app_module(path: Path) -> ModuleType:
 class ModalTarget(Target[ModalSpec]):
     name = "modal"
     spec_class = ModalSpec
-    verbs = ("build", "deploy", "invoke", "status", "delete")
+    verbs = ("build", "deploy", "invoke", "status", "delete", "smoke")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Modal app {self.settings(spec).app_name!r}"

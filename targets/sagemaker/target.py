@@ -69,7 +69,7 @@ def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
 class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
-    verbs = ("build", "deploy", "invoke", "status", "delete", "policy")
+    verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"SageMaker endpoint {self.settings(spec).endpoint_name!r}"
