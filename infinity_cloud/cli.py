@@ -400,11 +400,16 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         deployed: Annotated[bool, typer.Option(
             "--deployed", help="Check the endpoint that runs now; deploy and delete nothing.",
         )] = False,
+        key: Annotated[str | None, typer.Option(
+            "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
+        )] = None,
     ) -> None:
         from infinity_cloud.targets import smoke as smoke_test
 
         with reported_errors():
-            report = smoke_test.run(cls(), spec, out, keep=keep, deployed=deployed, say=typer.echo)
+            report = smoke_test.run(
+                cls(), spec, out, keep=keep, deployed=deployed, api_key=key, say=typer.echo
+            )
         if not report.ok:
             raise typer.Exit(1)
 

@@ -49,11 +49,13 @@ class SmokeReport:
 
 def run(
     target: Target[Any], spec: DeploymentSpec, out_dir: Path, *, keep: bool = False, deployed: bool = False,
-    say: Callable[[str], None] = print,
+    api_key: str | None = None, say: Callable[[str], None] = print,
 ) -> SmokeReport:
     """Deploy (unless `deployed`), check every model through the platform against a local
-    run, time it, then delete what this run created (unless `keep`)."""
+    run, time it, then delete what this run created (unless `keep`). `api_key`: the bearer
+    key the endpoint requires, if any."""
     report = SmokeReport()
+    calls = _Endpoint(target, spec, api_key)
 
     def step(line: str, failure: str | None = None) -> None:
         report.lines.append(line)
@@ -70,7 +72,7 @@ def run(
         created = True
         step(f"deploy: {target.describe(spec)} in {time.perf_counter() - started:.0f} s")
     try:
-        _check(target, spec, step)
+        _check(calls, spec, step)
     finally:
         if created and not keep:
             target.delete(spec)
@@ -81,7 +83,19 @@ def run(
     return report
 
 
-def _check(target: Target[Any], spec: DeploymentSpec, step: Callable[..., None]) -> None:
+@dataclass(frozen=True)
+class _Endpoint:
+    """The deployment's invoke, with the key it needs."""
+
+    target: Target[Any]
+    spec: DeploymentSpec
+    api_key: str | None
+
+    def invoke(self, body: dict[str, Any], route: str) -> Any:
+        return self.target.invoke(self.spec, body, api_key=self.api_key, route=route)
+
+
+def _check(target: _Endpoint, spec: DeploymentSpec, step: Callable[..., None]) -> None:
     from infinity_cloud.engine import Engine
 
     started = time.perf_counter()
@@ -97,13 +111,13 @@ def _check(target: Target[Any], spec: DeploymentSpec, step: Callable[..., None])
         remote = served_name(model)
         capability, want = expected[model.name]
         if capability is Capability.EMBED:
-            _embeddings(target, spec, want, remote, step)
+            _embeddings(target, want, remote, step)
             timed = timed or ("embeddings", {"model": remote, "input": [PROBES[1]]})
         elif capability is Capability.RERANK:
-            _rerank(target, spec, want, remote, step)
+            _rerank(target, want, remote, step)
             timed = timed or ("rerank", {"model": remote, "query": QUERY, "documents": list(PROBES[1:3])})
         elif capability is Capability.CLASSIFY:
-            _classify(target, spec, want, remote, step)
+            _classify(target, want, remote, step)
             timed = timed or ("classify", {"model": remote, "input": [PROBES[1]]})
         else:
             step(f"{capability.value}: {remote} not checked by smoke (embeddings, rerank and classify are)")
@@ -112,7 +126,7 @@ def _check(target: Target[Any], spec: DeploymentSpec, step: Callable[..., None])
         seconds = []
         for _ in range(TIMED_CALLS):
             began = time.perf_counter()
-            target.invoke(spec, body, route=route)
+            target.invoke(body, route)
             seconds.append(time.perf_counter() - began)
         step(f"latency: {route} of one text, {TIMED_CALLS} calls through the platform: p50 "
              f"{statistics.median(seconds) * 1000:.0f} ms, max {max(seconds) * 1000:.0f} ms")
@@ -136,10 +150,10 @@ async def _local_answers(local: Any, spec: DeploymentSpec) -> dict[str, tuple[Ca
     return answers
 
 
-def _embeddings(target: Target[Any], spec: DeploymentSpec, want: np.ndarray, remote: str,
+def _embeddings(target: _Endpoint, want: np.ndarray, remote: str,
                 step: Callable[..., None]) -> None:
     started = time.perf_counter()
-    answer = target.invoke(spec, {"model": remote, "input": list(PROBES)}, route="embeddings")
+    answer = target.invoke({"model": remote, "input": list(PROBES)}, "embeddings")
     elapsed = time.perf_counter() - started
     rows = sorted(answer["data"], key=lambda r: r["index"])
     got = np.array([row["embedding"] for row in rows], dtype=np.float64)
@@ -154,11 +168,11 @@ def _embeddings(target: Target[Any], spec: DeploymentSpec, want: np.ndarray, rem
          f"({'ok' if failure is None else 'FAILED'}), {elapsed * 1000:.0f} ms", failure)
 
 
-def _rerank(target: Target[Any], spec: DeploymentSpec, want: list[tuple[int, float]], remote: str,
+def _rerank(target: _Endpoint, want: list[tuple[int, float]], remote: str,
             step: Callable[..., None]) -> None:
     documents = list(PROBES[1:])
     started = time.perf_counter()
-    answer = target.invoke(spec, {"model": remote, "query": QUERY, "documents": documents}, route="rerank")
+    answer = target.invoke({"model": remote, "query": QUERY, "documents": documents}, "rerank")
     elapsed = time.perf_counter() - started
     got = [(r["index"], r["relevance_score"]) for r in answer["results"]]
     scores = dict(want)
@@ -170,10 +184,10 @@ def _rerank(target: Target[Any], spec: DeploymentSpec, want: list[tuple[int, flo
          f"{SCORE_TOLERANCE} {'yes' if close else 'NO'}, {elapsed * 1000:.0f} ms", failure)
 
 
-def _classify(target: Target[Any], spec: DeploymentSpec, want: list[str], remote: str,
+def _classify(target: _Endpoint, want: list[str], remote: str,
               step: Callable[..., None]) -> None:
     started = time.perf_counter()
-    answer = target.invoke(spec, {"model": remote, "input": list(PROBES)}, route="classify")
+    answer = target.invoke({"model": remote, "input": list(PROBES)}, "classify")
     elapsed = time.perf_counter() - started
     got = [row[0]["label"] for row in answer["data"]]
     failure = None if got == want else f"{remote}: labels differ from the local run"

@@ -185,3 +185,15 @@ def test_download_builds_the_backend_exports_ahead_of_serving(tiny_embedder, tmp
     assert built == ["onnx", "onnxruntime"]
     files_only = runner.invoke(app, [*args, "--files-only"])
     assert files_only.exit_code == 0 and "ready for" not in files_only.output
+
+
+@pytest.mark.parametrize("target", ["sagemaker", "aws-lambda"])
+def test_a_local_folder_is_served_under_its_folder_name_in_every_image(tmp_path, tiny_embedder, target):
+    """Not under the building machine's path: no rendered file names it."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["build", target, "--out", str(out), "--model-id", str(tiny_embedder)])
+    assert result.exit_code == 0, result.output
+    spec = yaml.safe_load((out / "infinity-cloud.yaml").read_text())
+    assert spec["models"][0]["served_model_name"] == tiny_embedder.name
+    rendered = [p for p in out.iterdir() if p.is_file() and p.suffix in ("", ".yaml", ".txt")]
+    assert rendered and all(str(tiny_embedder) not in p.read_text() for p in rendered)

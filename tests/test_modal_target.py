@@ -444,3 +444,33 @@ def test_usage_examples_name_the_endpoint_model_key_and_headers() -> None:
     assert f"Bearer ${CLIENT_KEY_ENV}" in text and '"model": "BAAI/bge-m3"' in text
     assert '-H "Modal-Key: $MODAL_KEY"' in text and 'default_headers={"Modal-Key"' in text
     assert CLIENT_KEY_ENV not in usage_examples(url, "m")
+
+
+def test_smoke_modal_checks_the_deployed_app(
+    running_server: str, tiny_embedder: Path, tiny_reranker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`smoke modal --deployed` against the app's Server running through its own hooks; only
+    the two lookups that need Modal's servers (the app's state, the Server's URL) answer
+    from here."""
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-test")
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-test")
+
+    class Looked:
+        def info(self) -> Any:
+            lifecycle = type("Lifecycle", (), {"state": type("State", (), {"value": "deployed"})(),
+                                               "deployed_at": "now"})()
+            return type("Info", (), {"app_id": "ap-test", "lifecycle": lifecycle})()
+
+        def get_url(self) -> str:
+            return running_server
+
+    monkeypatch.setattr(modal.App, "lookup", lambda *a, **k: Looked())
+    monkeypatch.setattr(modal.Server, "from_name", lambda *a, **k: Looked())
+    flags = ["--model-id", str(tiny_embedder), "--model-id", str(tiny_reranker), *GPU_APP]
+    result = runner.invoke(cli, ["smoke", "modal", "--deployed", "--key", "key-two", *flags])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    embedded = "embeddings: embedder, 4 texts, worst cosine to the local run"
+    assert any(line.startswith(embedded) for line in lines)
+    assert any(line.startswith("rerank: reranker, 3 documents, the same ranking") for line in lines)
+    assert lines[-1] == "smoke: every check held" and not any(line.startswith("delete:") for line in lines)
