@@ -108,9 +108,9 @@ class LimitsSpec(_Frozen):
     max_inputs_per_request: int = Field(2048, ge=128)  # langchain sends batches of 128
     max_chars_per_text: int = Field(200_000, ge=1)
     max_payload_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # The largest answer the platform passes back (Lambda and SageMaker: 6 MB); a request whose
+    # The largest answer the platform passes back (a cloud function's, often 6 MB); a request whose
     # answer could be larger is a 413 before any work. None: no limit (a local server).
-    max_response_bytes: int | None = Field(None, ge=1024)
+    max_response_bytes: int | None = Field(None, ge=64 * 1024)
     # The process's memory budget; None: 90 % of the container's limit (cgroup), else of the
     # machine's memory. Requests that would pass it are answered 429 (413 if alone).
     memory_budget_mb: int | None = Field(None, ge=64)

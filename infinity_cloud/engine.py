@@ -183,7 +183,7 @@ class Engine:
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
         # fetching and tokenizing count as waiting.
         queue, cost = served.queue(tower), task.cost(call, served)
-        check_answer_size(cost.numbers, self.limits)
+        check_answer_size(cost.answer_bytes, self.limits)
         with self.memory.reserved(cost.memory):  # held until the answer is made
             predicted = queue.admit(cost.tokens)
             try:
@@ -210,11 +210,13 @@ class Engine:
         modality: Modality = "text",
         openai_sender: bool = False,
         prompt_name: str | None = None,
+        packed: bool = False,
     ) -> EmbeddingResult:
         """`openai_sender`: the inputs come from an OpenAI SDK client, whose token ids are
         OpenAI's cl100k_base ids whatever the model reads ids as. `prompt_name`: one of the
-        model's named prompts (`prompts(model)`), prepended to each text."""
-        call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name)
+        model's named prompts (`prompts(model)`), prepended to each text. `packed`: the
+        answer goes out as base64 or quantised, which a response limit counts smaller."""
+        call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name, packed)
         return await self.run_task(TASKS[Capability.EMBED], call, model)
 
     async def rerank(

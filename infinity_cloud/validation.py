@@ -8,25 +8,23 @@ from typing import Any
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
 
-# The most one number of an answer takes on the wire: float32's shortest form as JSON, with a
-# sign, an exponent and its comma ("-1.2345678e-05,"); base64 takes 5.3, so this bounds both.
-BYTES_PER_NUMBER = 15
 ANSWER_OVERHEAD_BYTES = 4096
 
 
-def check_answer_size(numbers: int, limits: LimitsSpec) -> None:
-    """An answer that could pass the platform's response limit is refused before any work
-    (it would be computed, then dropped by the platform with an error of its own)."""
+def check_answer_size(answer_bytes: int, limits: LimitsSpec) -> None:
+    """An answer that could pass the platform's response limit (`answer_bytes`: its numbers
+    at the most each takes on the wire) is refused before any work: it would be computed,
+    then dropped by the platform with an error of its own."""
     limit = limits.max_response_bytes
     if limit is None:
         return
-    size = numbers * BYTES_PER_NUMBER + ANSWER_OVERHEAD_BYTES
+    size = answer_bytes + ANSWER_OVERHEAD_BYTES
     if size > limit:
         parts = -(-size // limit)
         raise PayloadTooLargeError(
             f"the answer could take {size / 1e6:.1f} MB, more than this deployment's response limit of "
             f"{limit / 1e6:.1f} MB (the platform refuses larger answers): split the request into at "
-            f"least {parts} (or ask for fewer dimensions)",
+            f"least {parts} (or ask for fewer dimensions, or encoding_format base64)",
             param="input",
         )
 

@@ -91,6 +91,11 @@ class Target(Generic[Settings]):
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         raise NotImplementedError
 
+    def exists(self, spec: DeploymentSpec) -> bool:
+        """Whether the deployment the spec names is there now (asked before `smoke` deploys,
+        which deletes only what it created)."""
+        raise NotImplementedError
+
     def delete(self, spec: DeploymentSpec) -> None:
         raise NotImplementedError
 

@@ -130,9 +130,9 @@ def pinned_requirements(
 
     reqs = declared_requirements(extras, more)
     tested = {req.name: installed_version(req.name) for req in reqs}
+    shipped = {canonicalize_name(name) for name, _ in platform.shipped} if platform else set()
     if platform is None or not resolution.enabled():
-        return [_pin(req, tested[req.name]) for req in reqs]
-    shipped = {canonicalize_name(name) for name, _ in platform.shipped}
+        return [_pin(req, tested[req.name]) for req in reqs if canonicalize_name(req.name) not in shipped]
     wanted = []
     for req in reqs:
         version = tested[req.name]
@@ -265,6 +265,11 @@ def with_served_names(spec: DeploymentSpec) -> DeploymentSpec:
         else m.model_copy(update={"served_model_name": served_name(m)})
         for m in spec.models
     )
+    names = [m.name for m in models]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"two models would be served as {twice[0]!r} (local folders of that name): "
+                          "give each a --served-model-name")
     return spec.model_copy(update={"models": models})
 
 

@@ -18,6 +18,8 @@ _UBUNTU = re.compile(r"ubuntu(\d+)\.04")
 # debian_slim), Amazon Linux 2023 (Lambda's Python 3.12 and later) and 2 (3.11 and older),
 # Ubuntu (the Neuron images).
 DEBIAN_GLIBC = (2, 36)
+# A python:X.Y-slim-<release> tag names its Debian release.
+DEBIAN_RELEASES = {"buster": (2, 28), "bullseye": (2, 31), "bookworm": (2, 36), "trixie": (2, 41)}
 UBUNTU_GLIBC = {20: (2, 31), 22: (2, 35), 24: (2, 39)}
 AL2023_GLIBC = (2, 34)
 AL2_GLIBC = (2, 26)
@@ -79,7 +81,8 @@ def glibc_of(image: str, python: str) -> tuple[int, int]:
     found = _UBUNTU.search(image)
     if found:
         return UBUNTU_GLIBC.get(int(found.group(1)), UBUNTU_GLIBC[20])
-    return DEBIAN_GLIBC
+    release = next((name for name in DEBIAN_RELEASES if f"-{name}" in image), None)
+    return DEBIAN_RELEASES[release] if release else DEBIAN_GLIBC
 
 
 def image_platform(

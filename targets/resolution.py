@@ -32,7 +32,11 @@ _UNREACHABLE = (
     "NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
     "Name or service not known", "ConnectTimeoutError", "ProxyError", "Max retries exceeded",
     "Network is unreachable", "Connection refused", "ReadTimeoutError", "No route to host",
+    "SSLError", "Could not fetch URL", "HTTP error 40", "HTTP error 50", "403 Client Error",
+    "401 Client Error",
 )
+# Once the index could not be asked, a process does not ask again (a build asks a few times).
+_unreachable: list[str] = []
 
 
 # Set to 0 to build without asking the index (offline): the tested versions, unchecked.
@@ -56,8 +60,20 @@ def resolve(requirements: Iterable[str], platform: ImagePlatform, *, deps: bool 
     version); the base image's own packages (`platform.shipped`) constrain the choice.
     Unresolvable names the package that fails; IndexUnreachable when the index cannot be
     asked. Answers are kept for the process: an index changes slower than a build runs."""
-    return dict(_resolve(tuple(requirements), platform.python, platform.arch, platform.glibc,
-                         platform.shipped, deps, str(platform)))
+    if _unreachable:
+        raise IndexUnreachable(_unreachable[0])
+    try:
+        return dict(_resolve(tuple(requirements), platform.python, platform.arch, platform.glibc,
+                             platform.shipped, deps, str(platform)))
+    except IndexUnreachable as exc:
+        _unreachable.append(str(exc))
+        raise
+
+
+def forget() -> None:
+    """Ask the index afresh: what it answered, and whether it could be reached."""
+    _resolve.cache_clear()
+    _unreachable.clear()
 
 
 @functools.lru_cache(maxsize=64)

@@ -20,6 +20,7 @@ import numpy as np
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import Target
 from infinity_cloud.targets.container import served_name
 
@@ -67,6 +68,11 @@ def run(
     if not deployed and "deploy" not in target.verbs:  # a server started by hand (local)
         step(f"deployed: taking {target.describe(spec)}")
     elif not deployed:
+        if target.exists(spec):
+            raise ConfigError(
+                f"{target.describe(spec)} exists already, and smoke deletes what it deploys: check it with "
+                "--deployed, or give another name"
+            )
         started = time.perf_counter()
         target.deploy(spec, out_dir)
         created = True
@@ -107,8 +113,10 @@ def _check(target: _Endpoint, spec: DeploymentSpec, step: Callable[..., None]) -
     step(f"local: {', '.join(m.name for m in spec.models)} run here for reference "
          f"in {time.perf_counter() - started:.0f} s")
     timed = None
+    # An image serves a local folder under its folder's name; `serve` under the name given.
+    images = "deploy" in target.target.verbs
     for model in spec.models:
-        remote = served_name(model)
+        remote = served_name(model) if images else model.name
         capability, want = expected[model.name]
         if capability is Capability.EMBED:
             _embeddings(target, want, remote, step)

@@ -240,8 +240,8 @@ def test_the_handler_runs_from_a_read_only_task_root(tmp_path: Path, tiny_embedd
     for compiled in (out / "exports").glob("*/compiled"):  # as if built on another CPU
         shutil.rmtree(compiled)
     dockerfile = (out / "Dockerfile").read_text()
-    (step,) = [line[4:] for line in dockerfile.splitlines() if line.startswith("RUN python -m compileall")]
-    subprocess.run(step.replace("${LAMBDA_TASK_ROOT}", str(out)).replace("python", sys.executable, 1),
+    (step,) = [line[4:] for line in dockerfile.splitlines() if line.startswith("RUN python3 -m compileall")]
+    subprocess.run(step.replace("${LAMBDA_TASK_ROOT}", str(out)).replace("python3", sys.executable, 1),
                    shell=True, check=True)
     env, handler = image_env(out)
     (tmp_path / "tmp").mkdir()

@@ -197,3 +197,15 @@ def test_a_local_folder_is_served_under_its_folder_name_in_every_image(tmp_path,
     assert spec["models"][0]["served_model_name"] == tiny_embedder.name
     rendered = [p for p in out.iterdir() if p.is_file() and p.suffix in ("", ".yaml", ".txt")]
     assert rendered and all(str(tiny_embedder) not in p.read_text() for p in rendered)
+
+
+def test_two_local_folders_of_one_name_are_refused_at_build(tmp_path, tiny_embedder):
+    import shutil
+
+    for parent in ("a", "b"):
+        shutil.copytree(tiny_embedder, tmp_path / parent / "model")
+    args = ["build", "local", "--out", str(tmp_path / "out"),
+            "--model-id", str(tmp_path / "a" / "model"), "--model-id", str(tmp_path / "b" / "model")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "two models would be served as 'model'" in result.output
+    assert "--served-model-name" in result.output

@@ -574,17 +574,20 @@ async def test_memory_budget_sheds_what_would_not_fit(tiny_embedder):
 async def test_an_answer_that_could_pass_the_response_limit_is_a_413_before_any_work(tiny_embedder) -> None:
     """Lambda and SageMaker pass at most 6 MB back: a request whose answer could be larger is
     refused up front, and what is let through, as JSON floats or base64, fits."""
-    limit = 200_000
+    limit = 200_000  # a tiny model's answers reach it within the input limits
     model = ModelSpec(model_id=str(tiny_embedder), backend="onnx")
     spec = spec_of(model, limits={"max_response_bytes": limit})
     async with serve_in_process(spec) as client:
         width = len((await client.post("/embeddings", json={"input": ["x"]})).json()["data"][0]["embedding"])
-        fits = (limit - 4096) // (15 * width)  # the bound the server uses: 15 bytes a number
-        texts = [f"text number {i} with some words" for i in range(fits)]
-        for encoding in ("float", "base64"):
+        # The bounds the server uses: 17 bytes a number as JSON, 6 as base64, 96 an entry.
+        for encoding, per_number in (("float", 17), ("base64", 6)):
+            fits = (limit - 4096) // (per_number * width + 96)
+            texts = [f"text number {i} with some words" for i in range(fits)]
             answer = await client.post("/embeddings", json={"input": texts, "encoding_format": encoding})
             assert answer.status_code == 200 and len(answer.content) <= limit, encoding
-        refused = await client.post("/embeddings", json={"input": [*texts, *texts]})
-        assert refused.status_code == 413
-        message = refused.json()["error"]["message"]
-        assert "more than this deployment's response limit of 0.2 MB" in message and "at least 2" in message
+            twice = {"input": [*texts, *texts], "encoding_format": encoding}
+            refused = await client.post("/embeddings", json=twice)
+            assert refused.status_code == 413, encoding
+            message = refused.json()["error"]["message"]
+            assert "more than this deployment's response limit of 0.2 MB" in message
+            assert "at least 2" in message

@@ -183,13 +183,13 @@ def test_without_the_index_a_build_says_its_pins_are_unchecked(
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_FIND_LINKS", "")
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
-    resolution._resolve.cache_clear()
+    resolution.forget()
     container._warn_unchecked.cache_clear()
     try:
         result = runner.invoke(cli, ["build", "sagemaker", "--out", str(tmp_path), "--model-id",
                                      str(tiny_embedder), "--instance-type", "ml.c7i.xlarge"])
     finally:
-        resolution._resolve.cache_clear()
+        resolution.forget()
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
     assert "could not ask the package index" in output and "Python 3.11 on linux/x86_64" in output

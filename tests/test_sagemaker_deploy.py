@@ -204,6 +204,20 @@ def test_a_failed_endpoint_says_sagemakers_reason(
     assert result.output.count("rolled back:") == 3
 
 
+def test_a_deploy_that_outwaits_the_cli_is_left_to_come_up(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Still Creating when the CLI stops waiting: it may yet come up, so nothing is deleted."""
+    monkeypatch.setattr(aws, "WAIT_LIMIT_S", -1.0)
+    sm = stubbed["sagemaker"]
+    sm.add_client_error("describe_endpoint", **NOT_FOUND)
+    stub_creation(sm)
+    sm.add_response("describe_endpoint", endpoint_state("Creating"))
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb")
+    assert result.exit_code == 2 and "still Creating" in result.output and "ask status later" in result.output
+    assert "roll back" not in result.output and "rolled back" not in result.output
+
+
 def test_a_failed_update_keeps_the_old_config_and_deletes_the_new_one(
     stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
 ) -> None:

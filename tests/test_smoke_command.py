@@ -111,6 +111,10 @@ def test_smoke_sagemaker_deploys_checks_and_deletes(
     assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["emb"]
     again = runner.invoke(cli, ["smoke", "sagemaker", *flags, "--deployed"])  # the one running now
     assert again.exit_code == 0 and "deploy:" not in again.output and "delete:" not in again.output
+    # Without --deployed, an endpoint that is there is not replaced, nor deleted after.
+    refused = runner.invoke(cli, ["smoke", "sagemaker", "--out", str(tmp_path / "build"), *flags])
+    assert refused.exit_code == 2 and "exists already" in refused.output and "--deployed" in refused.output
+    assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["emb"]
 
 
 @mock_aws

@@ -33,9 +33,9 @@ _FORMAT = 1  # bump when the layout of an export changes
 _SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
 _CHECKSUM_SPAN = 1 << 20  # bytes hashed at each end of a file: fast even for GBs
 PINNED_FINGERPRINT = "infinity-cloud-fingerprint.json"
-# What only building an export reads: the weights, in every format a hub folder ships them.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".onnx_data")
-_WEIGHT_FOLDERS = ("onnx", "openvino")
+# What only building an export reads: the weights (a folder's own ONNX or OpenVINO files stay:
+# exports are named after them).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
 
 T = TypeVar("T")
 
@@ -219,11 +219,10 @@ def serve_from_exports(model_path: Path) -> list[Path]:
     go (top level: a module's own folder, like 2_Dense, stays). Returns what went, relative."""
     digest = model_fingerprint(model_path)
     dropped = [p for p in sorted(model_path.iterdir())
-               if (p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name.endswith(".index.json")))
-               or (p.is_dir() and p.name in _WEIGHT_FOLDERS)]
+               if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name.endswith(".index.json"))]
     (model_path / PINNED_FINGERPRINT).write_text(json.dumps({"fingerprint": digest}), encoding="utf-8")
     for path in dropped:
-        remove(path) if path.is_dir() else path.unlink()
+        path.unlink()
     return [p.relative_to(model_path) for p in dropped]
 
 

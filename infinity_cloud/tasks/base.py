@@ -37,6 +37,13 @@ Result = TypeVar("Result")
 MEMORY_PER_CHAR = 4
 MEMORY_PER_TOKEN = 160
 MEMORY_PER_NUMBER = 48
+# The most one number of an answer takes on the wire: as JSON, float32's shortest form with a
+# sign, zeros and its comma ("-0.000012345679,": 16; 17 at most); packed (base64 of float32,
+# int8, binary), 4/3 of 4 bytes.
+JSON_BYTES_PER_NUMBER = 17
+PACKED_BYTES_PER_NUMBER = 6
+# What an answer's entry adds around its numbers ({"object":"embedding","index":2047,...}).
+ANSWER_ITEM_BYTES = 96
 MEMORY_PER_MEDIA = 4 * 2**20
 
 
@@ -47,11 +54,13 @@ class Cost:
 
     tokens: int
     memory: int
-    numbers: int = 0  # in the answer
+    answer_bytes: int = 0  # at most, on the wire
 
-    def answering(self, numbers: int) -> Cost:
-        """With an answer of `numbers` floats."""
-        return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER, self.numbers + numbers)
+    def answering(self, numbers: int, wire_bytes: int = JSON_BYTES_PER_NUMBER, items: int = 0) -> Cost:
+        """With an answer of `numbers` floats in `items` entries, each number at most
+        `wire_bytes` on the wire."""
+        return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER,
+                    self.answer_bytes + numbers * wire_bytes + items * ANSWER_ITEM_BYTES)
 
 
 class Task(ABC, Generic[Call, Result]):

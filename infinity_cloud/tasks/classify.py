@@ -41,7 +41,8 @@ class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
 
     def cost(self, call: ClassifyCall, served: ServedModel) -> Cost:
         labels = len(served.loaded.info.labels)
-        return text_cost(call.inputs, served.loaded.tokenizer.max_length).answering(len(call.inputs) * labels)
+        return text_cost(call.inputs, served.loaded.tokenizer.max_length).answering(
+            len(call.inputs) * labels, items=len(call.inputs) * labels)
 
     def encode(
         self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

@@ -14,7 +14,15 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import EmbeddingResult
-from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
+from infinity_cloud.tasks.base import (
+    JSON_BYTES_PER_NUMBER,
+    PACKED_BYTES_PER_NUMBER,
+    Cost,
+    Task,
+    inputs_cost,
+    prompt_tokens,
+    require_tower,
+)
 from infinity_cloud.tasks.heads import Head, embedding_head, pooled_head
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tokenization import Encoded
@@ -41,6 +49,8 @@ class EmbedCall:
     # From an OpenAI SDK client: its token ids are cl100k_base's whatever the model reads.
     openai_sender: bool = False
     prompt_name: str | None = None
+    # The answer goes out packed (base64, int8, binary): fewer bytes a number on the wire.
+    packed: bool = False
 
 
 def prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:
@@ -83,7 +93,9 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
 
     def cost(self, call: EmbedCall, served: ServedModel) -> Cost:
         width = call.dimensions or served.loaded.info.dimensions or 0
-        return inputs_cost(call.inputs, call.modality, served).answering(len(call.inputs) * width)
+        wire = PACKED_BYTES_PER_NUMBER if call.packed else JSON_BYTES_PER_NUMBER
+        n = len(call.inputs)
+        return inputs_cost(call.inputs, call.modality, served).answering(n * width, wire, items=n)
 
     def media(self, call: EmbedCall) -> Sequence[str]:
         return () if call.modality == "text" else call.inputs  # type: ignore[return-value]

@@ -66,7 +66,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
 
     def cost(self, call: MultiVectorCall, served: ServedModel) -> Cost:
         cost = inputs_cost(call.inputs, call.modality, served)  # answered: a vector per token or patch
-        return cost.answering(cost.tokens * (served.loaded.info.dimensions or 0))
+        return cost.answering(cost.tokens * (served.loaded.info.dimensions or 0), items=len(call.inputs))
 
     def media(self, call: MultiVectorCall) -> Sequence[str]:
         return () if call.modality == "text" else call.inputs

@@ -49,7 +49,7 @@ class RerankTask(Task[RerankCall, RerankResult]):
     def cost(self, call: RerankCall, served: ServedModel) -> Cost:
         # Each pair is tokenized with its own copy of the query.
         pairs = [len(call.query) + len(document) for document in call.documents]
-        return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs))
+        return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs), items=len(pairs))
 
     def encode(
         self, call: RerankCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

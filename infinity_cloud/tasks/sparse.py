@@ -56,7 +56,7 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
 
     def cost(self, call: SparseCall, served: ServedModel) -> Cost:
         cost = text_cost(call.inputs, served.loaded.tokenizer.max_length)
-        return cost.answering(len(call.inputs) * 2 * SPARSE_TERMS)
+        return cost.answering(len(call.inputs) * 2 * SPARSE_TERMS, items=len(call.inputs))
 
     def encode(
         self, call: SparseCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]

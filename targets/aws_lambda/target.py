@@ -149,6 +149,11 @@ class LambdaTarget(Target[LambdaSpec]):
 
         return policies(self.settings(spec))
 
+    def exists(self, spec: DeploymentSpec) -> bool:
+        settings = self.settings(spec)
+        with aws_calls(f"describe function {settings.function_name!r}"):
+            return lambda_calls.describe(clients(settings.region), settings.function_name) is not None
+
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The function's state, configuration and URL, from Lambda; its alias and provisioned
         concurrency where a deploy made them."""
@@ -248,18 +253,19 @@ class LambdaTarget(Target[LambdaSpec]):
         os.environ[CACHE_ENV] = str(exports_dir)
         try:
             prepare_model(staged)
+            failures = set(exports_dir.glob("*.failed.json"))
             dropped = exports.serve_from_exports(folder)
             try:
                 prepare_model(staged)
-            except InfinityCloudError as exc:
+            except Exception as exc:  # whatever it is, the weights come back
                 for name in dropped:
-                    copy = shutil.copytree if (source / name).is_dir() else shutil.copy2
-                    copy(source / name, folder / name)
+                    shutil.copy2(source / name, folder / name)
                 (folder / exports.PINNED_FINGERPRINT).unlink()
-                for failed in exports_dir.glob("*.failed.json"):
+                for failed in set(exports_dir.glob("*.failed.json")) - failures:
                     failed.unlink()
-                print(f"warning: {model.name} does not load from its exports alone ({exc.message}), so "
-                      "the image keeps its weights too", file=sys.stderr)
+                why = exc.message if isinstance(exc, InfinityCloudError) else f"{type(exc).__name__}: {exc}"
+                print(f"warning: {model.name} does not load from its exports alone ({why}), so the image "
+                      "keeps its weights too", file=sys.stderr)
         finally:
             if previous is None:
                 os.environ.pop(CACHE_ENV, None)

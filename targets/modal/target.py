@@ -216,6 +216,19 @@ class ModalTarget(Target[ModalSpec]):
         return ("this endpoint is public: anyone with its URL can call it (--api-key-secret or --proxy-auth "
                 "guards it)",)
 
+    def exists(self, spec: DeploymentSpec) -> bool:
+        settings = self.settings(spec)
+        modal = import_modal()
+        require_credentials()
+        try:
+            with modal_calls("look the app up", settings):
+                modal.App.lookup(settings.app_name, environment_name=settings.environment)
+        except ModalError as exc:
+            if "no Modal app named" in exc.message:
+                return False
+            raise
+        return True
+
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The deployed app's state and endpoint URL, from Modal."""
         settings = self.settings(spec)

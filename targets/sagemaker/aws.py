@@ -31,6 +31,10 @@ class SageMakerError(AwsError):
     """The endpoint failed, or answered with an error."""
 
 
+class StillDeploying(SageMakerError):
+    """The endpoint is still on its way after the wait: it may yet come up."""
+
+
 def clients(settings: SageMakerSpec) -> Callable[[str], Any]:
     return aws_clients(settings.region)
 
@@ -144,7 +148,7 @@ def wait_in_service(
             reason = endpoint.get("FailureReason") or "SageMaker gave no reason"
             raise SageMakerError(f"endpoint {name!r} is {status}: {reason}")
         if elapsed > WAIT_LIMIT_S:
-            raise SageMakerError(f"endpoint {name!r} still {status} after {elapsed:.0f} s; ask status later")
+            raise StillDeploying(f"endpoint {name!r} still {status} after {elapsed:.0f} s; ask status later")
         time.sleep(POLL_S)
 
 

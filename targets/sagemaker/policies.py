@@ -46,7 +46,9 @@ def policies(settings: SageMakerSpec) -> dict[str, dict[str, Any]]:
             "sagemaker:CreateEndpointConfig", "sagemaker:DescribeEndpointConfig",
             "sagemaker:DeleteEndpointConfig", "sagemaker:ListEndpointConfigs",
             "sagemaker:CreateEndpoint", "sagemaker:UpdateEndpoint", "sagemaker:DescribeEndpoint",
-            "sagemaker:DeleteEndpoint", "sagemaker:InvokeEndpoint"]},
+            "sagemaker:DeleteEndpoint", "sagemaker:InvokeEndpoint",
+            # Application Auto Scaling changes the variant's instances as the registering caller
+            "sagemaker:UpdateEndpointWeightsAndCapacities"]},
         {"Sid": "Autoscaling", "Effect": "Allow", "Resource": "*", "Action": [
             "application-autoscaling:RegisterScalableTarget",
             "application-autoscaling:DeregisterScalableTarget",

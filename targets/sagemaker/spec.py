@@ -40,6 +40,7 @@ NEURON_IMAGE_SHIPS = {
     "transformers": "==4.55.4",
     "tokenizers": ">=0.21,<0.22",
     "huggingface-hub": "==0.35.0",
+    "safetensors": ">=0.4.3",  # transformers' floor; the image's own version is not published
     "numpy": ">=1.22.2,<=1.25.2",
     "optimum-neuron": "==0.4.1",
 }

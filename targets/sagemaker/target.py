@@ -17,7 +17,7 @@ from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, 
 from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
 from infinity_cloud.targets.platforms import ImagePlatform, image_platform
 from infinity_cloud.targets.sagemaker import aws
-from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE_SHIPS, SageMakerSpec
+from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE, NEURON_IMAGE_SHIPS, SageMakerSpec
 
 IMAGE_MODELS = "/models"
 # Where SageMaker's convention puts the program, and the exports the build stage makes.
@@ -36,7 +36,14 @@ def image_platform_of(settings: SageMakerSpec) -> ImagePlatform:
     base image's Python on the instance's CPU."""
     if settings.variant == "inferentia2":
         image = settings.neuron_image.format(region=settings.region or "us-east-1")
-        return image_platform(image, "x86_64", shipped=NEURON_IMAGE_SHIPS)  # type: ignore[return-value]
+        # Another Neuron image ships the same packages, at versions this package does not know.
+        known = settings.neuron_image == NEURON_IMAGE
+        ships = NEURON_IMAGE_SHIPS if known else dict.fromkeys(NEURON_IMAGE_SHIPS, "")
+        found = image_platform(image, "x86_64", shipped=ships)
+        if found is None:
+            raise ConfigError(f"cannot tell the Python of Neuron image {image!r}: its tag names it "
+                              "(-py310-) in Hugging Face's and AWS's Neuron images")
+        return found
     found = image_platform(settings.base_image, settings.arch)
     if found is None:
         raise ConfigError(
@@ -121,8 +128,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
         if variant == "inferentia2":  # the Neuron image brings torch, transformers and optimum-neuron
             pins = container.pinned_requirements((), platform)
         else:
-            if variant == "gpu" or settings.pack_models:
-                container.check_installs(f"torch=={container.torch_version()}", platform)
+            # GPU images run torch; CPU ones convert with it in their first stage.
+            container.check_installs(f"torch=={container.torch_version()}", platform)
             pins = container.pinned_requirements(container.image_extras(spec, device), platform)
         requirements = [container.write_requirements(out_dir, pins)]
         if variant == "inferentia2":  # so pip keeps the Neuron SDK's own versions
@@ -192,7 +199,9 @@ class SageMakerTarget(Target[SageMakerSpec]):
                         # an update that failed is InService again, on the old config
                         config=endpoint_calls[-1].params["EndpointConfigName"] if existing else None,
                     )
-            except Exception:  # not on Ctrl-C: the endpoint may still come up
+            except aws.StillDeploying:  # it may yet come up: status says
+                raise
+            except Exception:  # not on Ctrl-C either: the endpoint may still come up
                 aws.roll_back(client, made)
                 raise
             for call in scaling:
@@ -215,6 +224,11 @@ class SageMakerTarget(Target[SageMakerSpec]):
         from infinity_cloud.targets.sagemaker.policies import policies
 
         return policies(self.settings(spec))
+
+    def exists(self, spec: DeploymentSpec) -> bool:
+        settings = self.settings(spec)
+        with aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
+            return aws.describe_endpoint(aws.clients(settings), settings.endpoint_name) is not None
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The endpoint's state, its config and its variant, from SageMaker."""

@@ -40,13 +40,13 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
             inputs, body.model, modality=body.modality, truncate=body.truncate, role=body.input_type,
         ))
         return json_response(multi_vector_body(multi, body.encoding_format))
-    result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
-        inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
-        openai_sender=from_openai_sdk(request),
-    ))
     # The request's embedding_type, else the model's --embedding-dtype: float32, or the same
     # vectors in fewer bits.
     kind = body.embedding_type or engine.model(body.model).spec.embedding_dtype
+    result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
+        inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
+        openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64" or kind != "float32",
+    ))
     vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dimensions)
     return json_response(embeddings_body(result, vectors, body.encoding_format))
 
