@@ -10,7 +10,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -237,8 +236,8 @@ def test_the_handler_runs_from_a_read_only_task_root(tmp_path: Path, tiny_embedd
     result = runner.invoke(cli, ["build", "aws-lambda", "--out", str(out), "--model-id", str(tiny_embedder),
                                  "--served-model-name", "emb", "--backend", "openvino"])
     assert result.exit_code == 0, result.output
-    for compiled in (out / "exports").glob("*/compiled"):  # as if built on another CPU
-        shutil.rmtree(compiled)
+    # What OpenVINO compiled for this CPU is not in the image: Lambda's compiles its own.
+    assert not list((out / "exports").glob("*/compiled")) and len(list((out / "exports").iterdir())) == 1
     dockerfile = (out / "Dockerfile").read_text()
     (step,) = [line[4:] for line in dockerfile.splitlines() if line.startswith("RUN python3 -m compileall")]
     subprocess.run(step.replace("${LAMBDA_TASK_ROOT}", str(out)).replace("python3", sys.executable, 1),

@@ -48,7 +48,7 @@ def compiled_cache(folder: Path) -> Path:
     """Where OpenVINO keeps compiled blobs: beside the export, or, where that is read-only (a
     Lambda image's task root), a copy of them in the temp dir, so a blob compiled elsewhere
     for another CPU is replaced there instead of failing to be written."""
-    cache = folder / "compiled"
+    cache = folder / exports.MACHINE_CACHE
     if os.access(folder, os.W_OK):
         return cache
     copy = Path(tempfile.gettempdir()) / "infinity-cloud-openvino" / folder.name
