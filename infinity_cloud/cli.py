@@ -307,6 +307,9 @@ def config_show(
 # -- the target verbs: one command family each, one command per target that offers it -------
 
 _OUT = "Folder to write the files into (created if missing; default: build/TARGET)."
+KeyOption = Annotated[str | None, typer.Option(
+    "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
+)]
 
 
 def target_commands(name: str) -> dict[str, Callable[..., Any]]:
@@ -348,9 +351,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         route: Annotated[Route | None, typer.Option(
             "--route", help="embeddings, rerank or classify (default: from the request's shape).",
         )] = None,
-        key: Annotated[str | None, typer.Option(
-            "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
-        )] = None,
+        key: KeyOption = None,
     ) -> None:
         body: dict[str, Any] = {"input": input or ["Hello from infinity-cloud"]}
         if query is not None:
@@ -400,9 +401,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         deployed: Annotated[bool, typer.Option(
             "--deployed", help="Check the endpoint that runs now; deploy and delete nothing.",
         )] = False,
-        key: Annotated[str | None, typer.Option(
-            "--key", envvar=CLIENT_KEY_ENV, help="The endpoint's API key (sent as a bearer token).",
-        )] = None,
+        key: KeyOption = None,
     ) -> None:
         from infinity_cloud.targets import smoke as smoke_test
 

@@ -131,8 +131,9 @@ def pinned_requirements(
     reqs = declared_requirements(extras, more)
     tested = {req.name: installed_version(req.name) for req in reqs}
     shipped = {canonicalize_name(name) for name, _ in platform.shipped} if platform else set()
+    as_tested = [_pin(req, tested[req.name]) for req in reqs if canonicalize_name(req.name) not in shipped]
     if platform is None or not resolution.enabled():
-        return [_pin(req, tested[req.name]) for req in reqs if canonicalize_name(req.name) not in shipped]
+        return as_tested
     wanted = []
     for req in reqs:
         version = tested[req.name]
@@ -146,7 +147,7 @@ def pinned_requirements(
         resolved = resolution.resolve(wanted, platform)
     except resolution.IndexUnreachable as exc:
         _warn_unchecked(platform, str(exc))
-        return [_pin(req, tested[req.name]) for req in reqs if canonicalize_name(req.name) not in shipped]
+        return as_tested
     pins = []
     for req in reqs:
         name = canonicalize_name(req.name)

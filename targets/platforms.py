@@ -9,6 +9,8 @@ import platform as host
 import re
 from dataclasses import dataclass
 
+from infinity_cloud.errors import ConfigError
+
 # Oldest glibc a manylinux wheel may target (manylinux2014).
 _OLDEST_GLIBC_MINOR = 17
 _PYTHON_TAG = re.compile(r"(?:^|[/:])python:(\d+)\.(\d+)")
@@ -85,13 +87,25 @@ def glibc_of(image: str, python: str) -> tuple[int, int]:
     return DEBIAN_RELEASES[release] if release else DEBIAN_GLIBC
 
 
-def image_platform(
-    image: str, arch: str = "x86_64", *, python: str | None = None, shipped: dict[str, str] | None = None
-) -> ImagePlatform | None:
+def image_platform(image: str, arch: str = "x86_64", *, shipped: dict[str, str] | None = None
+                   ) -> ImagePlatform | None:
     """The platform of a base image, or None when its Python cannot be told from its name
     (a custom image: its requirements are then not checked)."""
-    python = python or python_of(image)
+    python = python_of(image)
     if python is None:
         return None
     ships = tuple(sorted((shipped or {}).items()))
     return ImagePlatform(python, arch_of(arch), glibc_of(image, python), image, ships)
+
+
+def required_platform(image: str, arch: str = "x86_64", *, shipped: dict[str, str] | None = None,
+                      example: str = "python:X.Y") -> ImagePlatform:
+    """`image_platform`, for an image whose requirements must be checked: one whose name does
+    not tell its Python is refused (`example`: a name that does)."""
+    found = image_platform(image, arch, shipped=shipped)
+    if found is None:
+        raise ConfigError(
+            f"cannot tell the Python of base image {image!r} from its name: start FROM {example} (or an "
+            "image whose tag names its Python), so its requirements can be resolved for it"
+        )
+    return found

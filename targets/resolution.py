@@ -63,8 +63,7 @@ def resolve(requirements: Iterable[str], platform: ImagePlatform, *, deps: bool 
     if _unreachable:
         raise IndexUnreachable(_unreachable[0])
     try:
-        return dict(_resolve(tuple(requirements), platform.python, platform.arch, platform.glibc,
-                             platform.shipped, deps, str(platform)))
+        return dict(_resolve(tuple(requirements), platform, deps))
     except IndexUnreachable as exc:
         _unreachable.append(str(exc))
         raise
@@ -78,18 +77,17 @@ def forget() -> None:
 
 @functools.lru_cache(maxsize=64)
 def _resolve(
-    requirements: tuple[str, ...], python: str, arch: str, glibc: tuple[int, int],
-    shipped: tuple[tuple[str, str], ...], deps: bool, described: str,
+    requirements: tuple[str, ...], platform: ImagePlatform, deps: bool
 ) -> tuple[tuple[str, str], ...]:
     from packaging.utils import canonicalize_name
 
-    platform = ImagePlatform(python, arch, glibc)
     with tempfile.TemporaryDirectory(prefix="infinity-cloud-resolve-") as tmp:
         report, constraints = Path(tmp) / "report.json", Path(tmp) / "constraints.txt"
-        constraints.write_text("".join(f"{name}{spec}\n" for name, spec in shipped), encoding="utf-8")
+        kept = "".join(f"{name}{spec}\n" for name, spec in platform.shipped)
+        constraints.write_text(kept, encoding="utf-8")
         command = [
             sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-            "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+            "--only-binary=:all:", "--implementation", "cp", "--python-version", platform.python,
             # --target: older pips (23.x) refuse --platform without it; nothing is written.
             "--target", str(Path(tmp) / "target"), "--report", str(report),
             "--retries", "1", "--timeout", "30", "--disable-pip-version-check",
@@ -110,7 +108,7 @@ def _resolve(
                 raise IndexUnreachable("pip is not installed in this environment (python -m ensurepip)")
             if any(sign in output for sign in _UNREACHABLE) and "(from versions: none)" in output:
                 raise IndexUnreachable(_last_error(output))
-            raise Unresolvable(_explain(output, described, shipped))
+            raise Unresolvable(_explain(output, str(platform), platform.shipped))
         installed = json.loads(report.read_text(encoding="utf-8"))["install"]
     return tuple(sorted(
         (canonicalize_name(item["metadata"]["name"]), item["metadata"]["version"]) for item in installed

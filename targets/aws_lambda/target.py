@@ -23,7 +23,7 @@ from infinity_cloud.targets.aws import AwsError, aws_calls, clients, require_ima
 from infinity_cloud.targets.aws_lambda import calls as lambda_calls
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
-from infinity_cloud.targets.platforms import image_platform
+from infinity_cloud.targets.platforms import required_platform
 from infinity_cloud.targets.resolution import Unresolvable
 
 SPEC_FILE = "infinity-cloud.yaml"
@@ -204,12 +204,8 @@ class LambdaTarget(Target[LambdaSpec]):
     def _requirements(spec: DeploymentSpec, settings: LambdaSpec) -> list[str]:
         """The serving pins, resolved for the base image's Python on the function's CPU. Each
         backend's runtime must install there at the version that made the exports here."""
-        platform = image_platform(settings.base_image, settings.architecture)
-        if platform is None:
-            raise ConfigError(
-                f"cannot tell the Python of base image {settings.base_image!r} from its name: start "
-                "FROM public.ecr.aws/lambda/python:X.Y (or an image whose tag names it)"
-            )
+        platform = required_platform(settings.base_image, settings.architecture,
+                                     example="public.ecr.aws/lambda/python:X.Y")
         exact = frozenset(pkg for m in spec.models for pkg in backend_entry(m.backend).serving_packages)
         try:
             return container.serving_requirements(spec, "cpu", platform, exact=exact, more=(MANGUM,))

@@ -15,7 +15,7 @@ from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
-from infinity_cloud.targets.platforms import ImagePlatform, image_platform
+from infinity_cloud.targets.platforms import ImagePlatform, required_platform
 from infinity_cloud.targets.sagemaker import aws
 from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE, NEURON_IMAGE_SHIPS, SageMakerSpec
 
@@ -39,18 +39,8 @@ def image_platform_of(settings: SageMakerSpec) -> ImagePlatform:
         # Another Neuron image ships the same packages, at versions this package does not know.
         known = settings.neuron_image == NEURON_IMAGE
         ships = NEURON_IMAGE_SHIPS if known else dict.fromkeys(NEURON_IMAGE_SHIPS, "")
-        found = image_platform(image, "x86_64", shipped=ships)
-        if found is None:
-            raise ConfigError(f"cannot tell the Python of Neuron image {image!r}: its tag names it "
-                              "(-py310-) in Hugging Face's and AWS's Neuron images")
-        return found
-    found = image_platform(settings.base_image, settings.arch)
-    if found is None:
-        raise ConfigError(
-            f"cannot tell the Python of base image {settings.base_image!r} from its name: start FROM a "
-            "python:X.Y image (or one whose tag names it), so its requirements can be resolved for it"
-        )
-    return found
+        return required_platform(image, "x86_64", shipped=ships, example="a Neuron image tagged -pyXY-")
+    return required_platform(settings.base_image, settings.arch)
 
 
 def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
