@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -63,6 +64,8 @@ def _verified(
     with the model's exports (keyed by its files, backend and precision), so only the first
     start pays for loading the float32 reference.
     """
+    if spec.dtype == "auto" and cls.auto_dtypes(spec):
+        return _fastest(cls, info, spec, graph, probes, head)
     calibrated = spec.dtype in cls.calibrated_dtypes
     backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
     if backend.dtype not in MIN_AGREEMENT:
@@ -108,3 +111,76 @@ def _verified(
     reference = loaded[0] if loaded else cls(info, reference_spec, graph)
     reference.agreement = 1.0
     return reference
+
+
+# What `dtype auto` times each precision on: a full batch of passage-sized inputs.
+TIMING_ROWS = 32
+TIMING_LENGTH = 256
+TIMING_RUNS = 3
+
+
+def _fastest(
+    cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head,
+) -> Backend:
+    """`dtype auto` where the backend measures (`Backend.auto_dtypes`: torch on CUDA): each
+    precision is loaded, compared with float32 on the probes and timed on a full batch with
+    its head fused, and the fastest that agrees is served. Which is fastest depends on the
+    model and the device (a small model on a large GPU is bound by launches, not arithmetic),
+    so it is measured, once per model files, backend, graph and device model (cached)."""
+    candidates = cls.auto_dtypes(spec)
+    timing = timing_batch(probes, info.max_length)
+
+    def measure(_: object) -> dict[str, object]:
+        measured: dict[str, dict[str, float]] = {}
+        reference: np.ndarray | None = None
+        for dtype in candidates:
+            backend = cls(info, spec.model_copy(update={"dtype": dtype}), graph)
+            try:
+                out = head(backend.forward(probes), probes.attention_mask)
+                reference = out if reference is None else reference
+                backend.fuse(head)
+                score = agreement(out, reference)
+                measured[dtype] = {"agreement": score, "seconds": _seconds(backend, timing)}
+            finally:
+                backend.close()
+        agreeing = [d for d in candidates if measured[d]["agreement"] >= MIN_AGREEMENT.get(d, 0.0)]
+        return {"dtype": min(agreeing, key=lambda d: measured[d]["seconds"]), "measured": measured}
+
+    verdict = exports.export_metadata(exports.cached_export(
+        info.path, "dtype-choice",
+        {"backend": cls.name, "graph": graph, "device": cls.device_name(spec), "candidates": list(candidates),
+         "timing": [TIMING_ROWS, TIMING_LENGTH]},
+        measure, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
+    ))
+    chosen, measured = verdict["dtype"], verdict["measured"]
+    log.info(
+        "dtype auto on %s: %s serves %s (seconds per %dx%d batch: %s)", cls.device_name(spec), cls.name,
+        chosen, TIMING_ROWS, TIMING_LENGTH, ", ".join(f"{d} {m['seconds']:.4f}" for d, m in measured.items()),
+    )
+    backend = cls(info, spec.model_copy(update={"dtype": chosen}), graph)
+    backend.agreement = None if chosen == "float32" else measured[chosen]["agreement"]
+    return backend
+
+
+def timing_batch(probes: ModelInputs, max_length: int) -> ModelInputs:
+    """The probes repeated to TIMING_ROWS rows and (text) TIMING_LENGTH positions: shapes of
+    a busy server's batches, for timing only (the repeats are not meaningful text)."""
+    width = min(TIMING_LENGTH, max_length)
+    arrays = {}
+    for name, array in probes.arrays.items():
+        text = name in ("input_ids", "attention_mask", "token_type_ids")
+        reps = [-(-TIMING_ROWS // len(array)), -(-width // array.shape[1]) if text else 1][: array.ndim]
+        tiled = np.tile(array, reps + [1] * (array.ndim - len(reps)))[:TIMING_ROWS]
+        arrays[name] = tiled[:, :width] if text else tiled
+    return ModelInputs(arrays)
+
+
+def _seconds(backend: Backend, batch: ModelInputs) -> float:
+    """The fastest of a few runs after a warm-up, as served (submitted, then waited for)."""
+    backend.submit(batch)()
+    runs = []
+    for _ in range(TIMING_RUNS):
+        started = time.perf_counter()
+        backend.submit(batch)()
+        runs.append(time.perf_counter() - started)
+    return min(runs)

@@ -45,6 +45,13 @@ class ModelNotReadyError(InfinityCloudError):
     retry_after_s = 5
 
 
+class DeviceMemoryError(InfinityCloudError):
+    """The batch holding this request's inputs did not fit the device's memory (a CUDA
+    out-of-memory): the worker lives on, and the request may be retried."""
+
+    retry_after_s = 1
+
+
 class BatchFailedError(InfinityCloudError):
     """Inference failed for the batch holding this request's inputs."""
 

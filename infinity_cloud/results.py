@@ -22,9 +22,11 @@ class SparseVector:
     values: np.ndarray  # float32
 
     @classmethod
-    def from_dense(cls, row: np.ndarray) -> SparseVector:
-        (indices,) = np.nonzero(row)
-        return cls(indices.astype(np.int64), row[indices].astype(np.float32))
+    def from_terms(cls, weights: np.ndarray, ids: np.ndarray) -> SparseVector:
+        """Terms as a head keeps them (`heads.nonzero_terms`): zero weights dropped, ids sorted."""
+        kept = weights > 0
+        order = np.argsort(ids[kept], kind="stable")
+        return cls(ids[kept][order].astype(np.int64), weights[kept][order].astype(np.float32))
 
     def to_dense(self, size: int) -> np.ndarray:
         dense = np.zeros(size, dtype=np.float32)

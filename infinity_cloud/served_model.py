@@ -18,12 +18,13 @@ from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
 from infinity_cloud.media import MediaPreprocessor, preprocessors
 from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
+from infinity_cloud.tasks.heads import FINAL
 from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tasks.quantization import calibration_texts
 from infinity_cloud.tasks.registry import task_for
@@ -84,6 +85,42 @@ def max_batch_size(spec: ModelSpec, backend: str) -> int:
 def bucket(size: int, buckets: Sequence[int]) -> int:
     """The smallest static size that holds `size`; `size` itself without buckets."""
     return next((b for b in buckets if b >= size), size)
+
+
+# Of a device's free memory, what batches may take (the rest: the allocator's fragmentation,
+# other processes' growth), and how many batches are on it at once (`TorchBackend.submit`:
+# two streams).
+DEVICE_SHARE = 0.85
+BATCHES_ON_DEVICE = 2
+
+
+def fit_device_memory(
+    backend: Backend, queue: BatchQueue, full_batch: Callable[[int], ModelInputs], length: int
+) -> None:
+    """Measure a full batch (the queue's token budget at the model's length) on the device and
+    cut the budget until the batches that may run at once fit its free memory, so that a busy
+    server does not meet a CUDA out-of-memory (which would still answer only that batch, 503)."""
+    rows = max(1, min(queue.max_batch_size, queue.batch_tokens // length))
+    while True:
+        try:
+            peak = backend.peak_device_bytes(full_batch(rows))
+            break
+        except DeviceMemoryError:
+            if rows == 1:
+                raise ModelLoadError(f"one input of {length} tokens does not fit the device's memory: "
+                                     "lower --max-length") from None
+            rows //= 2
+    room = backend.free_device_bytes()
+    if peak is None or room is None:
+        return
+    per_token = peak / (rows * length)
+    fits = int(room * DEVICE_SHARE / (BATCHES_ON_DEVICE * per_token))
+    log.info("device memory: %.0f bytes per batch token at length %d, %d MB free: room for %d tokens a batch",
+             per_token, length, room // 2**20, fits)
+    if fits < queue.batch_tokens:
+        log.warning("batches cut to %d tokens (from %d) so that %d of them fit the device's free memory",
+                    max(64, fits), queue.batch_tokens, BATCHES_ON_DEVICE)
+        queue.batch_tokens = max(64, fits)
 
 
 class ServedModel:
@@ -147,6 +184,7 @@ class ServedModel:
         spec = self.spec
         task = task_for(info.capability)
         head = task.head(info, graph, spec.pooling or info.pooling, normalize)
+        compared = head.reference  # what precisions are measured on
         probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
 
         def padded_length(longest: int) -> int:
@@ -167,15 +205,17 @@ class ServedModel:
             no such texts, their fixed probes."""
             if preprocessor:
                 batch = collate(probes, static=False)
-                return Calibration([batch], [batch], head)
+                return Calibration([batch], [batch], compared)
             texts = calibration_texts(CALIBRATION_BATCHES * CALIBRATION_ROWS)
             batches = [
                 collate(task.encode_probes(tokenizer, texts[i : i + CALIBRATION_ROWS]), static=False)
                 for i in range(0, len(texts), CALIBRATION_ROWS)
             ]
-            return Calibration(batches[0::4], [b for i, b in enumerate(batches) if i % 4], head)
+            return Calibration(batches[0::4], [b for i, b in enumerate(batches) if i % 4], compared)
 
-        backend = open_backend(info, spec, graph, collate(probes, static=False), head, calibration)
+        backend = open_backend(info, spec, graph, collate(probes, static=False), compared, calibration)
+        if backend.fuse(head):  # the backend runs it on its device; what it returns is final
+            head = FINAL
         queue = BatchQueue(
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
             fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length, deadline_s=spec.deadline_s,
@@ -192,6 +232,9 @@ class ServedModel:
 
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
             finish(run(probes[:2]), probes[:2])
+        if backend.free_device_bytes() is not None and not preprocessor:
+            fit_device_memory(backend, queue, lambda rows: ModelInputs.collate(
+                probes, tokenizer.pad_id, length=tokenizer.max_length, rows=rows), tokenizer.max_length)
         label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
         worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()

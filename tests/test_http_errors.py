@@ -305,6 +305,19 @@ async def test_a_failed_batch_is_a_500_and_the_worker_survives(tiny_embedder, ra
         await assert_still_serving(c)
 
 
+async def test_a_batch_out_of_device_memory_is_a_503_to_retry_and_the_worker_survives(tiny_embedder, rare_id):
+    # The torch backend raises DeviceMemoryError for a CUDA out-of-memory
+    # (test_torch_heads.py: a real torch allocation failure becomes one).
+    spec = spec_of(fake(tiny_embedder, "emb", backend_options={"oom_token_id": rare_id}, token_ids="model"))
+    async with serve_in_process(spec) as c:
+        response = await c.post("/embeddings", json={"input": [rare_id]})
+        assert_error(response, 503, None, "did not fit", "memory")
+        assert response.json()["error"]["type"] == "device_out_of_memory"
+        assert int(response.headers["retry-after"]) >= 1
+        assert (await c.get("/health")).status_code == 200
+        await assert_still_serving(c)
+
+
 @pytest.fixture(scope="module")
 def rare_id(tiny_embedder) -> int:
     """A token id no good request here holds: a batch holding it can be made to fail."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infinity_cloud.model_files import DenseLayer
-from infinity_cloud.tasks.heads import embedding_head
+from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tasks.pooling import (
     apply_dense,
     l2_normalize,
@@ -123,9 +123,9 @@ def test_unsupported_activation() -> None:
 
 def test_embedding_head_pools_then_dense_then_normalizes() -> None:
     layer = DenseLayer(np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32), None, "Identity")
-    out = embedding_head("mean", [layer], normalize=True)(HIDDEN, MASK)
+    out = Head("pool", "mean", (layer,), normalize=True)(HIDDEN, MASK)
     np.testing.assert_allclose(out, l2_normalize(np.array([[3.0, 8.0], [-2.5, -6.0]])), rtol=1e-6)
-    raw = embedding_head("mean", [layer], normalize=False)(HIDDEN, MASK)
+    raw = Head("pool", "mean", (layer,), normalize=False)(HIDDEN, MASK)
     np.testing.assert_allclose(raw, [[3.0, 8.0], [-2.5, -6.0]], rtol=1e-6)
 
 

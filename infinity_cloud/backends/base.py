@@ -12,6 +12,7 @@ import numpy as np
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tokenization import Encoded
 
 # Every array a graph may take, by its conventional name.
@@ -83,10 +84,6 @@ class ModelInputs:
         return {name: self.arrays[name] for name in names}
 
 
-# A task's per-batch head: (backend output, attention mask or None for inputs without
-# positions) -> (batch, ...) rows. Defined here, as backends measure through it (`Calibration`).
-Head = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
-
 
 @dataclass(frozen=True)
 class Calibration:
@@ -134,6 +131,22 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, inputs: ModelInputs) -> np.ndarray: ...
 
+    @classmethod
+    def auto_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        """Precisions `dtype auto` measures at load on `spec`'s device, float32 first, to serve
+        the fastest that agrees with float32; none: the backend's own rule picks one."""
+        return ()
+
+    @classmethod
+    def device_name(cls, spec: ModelSpec) -> str:
+        """The device `spec` runs on, as specific as a measurement on it needs (a GPU's model)."""
+        return spec.device
+
+    def fuse(self, head: Head) -> bool:
+        """Run `head` inside the graph from now on, if this backend can (`forward` then returns
+        the head's rows): on a GPU only what the answer needs is copied to the host."""
+        return False
+
     def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
         """Start a batch and return a function that waits for its output.
 
@@ -142,6 +155,15 @@ class Backend(ABC):
         """
         output = self.forward(inputs)
         return lambda: output
+
+    def peak_device_bytes(self, inputs: ModelInputs) -> int | None:
+        """Device memory a batch of `inputs` takes at its peak above the weights, measured by
+        running it; None for a backend on the host (the memory budget counts that)."""
+        return None
+
+    def free_device_bytes(self) -> int | None:
+        """Device memory free for batches now (free plus cached); None on the host."""
+        return None
 
     def settle(self) -> None:  # noqa: B027 - most backends do nothing in the background
         """Wait for what the backend still builds in the background after loading (it adds

@@ -2,7 +2,8 @@
 
 Token states are rows of a fixed pseudo-random table, so equal inputs give equal outputs in
 any batch. `backend_options` can slow it down (`delay_s` per batch, `load_delay_s` at load),
-make a batch fail when it holds a given token id (`fail_token_id`), or kill the worker thread
+make a batch fail when it holds a given token id (`fail_token_id`), run out of device memory
+as the torch backend reports it (`oom_token_id`: `DeviceMemoryError`), or kill the worker thread
 with a non-`Exception` error, as a crash would (`exit_token_id`): that is how tests inject
 faults over HTTP.
 """
@@ -15,6 +16,7 @@ import numpy as np
 
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.config import ModelSpec
+from infinity_cloud.errors import DeviceMemoryError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 
@@ -32,6 +34,7 @@ class FakeBackend(Backend):
         self.delay_s = float(options.get("delay_s", 0.0))
         self.fail_token_id = _token_id(options.get("fail_token_id"))
         self.exit_token_id = _token_id(options.get("exit_token_id"))
+        self.oom_token_id = _token_id(options.get("oom_token_id"))
         time.sleep(float(options.get("load_delay_s", 0.0)))
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
@@ -39,6 +42,8 @@ class FakeBackend(Backend):
             time.sleep(self.delay_s)
         if self.fail_token_id is not None and (inputs.input_ids == self.fail_token_id).any():
             raise RuntimeError(f"injected fault: token {self.fail_token_id} in batch")
+        if self.oom_token_id is not None and (inputs.input_ids == self.oom_token_id).any():
+            raise DeviceMemoryError(f"injected: the batch with token {self.oom_token_id} did not fit the memory")
         if self.exit_token_id is not None and (inputs.input_ids == self.exit_token_id).any():
             raise SystemExit(f"injected crash: token {self.exit_token_id} in batch")
         states = self._table[inputs.input_ids]

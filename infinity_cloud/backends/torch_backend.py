@@ -1,8 +1,16 @@
-"""PyTorch + transformers backend, on CPU or CUDA."""
+"""PyTorch + transformers backend, on CPU or CUDA.
+
+On CUDA a batch is uploaded from pinned memory, run, headed (`Backend.fuse`: pooling,
+normalisation and the Dense layers on the device) and copied back into pinned memory, all
+queued on one of two CUDA streams without waiting: the batch worker tokenizes and uploads the
+next batch while this one computes, and two batches may run at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -10,13 +18,17 @@ import torch
 from infinity_cloud.backends.base import Backend, ModelInputs
 from infinity_cloud.backends.graphs import build_graph
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.errors import ConfigError, DeviceMemoryError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.tasks.heads import Head
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch's CPU allocator raises a plain RuntimeError, with this message, where CUDA's raises
+# torch.OutOfMemoryError.
+_CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"
 
 
 def resolve_device(device: str) -> torch.device:
@@ -30,17 +42,47 @@ def resolve_device(device: str) -> torch.device:
         raise ConfigError(f"unknown device {device!r}: {exc}") from exc
 
 
+def native_reduced_dtypes(device: torch.device) -> tuple[str, ...]:
+    """The reduced precisions `device` computes natively: on CUDA float16 (tensor cores since
+    Volta) and bfloat16 from compute capability 8.0 (Ampere); is_bf16_supported() also counts
+    the T4's (7.5) slow emulation."""
+    if device.type != "cuda":
+        return ("bfloat16",) if cpu_has_fast_bf16() else ()
+    return ("float16", "bfloat16") if torch.cuda.get_device_capability(device)[0] >= 8 else ("float16",)
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype in _DTYPES:
         return _DTYPES[dtype]
     if dtype == "int8":
         raise ConfigError("the torch backend has no int8 mode; use --backend onnx --dtype int8")
-    if device.type == "cuda":
-        # Native bf16 needs compute capability 8.0 (Ampere); is_bf16_supported() also counts
-        # the T4's (7.5) slow emulation, where float16 runs on its tensor cores.
-        return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
-    # The engine checks a reduced-precision choice against float32 at load and falls back.
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    # `auto`: the first native reduced precision. On CUDA the engine measures them all against
+    # float32 at load and serves the fastest that agrees (`TorchBackend.auto_dtypes`); on CPU it
+    # checks this one against float32 and falls back.
+    native = native_reduced_dtypes(device)
+    return _DTYPES[native[0]] if native else torch.float32
+
+
+@contextlib.contextmanager
+def out_of_memory_is_retryable(device: torch.device) -> Iterator[None]:
+    """A batch that does not fit the device's memory fails its requests with a 503 to retry
+    (the cached blocks are released first), never the worker."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise DeviceMemoryError(_memory_message(device, exc)) from exc
+    except RuntimeError as exc:
+        if _CPU_OUT_OF_MEMORY not in str(exc):
+            raise
+        raise DeviceMemoryError(_memory_message(device, exc)) from exc
+
+
+def _memory_message(device: torch.device, exc: Exception) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (f"the batch holding this request did not fit the {device.type} memory ({first}); "
+            "retry, or serve with a lower --batch-tokens")
 
 
 class TorchBackend(Backend):
@@ -62,16 +104,79 @@ class TorchBackend(Backend):
         self._device, self._dtype = device, dtype
         self.device = str(device)
         self.dtype = str(dtype).removeprefix("torch.")
+        self._head: Head | None = None
+        # Two streams, taken in turn: a batch's upload and compute overlap the last one's.
+        self._streams = [torch.cuda.Stream(device) for _ in range(2)] if device.type == "cuda" else []
+        self._turn = 0
+
+    @classmethod
+    def auto_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        """On CUDA `dtype auto` measures float32 and each native reduced precision at load and
+        serves the fastest that agrees with float32: which is fastest depends on the model's
+        size (on an H200, MiniLM ran fastest in float32)."""
+        device = resolve_device(spec.device)
+        return ("float32", *native_reduced_dtypes(device)) if device.type == "cuda" else ()
+
+    @classmethod
+    def device_name(cls, spec: ModelSpec) -> str:
+        device = resolve_device(spec.device)
+        return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+    def fuse(self, head: Head) -> bool:
+        self._head = head.on_device(lambda array: torch.as_tensor(array, device=self._device))
+        return True
+
+    def _run(self, inputs: ModelInputs, pinned: bool) -> torch.Tensor:
+        feed = inputs.feed(self.model.input_names)
+        tensors = {}
+        for name, array in feed.items():
+            tensor = torch.from_numpy(array)
+            if pinned:
+                tensor = tensor.pin_memory()
+            # Pixels and audio features come as float32; the weights may be bf16/fp16.
+            tensors[name] = tensor.to(self._device, self._dtype if array.dtype.kind == "f" else None,
+                                      non_blocking=pinned)
+        out = self.model(*tensors.values())
+        if self._head is not None:
+            out = self._head(out, tensors.get("attention_mask"), torch)
+        return out
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
-        feed = inputs.feed(self.model.input_names)
-        tensors = [
-            # Pixels and audio features come as float32; the weights may be bf16/fp16.
-            torch.from_numpy(array).to(self._device, self._dtype if array.dtype.kind == "f" else None)
-            for array in feed.values()
-        ]
-        with torch.inference_mode():
-            return self.model(*tensors).float().cpu().numpy()
+        with out_of_memory_is_retryable(self._device), torch.inference_mode():
+            return self._run(inputs, pinned=False).float().cpu().numpy()
+
+    def submit(self, inputs: ModelInputs) -> Callable[[], np.ndarray]:
+        if not self._streams:
+            return super().submit(inputs)
+        stream = self._streams[self._turn]
+        self._turn = 1 - self._turn
+        with out_of_memory_is_retryable(self._device), torch.inference_mode(), torch.cuda.stream(stream):
+            out = self._run(inputs, pinned=True).float()
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+
+        def wait() -> np.ndarray:
+            done.synchronize()
+            return host.numpy()
+
+        return wait
+
+    def peak_device_bytes(self, inputs: ModelInputs) -> int | None:
+        if self._device.type != "cuda":
+            return None
+        torch.cuda.synchronize(self._device)
+        before = torch.cuda.memory_allocated(self._device)
+        torch.cuda.reset_peak_memory_stats(self._device)
+        self.forward(inputs)
+        return torch.cuda.max_memory_allocated(self._device) - before
+
+    def free_device_bytes(self) -> int | None:
+        if self._device.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(self._device)
+        return free + torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
 
     def close(self) -> None:
         del self.model

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infinity_cloud.batching.queue import Batch, BatchQueue, WorkItem
-from infinity_cloud.errors import BatchFailedError, ModelNotReadyError
+from infinity_cloud.errors import BatchFailedError, InfinityCloudError, ModelNotReadyError
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +148,7 @@ class BatchWorker:
             except Exception as exc:
                 log.exception("model %s: a batch of %d inputs failed", self.name, len(items))
                 self._report(items, started, failed=True)
-                self._fail(items, BatchFailedError(
-                    f"inference failed for the batch holding this request's inputs "
-                    f"({type(exc).__name__}: {exc})"
-                ))
+                self._fail(items, _batch_error(exc, "inference"))
                 continue
             except BaseException as exc:  # kills this thread (see _guard)
                 self._die(exc, items)
@@ -169,10 +166,7 @@ class BatchWorker:
             except Exception as exc:
                 log.exception("model %s: postprocessing a batch failed", self.name)
                 self._report(items, started, failed=True)
-                self._fail(items, BatchFailedError(
-                    f"inference or postprocessing failed for the batch holding this request's inputs "
-                    f"({type(exc).__name__}: {exc})"
-                ))
+                self._fail(items, _batch_error(exc, "inference or postprocessing"))
                 continue
             except BaseException as exc:
                 self._die(exc, items)
@@ -216,6 +210,16 @@ class BatchWorker:
 
     def _fail(self, items: list[WorkItem], error: BaseException) -> None:
         _on_loops(items, _reject, [error] * len(items))
+
+
+def _batch_error(exc: Exception, stage: str) -> InfinityCloudError:
+    """What a batch's failure answers its requests with: a domain error a backend raised on
+    purpose (a device out of memory: 503) as itself, anything else as a failed batch (500)."""
+    if isinstance(exc, InfinityCloudError):
+        return exc
+    return BatchFailedError(
+        f"{stage} failed for the batch holding this request's inputs ({type(exc).__name__}: {exc})"
+    )
 
 
 def _on_loops(items: list[WorkItem], callback: Callable[..., None], values: Sequence[Any]) -> None:

@@ -89,6 +89,7 @@ _TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
     errors.PayloadTooLargeError: (413, "payload_too_large"),
     errors.QueueFullError: (429, "rate_limit_exceeded"),
     errors.ModelNotReadyError: (503, "model_not_ready"),
+    errors.DeviceMemoryError: (503, "device_out_of_memory"),
     errors.BatchFailedError: (500, "inference_error"),
 }
 

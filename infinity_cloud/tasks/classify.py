@@ -13,7 +13,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import ClassifyResult
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
-from infinity_cloud.tasks.heads import Head, passthrough_head
+from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import label_scores, softmax
 from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_texts
@@ -33,7 +33,7 @@ class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
     capability = Capability.CLASSIFY
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
-        return passthrough_head
+        return FINAL
 
     def check(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> None:
         super().check(call, served, limits)

@@ -23,7 +23,7 @@ from infinity_cloud.tasks.base import (
     prompt_tokens,
     require_tower,
 )
-from infinity_cloud.tasks.heads import Head, embedding_head, pooled_head
+from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tasks.pooling import truncate_dimensions
 from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import (
@@ -72,8 +72,8 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         if graph == "token_states":
-            return embedding_head(pooling, info.dense, normalize)
-        return pooled_head(normalize)
+            return Head("pool", pooling, info.dense, normalize)
+        return Head("vectors", normalize=normalize)
 
     def check(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> None:
         if served.loaded.info.capability is Capability.SPARSE:

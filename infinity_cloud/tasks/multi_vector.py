@@ -16,7 +16,7 @@ from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.results import MultiVectorResult
 from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
 from infinity_cloud.tasks.embed import prompted
-from infinity_cloud.tasks.heads import Head, passthrough_head, token_head
+from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_media, check_no_token_ids, check_texts
 
@@ -49,8 +49,8 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         if graph == "token_states":  # ColBERT: the encoder's states through Dense and Normalize
-            return token_head(info.dense, normalize)
-        return passthrough_head  # ColPali's graph normalises each token and zeroes the padding
+            return Head("tokens", dense=info.dense, normalize=normalize)
+        return FINAL  # ColPali's graph normalises each token and zeroes the padding
 
     def rows(self, batch: np.ndarray, items: Sequence[Any]) -> list[np.ndarray]:
         """Each input's vectors, one per position it holds (padding dropped)."""

@@ -13,7 +13,7 @@ from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import RankedDocument, RerankResult
 from infinity_cloud.tasks.base import Cost, Task, length_cost, prompt_tokens
-from infinity_cloud.tasks.heads import Head, passthrough_head
+from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import rank, sigmoid
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 from infinity_cloud.validation import check_texts, check_top_n
@@ -35,7 +35,7 @@ class RerankTask(Task[RerankCall, RerankResult]):
     capability = Capability.RERANK
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
-        return passthrough_head
+        return FINAL
 
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
         return tokenizer.encode_pairs(texts[0], texts[1:])

@@ -16,7 +16,7 @@ from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.embed import prompted
-from infinity_cloud.tasks.heads import Head, passthrough_head
+from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_no_token_ids, check_texts
 
@@ -37,11 +37,13 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
     capability = Capability.SPARSE
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
-        return passthrough_head  # the graph pools (`graphs.py`): (batch, vocabulary) weights
+        # The graph pools (`graphs.py`) to (batch, vocabulary) weights; the head keeps their
+        # non-zero terms, on the device where the backend runs it: a dense row is 120 KB (1 MB
+        # for bge-m3's vocabulary), its terms a few hundred.
+        return Head("sparse")
 
     def rows(self, batch: np.ndarray, items: Sequence[Encoded]) -> list[SparseVector]:
-        # Sparse as soon as the batch is done: a dense row is 120 KB, its terms a few hundred.
-        return [SparseVector.from_dense(row) for row in batch]
+        return [SparseVector.from_terms(weights, ids) for weights, ids in batch]
 
     def check(self, call: SparseCall, served: ServedModel, limits: LimitsSpec) -> None:
         capability = served.loaded.info.capability  # not ready: a 503 here
