@@ -32,7 +32,9 @@ STATES = RNG.standard_normal((3, 6, 8)).astype(np.float16)
 MASK = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=np.int64)
 STATES[MASK == 0] = 40.0
 LAYERS = {
-    name: DenseLayer(RNG.standard_normal((5, 8)).astype(np.float32), RNG.standard_normal(5).astype(np.float32), name)
+    name: DenseLayer(
+        RNG.standard_normal((5, 8)).astype(np.float32), RNG.standard_normal(5).astype(np.float32), name
+    )
     for name in ("Identity", "Tanh", "ReLU", "Sigmoid", "SiLU")
 }
 HEADS = [
@@ -76,11 +78,14 @@ def dense_embedder(build_model) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["dense_embedder", "decoder"])
-async def test_the_torch_backend_pools_on_its_device_and_hands_back_rows(kind, dense_embedder, build_model) -> None:
+async def test_the_torch_backend_pools_on_its_device_and_hands_back_rows(
+    kind, dense_embedder, build_model
+) -> None:
     """Only B x H leaves the graph, and the answer is still sentence-transformers'."""
     path = dense_embedder if kind == "dense_embedder" else build_model("decoder_embedder")
     texts = ["hello world", "a longer text with a few more words in it", "x"]
-    async with Engine([ModelSpec(served_model_name="m", model_id=str(path), backend="torch", dtype="float32")]) as engine:
+    spec = ModelSpec(served_model_name="m", model_id=str(path), backend="torch", dtype="float32")
+    async with Engine([spec]) as engine:
         served = engine.models["m"]
         tower = served.loaded.towers["text"]
         inputs = ModelInputs.collate(served.loaded.tokenizer.encode(texts), served.loaded.tokenizer.pad_id)
@@ -92,10 +97,10 @@ async def test_the_torch_backend_pools_on_its_device_and_hands_back_rows(kind, d
 
 
 def test_an_allocation_the_device_cannot_make_is_a_retryable_error() -> None:
-    with pytest.raises(DeviceMemoryError, match="did not fit the cpu memory"):
-        with out_of_memory_is_retryable(torch.device("cpu")):
-            torch.empty(2**50, dtype=torch.float32)  # 4 PiB: a real allocation failure
-    with pytest.raises(RuntimeError, match="shape"), out_of_memory_is_retryable(torch.device("cpu")):
+    cpu = torch.device("cpu")
+    with pytest.raises(DeviceMemoryError, match="not fit the cpu memory"), out_of_memory_is_retryable(cpu):
+        torch.empty(2**50, dtype=torch.float32)  # 4 PiB: a real allocation failure
+    with pytest.raises(RuntimeError, match="shape"), out_of_memory_is_retryable(cpu):
         torch.zeros(2, 3) @ torch.zeros(4, 5)  # any other error stays what it is
 
 
@@ -140,8 +145,8 @@ async def test_dtype_auto_serves_the_fastest_precision_that_agrees(
     options, served, tiny_embedder, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path))
-    spec = ModelSpec(served_model_name="m", model_id=str(tiny_embedder), backend="test_device_heads:MeasuringTorch",
-                     dtype="auto", backend_options=options)
+    spec = ModelSpec(served_model_name="m", model_id=str(tiny_embedder),
+                     backend="test_device_heads:MeasuringTorch", dtype="auto", backend_options=options)
     MeasuringTorch.loads.clear()
     async with Engine([spec]) as engine:
         facts = engine.describe()[0]
@@ -164,7 +169,7 @@ async def test_dtype_auto_serves_the_fastest_precision_that_agrees(
 
 def test_the_timing_batch_has_a_busy_servers_shape(tiny_embedder) -> None:
     info = read_model_info(tiny_embedder, None)
-    probes = ModelInputs({"input_ids": np.ones((5, 7), np.int64), "attention_mask": np.ones((5, 7), np.int64)})
+    probes = ModelInputs({name: np.ones((5, 7), np.int64) for name in ("input_ids", "attention_mask")})
     batch = backend_choice.timing_batch(probes, info.max_length)
     assert batch.input_ids.shape == (32, min(256, info.max_length))
     assert batch.attention_mask.shape == batch.input_ids.shape

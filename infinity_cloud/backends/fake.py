@@ -43,7 +43,7 @@ class FakeBackend(Backend):
         if self.fail_token_id is not None and (inputs.input_ids == self.fail_token_id).any():
             raise RuntimeError(f"injected fault: token {self.fail_token_id} in batch")
         if self.oom_token_id is not None and (inputs.input_ids == self.oom_token_id).any():
-            raise DeviceMemoryError(f"injected: the batch with token {self.oom_token_id} did not fit the memory")
+            raise DeviceMemoryError(f"injected: a batch with {self.oom_token_id} did not fit the memory")
         if self.exit_token_id is not None and (inputs.input_ids == self.exit_token_id).any():
             raise SystemExit(f"injected crash: token {self.exit_token_id} in batch")
         states = self._table[inputs.input_ids]
