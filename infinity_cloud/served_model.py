@@ -233,8 +233,9 @@ class ServedModel:
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
             finish(run(probes[:2]), probes[:2])
         if backend.free_device_bytes() is not None and not preprocessor:
+            length = tokenizer.max_length
             fit_device_memory(backend, queue, lambda rows: ModelInputs.collate(
-                probes, tokenizer.pad_id, length=tokenizer.max_length, rows=rows), tokenizer.max_length)
+                probes[:rows], tokenizer.pad_id, length=length, rows=rows), length)
         label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
         worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()

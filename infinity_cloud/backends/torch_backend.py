@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import traceback
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -26,9 +27,13 @@ from infinity_cloud.tasks.heads import Head
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# torch's CPU allocator raises a plain RuntimeError, with this message, where CUDA's raises
-# torch.OutOfMemoryError.
-_CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"
+# torch's CPU allocator raises a plain RuntimeError with the first message, where CUDA's
+# caching allocator raises torch.OutOfMemoryError; pinned host memory and cuBLAS's workspace
+# fail as CUDA errors (torch.AcceleratorError, a RuntimeError) with the others.
+_OUT_OF_MEMORY_MESSAGES = {
+    "cpu": ("DefaultCPUAllocator: can't allocate memory",),
+    "cuda": ("out of memory", "ALLOC_FAILED"),
+}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -69,13 +74,15 @@ def out_of_memory_is_retryable(device: torch.device) -> Iterator[None]:
     (the cached blocks are released first), never the worker."""
     try:
         yield
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        messages = _OUT_OF_MEMORY_MESSAGES.get(device.type, ())
+        if not isinstance(exc, torch.OutOfMemoryError) and not any(m in str(exc) for m in messages):
+            raise
+        # The traceback's frames hold the failed batch's tensors: free them before the cache
+        # is emptied, or the error (kept on each request until answered) keeps them on the GPU.
+        traceback.clear_frames(exc.__traceback__)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        raise DeviceMemoryError(_memory_message(device, exc)) from exc
-    except RuntimeError as exc:
-        if _CPU_OUT_OF_MEMORY not in str(exc):
-            raise
         raise DeviceMemoryError(_memory_message(device, exc)) from exc
 
 
@@ -154,7 +161,7 @@ class TorchBackend(Backend):
             out = self._run(inputs, pinned=True).float()
             host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
             host.copy_(out, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # waiting sleeps rather than spins a core
             done.record(stream)
 
         def wait() -> np.ndarray:
