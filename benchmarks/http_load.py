@@ -37,11 +37,11 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1)
 
 
-def reference_embeddings(model: str | Path, texts: Sequence[str]) -> np.ndarray:
+def reference_embeddings(model: str | Path, texts: Sequence[str], device: str = "cpu") -> np.ndarray:
     """sentence-transformers float32 on the same model folder: the fidelity reference."""
     from sentence_transformers import SentenceTransformer
 
-    st = SentenceTransformer(str(model), device="cpu")
+    st = SentenceTransformer(str(model), device=device)
     return np.asarray(st.encode(list(texts), convert_to_numpy=True), dtype=np.float64)
 
 

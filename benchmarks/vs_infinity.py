@@ -43,6 +43,11 @@ Method, and why it is fair on a small (2-core) machine:
   servers are stopped), then, servers stopped, our in-process engine throughput
   (benchmarks/engine_throughput.py, in a subprocess, with the side's exact spec from
   `infinity-cloud config show`) at the largest cell's shape, giving the server overhead.
+- A side that fails to start is reported as dead and the others go on. --cells names the cells
+  outright (`32x32:passage 1x1:query 1x1:passage`) instead of the grid; --time-budget S skips the
+  sides and runs that would start after S seconds (marked `skipped`), and a SIGTERM while measuring
+  keeps what was measured (the report says `interrupted`); --no-roofline leaves out the CPU
+  roofline and --reference-device cuda computes the fidelity reference on a GPU.
 """
 
 from __future__ import annotations
@@ -138,13 +143,28 @@ class Cell:
 
 
 SINGLE_QUERY = Cell(1, 1, "query")
+SINGLE_PASSAGE = Cell(1, 1, "passage")
+
+
+def parse_cell(text: str) -> Cell:
+    """`CxN:KIND` (e.g. 32x32:passage, 1x1:query): C clients, N texts per request."""
+    shape, _, kind = text.partition(":")
+    try:
+        concurrency, per_request = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cell {text!r}: want CxN:KIND, e.g. 32x32:passage") from None
+    if kind not in ("query", "passage") or concurrency < 1 or per_request < 1:
+        raise argparse.ArgumentTypeError(f"cell {text!r}: want CxN:KIND with KIND query or passage")
+    return Cell(concurrency, per_request, kind)
 
 
 def build_cells(
-    concurrency: Sequence[int], per_request: Sequence[int], kinds_at_1: Sequence[str]
+    concurrency: Sequence[int], per_request: Sequence[int], kinds_at_1: Sequence[str],
+    explicit: Sequence[Cell] = (),
 ) -> list[Cell]:
-    """Passages for multi-text requests, --kinds-at-1 for single-text ones, plus one short query at c1."""
-    cells = [
+    """--cells as given, else the grid: passages for multi-text requests, --kinds-at-1 for
+    single-text ones; either way plus one short query at c1."""
+    cells = list(dict.fromkeys(explicit)) or [
         Cell(c, n, kind)
         for n in per_request
         for c in concurrency
@@ -315,13 +335,27 @@ class CellResult:
     rounds: list[dict[str, float]] = field(default_factory=list)
     loadavg: list[float] = field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None  # runs left out: --time-budget spent
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = self.pooled.summary() if self.pooled.latencies_s else {}
         out.update(rounds=self.rounds, loadavg_1m_at_start=self.loadavg)
         if self.error:
             out["error"] = self.error
+        if self.skipped:
+            out["skipped"] = self.skipped
         return out
+
+
+# Set by main(): --time-budget counts from here.
+STARTED = [time.perf_counter()]
+
+
+def budget_left(args: Any) -> float:
+    """Seconds left of --time-budget (infinite without one)."""
+    if not getattr(args, "time_budget", None):
+        return float("inf")
+    return args.time_budget - (time.perf_counter() - STARTED[0])
 
 
 def measure_rounds(
@@ -330,15 +364,20 @@ def measure_rounds(
     cells: Sequence[Cell],
     batches: dict[Cell, list[Batch]],
     args: Any,
+    results: dict[tuple[str, Cell], CellResult],
 ) -> dict[tuple[str, Cell], CellResult]:
-    """For each round, each cell, each side (ABBA order): one closed-loop run, pooled per side and cell."""
-    results = {(s.side.name, c): CellResult() for s in servers for c in cells}
+    """For each round, each cell, each side (ABBA order): one closed-loop run, pooled per side and
+    cell, into `results` (so that what was measured before an interrupt is kept). A run that would
+    start with less than --seconds of --time-budget left is skipped and marked so."""
     for round_no in range(args.rounds):
         order = servers if round_no % 2 == 0 else list(reversed(servers))
         for cell in cells:
             for server in order:
                 result = results[server.side.name, cell]
                 if server.dead or result.error:
+                    continue
+                if budget_left(args) < args.seconds:
+                    result.skipped = f"round {round_no + 1} on: --time-budget {args.time_budget} s spent"
                     continue
                 result.loadavg.append(round(os.getloadavg()[0], 2))
                 try:
@@ -503,6 +542,7 @@ def summarise(report: dict[str, Any], reference: str, cells: Sequence[Cell]) -> 
         "reference": reference,
         "largest_cell": big,
         "single_query_cell": SINGLE_QUERY.label,
+        **({"single_passage_cell": SINGLE_PASSAGE.label} if SINGLE_PASSAGE in cells else {}),
     }
     ours = sides[reference]["cells"]
     for name, side in sides.items():
@@ -535,7 +575,9 @@ def markdown(report: dict[str, Any], reference: str, cells: Sequence[Cell]) -> s
 
     def throughput(row: dict[str, Any]) -> str:
         if "tokens_per_s" not in row:
-            return f"error: {row.get('error', '?')[:40]}"
+            if "skipped" in row:
+                return "skipped (time budget)"
+            return f"error: {row.get('error', 'none ran')[:40]}"
         return f"{fmt(row.get('tokens_per_s'))} ({fmt(row.get('texts_per_s'), digits=1)})"
 
     def latency(row: dict[str, Any]) -> str:
@@ -667,12 +709,25 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--per-request", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--kinds-at-1", nargs="+", choices=["query", "passage"], default=["query", "passage"])
+    parser.add_argument(
+        "--cells", nargs="+", type=parse_cell, default=[],
+        help="explicit cells CxN:KIND (e.g. 32x32:passage 1x1:query 1x1:passage) instead of the "
+        "--concurrency x --per-request grid; a c1 x 1 query cell is always added",
+    )
     parser.add_argument("--seconds", type=float, default=8.0, help="per cell, side and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup-seconds", type=float, default=3.0)
     parser.add_argument("--pause", type=float, default=0.5, help="seconds of rest between runs")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--no-in-process", action="store_true", help="skip the in-process engine runs")
+    parser.add_argument("--no-roofline", action="store_true", help="skip the CPU GEMM roofline (on a GPU)")
+    parser.add_argument(
+        "--reference-device", default="cpu", help="device of the sentence-transformers fp32 reference"
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=None,
+        help="seconds for the whole run: sides and runs that would start past it are skipped and marked",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     parser.add_argument("--markdown", type=Path, default=None, help="markdown report (also printed)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the server logs even on success")
@@ -711,13 +766,75 @@ def side_report(server: Server, results: dict[tuple[str, Cell], CellResult], cel
     }
 
 
+def start_all(
+    servers: Sequence[Server], model_name: str, batches: dict[Cell, list[Batch]], args: Any
+) -> None:
+    """One after the other: start, time the first answer, warm up. A side that fails to start (or
+    would start with under --startup-timeout of --time-budget left) is marked dead and left out;
+    the others go on."""
+    for server in servers:
+        if budget_left(args) < min(args.startup_timeout, 60):
+            server.dead = f"side {server.side.name} not started: --time-budget {args.time_budget} s spent"
+            print(server.dead, file=sys.stderr, flush=True)
+            continue
+        print(f"starting {server.side.name}: {shlex.join(server.command)}", flush=True)
+        try:
+            start_server(server, model_name, min(args.startup_timeout, budget_left(args)))
+            print(
+                f"  first answer after {server.first_answer_s} s, RSS {server.rss_after_load_mb} MB",
+                flush=True,
+            )
+            warm_up(server, model_name, batches, args.warmup_seconds)
+        except (RuntimeError, httpx.HTTPError, OSError) as exc:
+            server.dead = str(exc)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            stop_server(server)
+    if all(server.dead for server in servers):
+        raise RuntimeError("no side started")
+
+
+def after_servers(
+    report: dict[str, Any], args: Any, cells: Sequence[Cell], counter: TokenCounter, texts: list[str],
+    vectors: dict[str, np.ndarray],
+) -> None:
+    """Servers stopped: our in-process engine per side, and the fidelity of each side's vectors."""
+    big = largest_cell(cells)
+    if big.kind != "passage":  # engine_throughput.py sends passages only
+        print("no passage cell: skipping the in-process engine runs", file=sys.stderr)
+    elif not args.no_in_process:
+        for side in args.sides:
+            if side.program == "ours":
+                print(f"in-process engine for {side.name} at {big.label} ...", flush=True)
+                result = report["sides"][side.name]["in_process"] = in_process(
+                    side, args.model, args.corpus, big, counter, args
+                )
+                print(f"  {result}", file=sys.stderr if "error" in result else sys.stdout, flush=True)
+    if not vectors:
+        return
+    reference = reference_embeddings(args.model, texts, args.reference_device)
+    # Less the reference's mean vector: what tells texts apart (random-weight models embed all alike).
+    centre = reference.mean(axis=0, keepdims=True)
+    for name, got in vectors.items():
+        cos = cosine_rows(got, reference)
+        centred = cosine_rows(got - centre, reference - centre)
+        report["sides"][name]["fidelity"] = {
+            "texts": len(texts),
+            "min": float(cos.min()),
+            "mean": float(cos.mean()),
+            "centred_min": float(centred.min()),
+            "centred_mean": float(centred.mean()),
+            "reference_device": args.reference_device,
+        }
+
+
 def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
     model_name = str(args.model)
     counter = TokenCounter(args.model)
     batches = cell_batches(args.corpus, cells, counter)
     machine = machine_info(args.infinity_python)
-    # Measured before any server starts, so the bound is the idle machine's.
-    machine["roofline"] = roofline.measure(json.loads((Path(args.model) / "config.json").read_text()))
+    if not args.no_roofline:
+        # Measured before any server starts, so the bound is the idle machine's.
+        machine["roofline"] = roofline.measure(json.loads((Path(args.model) / "config.json").read_text()))
     servers = [
         Server(
             side,
@@ -730,24 +847,24 @@ def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
     ]
     texts = fidelity_texts(args.corpus)
     vectors: dict[str, np.ndarray] = {}
+    results = {(s.side.name, c): CellResult() for s in servers for c in cells}
+    interrupted = None
     with servers_running(servers):
-        for server in servers:
-            print(f"starting {server.side.name}: {shlex.join(server.command)}", flush=True)
-            start_server(server, model_name, args.startup_timeout)
-            print(
-                f"  first answer after {server.first_answer_s} s, RSS {server.rss_after_load_mb} MB",
-                flush=True,
-            )
-            warm_up(server, model_name, batches, args.warmup_seconds)
-        results = measure_rounds(servers, model_name, cells, batches, args)
-        for server in servers:
-            if server.proc is not None and server.proc.poll() is None:
-                server.rss_after_test_mb = tree_rss_mb(server.proc.pid)
-                try:
-                    vectors[server.side.name] = http_embed(server, model_name, texts)
-                except (httpx.HTTPError, OSError) as exc:
-                    print(f"fidelity request to {server.side.name} failed: {exc}", file=sys.stderr)
+        try:
+            start_all(servers, model_name, batches, args)
+            measure_rounds(servers, model_name, cells, batches, args, results)
+            for server in servers:
+                if server.proc is not None and server.proc.poll() is None:
+                    server.rss_after_test_mb = tree_rss_mb(server.proc.pid)
+                    try:
+                        vectors[server.side.name] = http_embed(server, model_name, texts)
+                    except (httpx.HTTPError, OSError) as exc:
+                        print(f"fidelity request to {server.side.name} failed: {exc}", file=sys.stderr)
+        except KeyboardInterrupt as exc:  # SIGTERM (a time limit): keep what was measured
+            interrupted = f"interrupted ({exc}) while measuring"
+            print(interrupted, file=sys.stderr, flush=True)
     report: dict[str, Any] = {
+        "interrupted": interrupted,
         "machine": machine,
         "model": {"path": str(args.model), "max_length": counter.max_length},
         "corpus": describe(args.corpus),
@@ -755,37 +872,25 @@ def benchmark(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
         "cells": [asdict(c) | {"label": c.label} for c in cells],
         "sides": {s.side.name: side_report(s, results, cells) for s in servers},
     }
-    big = largest_cell(cells)
-    if big.kind != "passage":  # engine_throughput.py sends passages only
-        print("no passage cell: skipping the in-process engine runs", file=sys.stderr)
-    elif not args.no_in_process:
-        for side in args.sides:
-            if side.program == "ours":
-                print(f"in-process engine for {side.name} at {big.label} ...", flush=True)
-                result = report["sides"][side.name]["in_process"] = in_process(
-                    side, args.model, args.corpus, big, counter, args
-                )
-                print(f"  {result}", file=sys.stderr if "error" in result else sys.stdout, flush=True)
-    reference = reference_embeddings(args.model, texts)
-    for name, got in vectors.items():
-        cos = cosine_rows(got, reference)
-        report["sides"][name]["fidelity"] = {
-            "texts": len(texts),
-            "min": float(cos.min()),
-            "mean": float(cos.mean()),
-        }
+    try:
+        if not interrupted:
+            after_servers(report, args, cells, counter, texts, vectors)
+    except KeyboardInterrupt as exc:
+        report["interrupted"] = f"interrupted ({exc}) after the HTTP runs"
+        print(report["interrupted"], file=sys.stderr, flush=True)
     report["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     report["summary"] = summarise(report, args.reference, cells)
     return report
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, interrupt)  # a time limit's SIGTERM still leaves a report
     args = parse_args()
     if args.ours:
         OURS_OVERRIDE.append(args.ours.resolve())
     args.workdir = tempfile.mkdtemp(prefix="vs_infinity_")
     print(f"logs and specs in {args.workdir}", flush=True)
-    cells = build_cells(args.concurrency, args.per_request, args.kinds_at_1)
+    cells = build_cells(args.concurrency, args.per_request, args.kinds_at_1, args.cells)
     try:
         report = benchmark(args, cells)
     except RuntimeError as exc:
