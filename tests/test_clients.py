@@ -284,6 +284,33 @@ def test_voyageai_rerank(live_server: str, reranker_reference: np.ndarray, top_k
     assert all(r.document == DOCUMENTS[r.index] for r in ranked.results)
 
 
+@pytest.fixture(scope="module")
+def voyage(live_server: str):
+    voyageai = pytest.importorskip("voyageai")
+    return voyageai.Client(api_key="x", base_url=live_server + "/v1", max_retries=0)
+
+
+def test_voyageai_embed_floats_and_dimensions(voyage, minilm_reference) -> None:
+    want = reference_embeddings(minilm_reference, TEXTS)
+    assert_same_vectors(voyage.embed(TEXTS, model="minilm", input_type="document").embeddings, want)
+    cut = np.asarray(voyage.embed(TEXTS, model="minilm", output_dimension=128).embeddings)
+    assert cut.shape == (len(TEXTS), 128)  # Matryoshka truncation, re-normalised as the model normalises
+    assert_same_vectors(cut, want[:, :128] / np.linalg.norm(want[:, :128], axis=1, keepdims=True))
+
+
+def test_voyageai_embed_quantised_types_are_what_cohere_gets(voyage, live_server: str) -> None:
+    """Voyage's client decodes base64 by the output_dtype it asked for: int8 and uint8 are the
+    calibrated vectors Cohere's embedding_types get, binary and ubinary their packed sign bits."""
+    cohere_client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    by_type = cohere_client.embed(model="minilm", texts=TEXTS, input_type="search_document",
+                                  embedding_types=["int8", "uint8", "binary", "ubinary"]).embeddings
+    for kind in ("int8", "uint8", "binary", "ubinary"):
+        got = voyage.embed(TEXTS, model="minilm", output_dtype=kind).embeddings
+        assert np.array_equal(np.asarray(got), np.asarray(getattr(by_type, kind))), kind
+    with_dimensions = voyage.embed(TEXTS, model="minilm", output_dtype="ubinary", output_dimension=128)
+    assert np.asarray(with_dimensions.embeddings).shape == (len(TEXTS), 16)  # 128 bits a vector
+
+
 # -- litellm ---------------------------------------------------------------------------
 
 

@@ -64,10 +64,41 @@ class EmbeddingRequest(_Request):
         None, description="quantised output for this request; default: the model's --embedding-dtype"
     )
     input_type: Literal["query", "document"] | None = Field(
-        None, description="for multi-vector (ColBERT) models: read the texts as queries or documents"
+        None, description="what the texts are for (Voyage): a multi-vector (ColBERT) model reads them as "
+        "queries or documents; an embedder puts its sentence-transformers prompt for that use before "
+        "them, where it declares one (none: the texts as they are)"
     )
     truncate: bool = Field(True, description="cut inputs to the model's limit instead of a 400")
     user: str | None = None
+    # Voyage's names for embedding_type, dimensions and truncate.
+    output_dtype: Literal["float", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None, description="Voyage's embedding_type (float: float32)"
+    )
+    output_dimension: NonNegative | None = Field(None, description="Voyage's dimensions")
+    truncation: bool | None = Field(None, description="Voyage's truncate")
+
+    @model_validator(mode="after")
+    def _one_name_each(self) -> EmbeddingRequest:
+        for ours, voyage in (("embedding_type", "output_dtype"), ("dimensions", "output_dimension"),
+                             ("truncate", "truncation")):
+            if voyage in self.model_fields_set and ours in self.model_fields_set:
+                raise ValueError(f"send '{ours}' or Voyage's '{voyage}', not both")
+        return self
+
+    @property
+    def kind(self) -> str | None:
+        """The embedding type asked for (None: the model's --embedding-dtype)."""
+        if self.output_dtype is not None:
+            return "float32" if self.output_dtype == "float" else self.output_dtype
+        return self.embedding_type
+
+    @property
+    def dims(self) -> int | None:
+        return self.output_dimension if self.output_dimension is not None else self.dimensions
+
+    @property
+    def truncates(self) -> bool:
+        return self.truncate if self.truncation is None else self.truncation
 
     def inputs(self) -> list[str] | list[list[int]]:
         if isinstance(self.input, str):

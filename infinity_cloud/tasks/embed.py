@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,24 @@ class EmbedCall:
     prompt_name: str | None = None
     # The answer goes out packed (base64, int8, binary): fewer bytes a number on the wire.
     packed: bool = False
+
+
+# What a caller says its texts are for (Cohere's and Voyage's input_type), and the
+# sentence-transformers prompt names that mean the same, in order of preference.
+PROMPTS_FOR_USE = {
+    "search_query": ("query", "search_query"),
+    "query": ("query", "search_query"),
+    "search_document": ("document", "passage", "search_document"),
+    "document": ("document", "passage", "search_document"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+
+
+def prompt_for_use(use: str | None, declared: Mapping[str, str]) -> str | None:
+    """The model's prompt for texts used as `use` (e5's "query: ", ...); None: the model
+    declares none for it, and its texts are read as they are, as sentence-transformers would."""
+    return next((name for name in PROMPTS_FOR_USE.get(use or "", ()) if name in declared), None)
 
 
 def prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:

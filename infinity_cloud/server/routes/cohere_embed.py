@@ -13,19 +13,11 @@ from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import CohereEmbedRequest
 from infinity_cloud.server.responses import cohere_embed_body
+from infinity_cloud.tasks.embed import prompt_for_use
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 from infinity_cloud.validation import check_embedding_types
 
 router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
-
-# Cohere's input types, and the sentence-transformers prompt names that mean the same.
-PROMPTS_FOR = {
-    "search_query": ("query", "search_query"),
-    "search_document": ("document", "passage", "search_document"),
-    "classification": ("classification",),
-    "clustering": ("clustering",),
-}
-
 
 async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
     engine = request.app.state.engine
@@ -38,10 +30,8 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     if body.images:  # Cohere v2 sends images as data URIs, for a model that embeds images
         inputs, modality, prompt = body.images, "image", None
     else:
-        # A prompt the model declares for this use (e5's "query: ", ...); none: the text as is.
-        declared = engine.prompts(body.model)
         inputs, modality = body.texts or [], "text"
-        prompt = next((p for p in PROMPTS_FOR.get(body.input_type or "", ()) if p in declared), None)
+        prompt = prompt_for_use(body.input_type, engine.prompts(body.model))
     result = await answer(request, "embed", body.model, len(inputs), engine.embed(
         inputs, body.model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
         prompt_name=prompt, modality=modality,

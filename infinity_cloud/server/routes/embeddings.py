@@ -11,6 +11,7 @@ from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import EmbeddingRequest
 from infinity_cloud.server.responses import embeddings_body, multi_vector_body, sparse_embeddings_body
+from infinity_cloud.tasks.embed import prompt_for_use
 
 router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
@@ -29,25 +30,30 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         if body.modality != "text":
             raise UnsupportedError("sparse embeddings are of text; send modality 'text'", param="modality")
         sparse = await answer(request, "embeddings", body.model, len(inputs), engine.embed_sparse(
-            inputs, body.model, truncate=body.truncate,
+            inputs, body.model, truncate=body.truncates,
         ))
         return json_response(sparse_embeddings_body(sparse))
     if engine.model(body.model).capability is Capability.MULTI_VECTOR:
-        if body.dimensions:
+        if body.dims:
             raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
                                    param="dimensions")
+        if body.kind not in (None, "float32"):
+            raise UnsupportedError("multi-vector embeddings are float32; omit the embedding type",
+                                   param="output_dtype" if body.output_dtype else "embedding_type")
         multi = await answer(request, "embeddings", body.model, len(inputs), engine.embed_multi_vector(
-            inputs, body.model, modality=body.modality, truncate=body.truncate, role=body.input_type,
+            inputs, body.model, modality=body.modality, truncate=body.truncates, role=body.input_type,
         ))
         return json_response(multi_vector_body(multi, body.encoding_format))
     # The request's embedding_type, else the model's --embedding-dtype: float32, or the same
     # vectors in fewer bits.
-    kind = body.embedding_type or engine.model(body.model).spec.embedding_dtype
+    kind = body.kind or engine.model(body.model).spec.embedding_dtype
+    prompt = prompt_for_use(body.input_type, engine.prompts(body.model)) if body.modality == "text" else None
     result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
-        inputs, body.model, dimensions=body.dimensions, truncate=body.truncate, modality=body.modality,
+        inputs, body.model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
         openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64" or kind != "float32",
+        prompt_name=prompt,
     ))
-    vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dimensions)
+    vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dims)
     return json_response(embeddings_body(result, vectors, body.encoding_format))
 
 
