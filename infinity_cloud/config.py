@@ -33,7 +33,17 @@ class ModelSpec(_Frozen):
 
     model_id: str = DEFAULT_MODEL_ID
     revision: str | None = None
-    served_model_name: str | None = None
+    served_model_name: str | None = Field(
+        None, description="the name answers carry; a flag or variable may list more, comma-separated: "
+        "the first is the name, the rest aliases"
+    )
+    aliases: tuple[str, ...] = Field(
+        (), description="more names clients may send for this model (text-embedding-3-small, tei, ...)"
+    )
+    default: bool = Field(
+        False, description="where a request that names no model goes when several served models do its "
+        "task (else the first listed of them)"
+    )
     backend: str = "auto"
     device: str = "auto"
     dtype: Dtype = "auto"
@@ -85,6 +95,20 @@ class ModelSpec(_Frozen):
     @property
     def name(self) -> str:
         return self.served_model_name or self.model_id
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name clients may send for this model: its name, then its aliases."""
+        return (self.name, *self.aliases)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listed_names(cls, data: Any) -> Any:
+        """`served_model_name: "minilm,text-embedding-3-small"`: a name and its aliases."""
+        if isinstance(data, dict) and isinstance(data.get("served_model_name"), str):
+            first, *more = [n.strip() for n in data["served_model_name"].split(",") if n.strip()] or [None]
+            data = {**data, "served_model_name": first, "aliases": (*more, *data.get("aliases", ()))}
+        return data
 
     @field_validator("length_buckets", "batch_buckets", mode="before")
     @classmethod
@@ -219,10 +243,10 @@ class DeploymentSpec(_Frozen):
     def _unique_names(self) -> DeploymentSpec:
         if not self.models:
             raise ValueError("at least one model is required")
-        names = [m.name for m in self.models]
+        names = [n for m in self.models for n in m.names]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"served model names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(f"served model names and aliases must be unique; repeated: {', '.join(dupes)}")
         return self
 
 

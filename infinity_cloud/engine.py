@@ -143,18 +143,28 @@ class Engine:
 
     # -- addressing ------------------------------------------------------------------
 
-    def model(self, name: str | None = None) -> ServedModel:
-        """With one model, any name resolves to it; with several, the name must match."""
+    def model(self, name: str | None = None, *capabilities: Capability) -> ServedModel:
+        """The served model a request means. With one model, any name resolves to it. With
+        several: its name or an alias; no name: the one served model that does one of
+        `capabilities` (the request's task), or where several do, the one marked `default`,
+        else the first listed of them. An unknown name is a 404 naming what is served."""
         if len(self.models) == 1:
             return next(iter(self.models.values()))
-        if name in self.models:
-            return self.models[name]
-        known = ", ".join(sorted(self.models))
-        if not name:
-            raise ModelNotFoundError(
-                f"several models are served; name one in 'model': {known}", param="model"
-            )
-        raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}", param="model")
+        known = ", ".join(n for m in self.models.values() for n in m.spec.names)
+        if name:
+            found = next((m for m in self.models.values() if name in m.spec.names), None)
+            if found is None:
+                raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}",
+                                         param="model")
+            return found
+        able = [m for m in self.models.values() if m.capability in capabilities]
+        if able:
+            return next((m for m in able if m.spec.default), able[0])
+        wanted = " or ".join(c.noun for c in capabilities) if capabilities else None
+        raise ModelNotFoundError(
+            f"no served model does {wanted}; name one in 'model': {known}" if wanted
+            else f"several models are served; name one in 'model': {known}", param="model",
+        )
 
     async def _tokenize(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -177,7 +187,7 @@ class Engine:
         """Any task the same way: checks on the loop, its media fetched, encoding in the
         tokenizer pool (images decoded there too), the tower's batch worker, then the task's
         own finish. The capabilities below are tasks; so can a caller's own be (tasks/base.py)."""
-        served = self.model(model)
+        served = self.model(model, task.capability)
         task.check(call, served, self.limits)
         tower = task.tower(call)
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
@@ -233,7 +243,7 @@ class Engine:
         """A cross-encoder scores each pair; a multi-vector model (ColPali) scores the query
         against each document by late interaction (MaxSim sums, not probabilities), the
         documents read as `modality` (images: URLs or data URIs)."""
-        served = self.model(model)
+        served = self.model(model, Capability.RERANK, Capability.MULTI_VECTOR)
         if served.capability is Capability.MULTI_VECTOR:
             return await self._late_interaction(served.name, query, documents, top_n, truncate, modality)
         if modality != "text":
@@ -321,7 +331,7 @@ class Engine:
     ) -> list[list[Token]]:
         """Each text (behind the model's prompt `prompt_name`) as the model's tokenizer splits
         it, with character spans."""
-        served = self.model(model)
+        served = self.model(model, *Capability)  # any model tokenizes: the default, else the first
         check_texts(texts, self.limits)
         texts = prompted(served, texts, prompt_name)
         return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
@@ -330,7 +340,7 @@ class Engine:
         self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
     ) -> list[str]:
         """Token ids of the model's own vocabulary back to text."""
-        return self.model(model).loaded.tokenizer.decode(ids, skip_special_tokens)
+        return self.model(model, *Capability).loaded.tokenizer.decode(ids, skip_special_tokens)
 
 
 __all__ = ["Engine"]

@@ -332,7 +332,8 @@ class ServedModel:
 
     def describe(self) -> dict[str, Any]:
         """Facts for /models and /health."""
-        out: dict[str, Any] = {"id": self.name, "state": self.state, "backend": self.spec.backend}
+        out: dict[str, Any] = {"id": self.name, "aliases": list(self.spec.aliases), "state": self.state,
+                               "backend": self.spec.backend}
         if self.error:
             out["error"] = self.error
         if self._loaded is None:

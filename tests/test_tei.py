@@ -3,13 +3,13 @@ error shape, through the real app; huggingface_hub's InferenceClient against a r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from conftest import cosines, fake, serve_in_process, server_process, spec_of
+from conftest import cosines, fake, serve_in_process, spec_of
 from tokenizers import Tokenizer
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog."]
@@ -114,9 +114,10 @@ async def test_a_tei_rerank_error_is_in_teis_shape(scorer_app: httpx.AsyncClient
 
 
 @pytest.fixture(scope="module")
-def minilm_server(minilm_dir: Path) -> Iterator[str]:
-    with server_process("--model-id", str(minilm_dir), "--served-model-name", "minilm") as url:
-        yield url
+def minilm_server(live_server: str) -> str:
+    """MiniLM, a reranker and a classifier: TEI clients send no model name, and each request
+    goes to the one served model that does its task."""
+    return live_server
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,24 @@ def test_huggingface_hub_feature_extraction(
     got = np.asarray(client.feature_extraction(TEXTS[1]), dtype=np.float64).reshape(1, -1)
     want = minilm_reference.encode([TEXTS[1]], normalize_embeddings=True)
     assert cosines(got, want).min() >= 0.9999
+
+
+@pytest.mark.slow
+def test_huggingface_hub_sentence_similarity_and_a_model_by_url(
+    minilm_server: str, minilm_reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    got = InferenceClient(base_url=minilm_server).sentence_similarity(TEXTS[0], other_sentences=TEXTS)
+    vectors = minilm_reference.encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(got, vectors @ vectors[0], atol=1e-4)
+    # `/` is ambiguous between an embedder and a classifier: the path names the model.
+    # (The client keeps the first of TEI's label list for one text: the top label.)
+    top = InferenceClient(model=minilm_server + "/models/classifier").text_classification(TEXTS[1])
+    assert top.label in {"negative", "neutral", "positive"} and 0 < top.score < 1
+    vector = InferenceClient(model=minilm_server + "/models/minilm").feature_extraction(TEXTS[1])
+    assert cosines(np.asarray(vector, dtype=np.float64).reshape(1, -1), vectors[1:]).min() >= 0.9999
 
 
 @pytest.mark.slow

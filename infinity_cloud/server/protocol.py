@@ -226,9 +226,25 @@ class TeiPredictRequest(_TeiTruncation):
     raw_scores: bool = False
 
 
-class TeiAnyRequest(TeiEmbedRequest):
-    """`POST /`: embed's fields, and predict's for a classifier."""
+class SimilarityInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source_sentence: Text
+    sentences: Texts
 
+
+class TeiSimilarityRequest(_TeiTruncation):
+    """TEI's `/similarity` (huggingface_hub's `sentence_similarity`): the cosine of the source
+    sentence's embedding to each sentence's."""
+
+    inputs: SimilarityInputs  # type: ignore[assignment]  # TEI's shape for this route
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
+
+
+class TeiAnyRequest(TeiEmbedRequest):
+    """`POST /`: embed's fields, and predict's for a classifier; a sentence-similarity body
+    (`inputs: {source_sentence, sentences}`) is answered as `/similarity` answers it."""
+
+    inputs: Text | Texts | SimilarityInputs  # type: ignore[assignment]
     raw_scores: bool = False
 
 

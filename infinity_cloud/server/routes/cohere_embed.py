@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
@@ -21,6 +22,7 @@ router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_r
 
 async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
     engine = request.app.state.engine
+    model = engine.model(body.model, Capability.EMBED).name
     if body.truncate == "START":
         raise InvalidInputError(
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
@@ -31,9 +33,9 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
         inputs, modality, prompt = body.images, "image", None
     else:
         inputs, modality = body.texts or [], "text"
-        prompt = prompt_for_use(body.input_type, engine.prompts(body.model))
-    result = await answer(request, "embed", body.model, len(inputs), engine.embed(
-        inputs, body.model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
+        prompt = prompt_for_use(body.input_type, engine.prompts(model))
+    result = await answer(request, "embed", model, len(inputs), engine.embed(
+        inputs, model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
         prompt_name=prompt, modality=modality,
     ))
     types = body.embedding_types

@@ -13,6 +13,9 @@ from infinity_cloud.server.protocol import EmbeddingRequest
 from infinity_cloud.server.responses import embeddings_body, multi_vector_body, sparse_embeddings_body
 from infinity_cloud.tasks.embed import prompt_for_use
 
+# What /embeddings serves without `encoding_format: sparse` (which asks a SPLADE model).
+EMBEDDING_CAPABILITIES = (Capability.EMBED, Capability.MULTI_VECTOR)
+
 router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
 
@@ -26,30 +29,33 @@ def from_openai_sdk(request: Request) -> bool:
 @router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     inputs, engine = body.inputs(), request.app.state.engine
-    if body.encoding_format == "sparse":
+    sparse_asked = body.encoding_format == "sparse"
+    served = engine.model(body.model, *((Capability.SPARSE,) if sparse_asked else EMBEDDING_CAPABILITIES))
+    model = served.name
+    if sparse_asked:
         if body.modality != "text":
             raise UnsupportedError("sparse embeddings are of text; send modality 'text'", param="modality")
-        sparse = await answer(request, "embeddings", body.model, len(inputs), engine.embed_sparse(
-            inputs, body.model, truncate=body.truncates,
+        sparse = await answer(request, "embeddings", model, len(inputs), engine.embed_sparse(
+            inputs, model, truncate=body.truncates,
         ))
         return json_response(sparse_embeddings_body(sparse))
-    if engine.model(body.model).capability is Capability.MULTI_VECTOR:
+    if served.capability is Capability.MULTI_VECTOR:
         if body.dims:
             raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
                                    param="dimensions")
         if body.kind not in (None, "float32"):
             raise UnsupportedError("multi-vector embeddings are float32; omit the embedding type",
                                    param="output_dtype" if body.output_dtype else "embedding_type")
-        multi = await answer(request, "embeddings", body.model, len(inputs), engine.embed_multi_vector(
-            inputs, body.model, modality=body.modality, truncate=body.truncates, role=body.input_type,
+        multi = await answer(request, "embeddings", model, len(inputs), engine.embed_multi_vector(
+            inputs, model, modality=body.modality, truncate=body.truncates, role=body.input_type,
         ))
         return json_response(multi_vector_body(multi, body.encoding_format))
     # The request's embedding_type, else the model's --embedding-dtype: float32, or the same
     # vectors in fewer bits.
-    kind = body.kind or engine.model(body.model).spec.embedding_dtype
-    prompt = prompt_for_use(body.input_type, engine.prompts(body.model)) if body.modality == "text" else None
-    result = await answer(request, "embeddings", body.model, len(inputs), engine.embed(
-        inputs, body.model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
+    kind = body.kind or served.spec.embedding_dtype
+    prompt = prompt_for_use(body.input_type, engine.prompts(model)) if body.modality == "text" else None
+    result = await answer(request, "embeddings", model, len(inputs), engine.embed(
+        inputs, model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
         openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64" or kind != "float32",
         prompt_name=prompt,
     ))

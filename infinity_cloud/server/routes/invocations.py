@@ -49,7 +49,8 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
     engine = request.app.state.engine
     if "query" in data:
         return "rerank"
-    model = engine.model(data.get("model") if isinstance(data.get("model"), str) else None)
+    model = engine.model(data.get("model") if isinstance(data.get("model"), str) else None,
+                         Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR)
     if "input" in data:
         return "classify" if model.capability is Capability.CLASSIFY else "embeddings"
     return _BY_CAPABILITY.get(model.capability, "embeddings")

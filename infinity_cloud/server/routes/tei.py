@@ -21,15 +21,18 @@ from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import TeiErrorBody, error_responses, handled, in_tei_shape
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.protocol import (
+    SimilarityInputs,
     TeiAnyRequest,
     TeiDecodeRequest,
     TeiEmbedRequest,
     TeiEmbedSparseRequest,
     TeiPredictRequest,
+    TeiSimilarityRequest,
     TeiTokenizeRequest,
 )
 from infinity_cloud.server.responses import label_rows
 from infinity_cloud.tasks.pooling import l2_normalize
+from infinity_cloud.validation import check_texts
 
 
 class TeiRoute(JsonRoute):
@@ -63,14 +66,14 @@ def check_direction(direction: str) -> None:
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
-    served = engine.model(body.model)
+    served = engine.model(body.model, Capability.EMBED)
     if not body.normalize and served.loaded.normalize:
         raise InvalidInputError(
             f"model {served.name!r} normalises its embeddings; normalize=false cannot undo that",
             param="normalize",
         )
-    result = await answer(request, "embed", body.model, len(texts), engine.embed(
-        texts, body.model, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
+    result = await answer(request, "embed", served.name, len(texts), engine.embed(
+        texts, served.name, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
     ))
     # TEI normalises unless told not to, whatever the model's own head does.
     return json_response(l2_normalize(result.embeddings) if body.normalize else result.embeddings)
@@ -89,9 +92,33 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
 
 @router.post("/", summary="TEI's route by model type: embed for embedders, predict for classifiers")
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
-    if request.app.state.engine.model(body.model).capability is Capability.CLASSIFY:
+    if isinstance(body.inputs, SimilarityInputs):
+        return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
+    served = request.app.state.engine.model(body.model, Capability.EMBED, Capability.CLASSIFY)
+    body = body.model_copy(update={"model": served.name})
+    if served.capability is Capability.CLASSIFY:
         return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
     return await embed(body, request)
+
+
+@router.post("/models/{name:path}", summary="TEI's / for the model the path names "
+             "(huggingface_hub: InferenceClient(model=BASE + '/models/NAME'))")
+async def by_model_in_path(name: str, body: TeiAnyRequest, request: Request) -> Response:
+    return await by_model_type(body.model_copy(update={"model": name}), request)
+
+
+@router.post("/similarity", summary="Cosine of a source sentence to each sentence (TEI's shape)")
+async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
+    check_direction(body.truncation_direction)
+    engine = request.app.state.engine
+    model = engine.model(body.model, Capability.EMBED).name
+    check_texts(body.inputs.sentences, engine.limits, "inputs.sentences")
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    result = await answer(request, "embed", model, len(texts), engine.embed(
+        texts, model, truncate=body.truncate, prompt_name=body.prompt_name,
+    ))
+    vectors = l2_normalize(result.embeddings)
+    return json_response((vectors[1:] @ vectors[0]).tolist())
 
 
 @router.post("/embed_all", summary="Token embeddings (TEI): not served yet")
