@@ -170,6 +170,23 @@ async def test_colbert_matches_sentence_transformers(
     np.testing.assert_allclose([r.score for r in ranked.results], np.sort(scores)[::-1], rtol=1e-5)
 
 
+async def test_tei_embed_all_gives_a_colbert_models_document_vectors(
+    build_model: Callable[..., Path]
+) -> None:
+    from sentence_transformers import MultiVectorEncoder
+
+    path = build_model("colbert", strategy="fixed", attend=False)
+    reference = MultiVectorEncoder(str(path), device="cpu")
+    want = [t.numpy() for t in reference.encode_document(COLBERT_DOCUMENTS)]
+    model = ModelSpec(model_id=str(path), served_model_name="colbert", backend="torch", dtype="float32")
+    spec = spec_of(model)
+    async with serve_in_process(spec) as client:
+        response = await client.post("/embed_all", json={"inputs": COLBERT_DOCUMENTS})
+        assert response.status_code == 200, response.text
+    for got, expected in zip(response.json(), want, strict=True):
+        np.testing.assert_allclose(np.array(got), expected, atol=1e-5)
+
+
 async def test_colbert_refuses_token_ids(build_model: Callable[..., Path]) -> None:
     """Its query and document prompts are text, so token ids are a 400 (they were a 500)."""
     path = build_model("colbert", strategy="fixed", attend=False)

@@ -90,7 +90,7 @@ async def test_predict_and_root_on_a_classifier(scorer_app: httpx.AsyncClient) -
     ("/embed", {"inputs": "a", "prompt_name": "nope"}, 400, "no prompt named 'nope'"),
     ("/embed", {"inputs": 3}, 422, "inputs"),
     ("/embed_sparse", {"inputs": "a"}, 400, "SPLADE"),
-    ("/embed_all", {"inputs": "a"}, 400, "per-token"),
+    ("/embed_all", {"inputs": "a"}, 400, "multi-vector (ColBERT) models"),
     ("/decode", {"ids": [10**7]}, 400, "outside the model's vocabulary"),
 ])
 async def test_errors_come_in_teis_shape(

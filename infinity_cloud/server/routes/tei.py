@@ -121,9 +121,24 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     return json_response((vectors[1:] @ vectors[0]).tolist())
 
 
-@router.post("/embed_all", summary="Token embeddings (TEI): not served yet")
-async def embed_all(request: Request) -> Response:
-    raise UnsupportedError("per-token embeddings (/embed_all) are not served yet; use /embed", param="inputs")
+@router.post("/embed_all", summary="Per-token embeddings of a multi-vector (ColBERT) model (TEI's shape)")
+async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
+    check_direction(body.truncation_direction)
+    engine, texts = request.app.state.engine, body.texts()
+    served = engine.model(body.model, Capability.MULTI_VECTOR)
+    if served.capability is not Capability.MULTI_VECTOR:
+        noun = served.loaded.info.capability.noun
+        raise UnsupportedError(
+            f"per-token embeddings (/embed_all) are served for multi-vector (ColBERT) models; model "
+            f"{served.name!r} is for {noun}: use /embed", param="inputs",
+        )
+    if body.prompt_name:
+        raise UnsupportedError("a multi-vector model reads texts through its own query/document "
+                               "templates; omit 'prompt_name'", param="prompt_name")
+    result = await answer(request, "embed_all", served.name, len(texts), engine.embed_multi_vector(
+        texts, served.name, truncate=body.truncate, role="document",
+    ))
+    return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
 
 @router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
