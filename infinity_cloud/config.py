@@ -7,6 +7,7 @@ every target.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,6 +96,15 @@ class ModelSpec(_Frozen):
     @property
     def name(self) -> str:
         return self.served_model_name or self.model_id
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        """Refused here, at once: a backend would import torch (seconds) before saying so."""
+        if not re.fullmatch(r"auto|cpu|neuron|mps|(cuda|xpu)(:\d+)?", value):
+            hint = " (an NVIDIA GPU is cuda)" if value.lower() in {"gpu", "nvidia"} else ""
+            raise ValueError(f"unknown device {value!r}{hint}: use auto, cpu, cuda, cuda:N or neuron")
+        return value
 
     @property
     def names(self) -> tuple[str, ...]:

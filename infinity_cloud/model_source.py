@@ -49,6 +49,20 @@ def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
     return snapshot if snapshot is not None and (snapshot / "config.json").is_file() else None
 
 
+def already_here(model_id: str, revision: str | None = None) -> Path | None:
+    """The model's folder where it is on this machine without a download (a local folder, the
+    hub's cache, the packaged default model); None where it is not."""
+    local = local_model_dir(model_id)
+    if local is not None:
+        return local if (local / "config.json").is_file() else None
+    cached = _from_hub_cache(model_id, revision)
+    if cached is not None:
+        return cached
+    if model_id == DEFAULT_MODEL_ID and revision is None:
+        return packaged_default_model()
+    return None
+
+
 def _download(model_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
@@ -77,13 +91,9 @@ def resolve_model_dir(model_id: str, revision: str | None = None) -> Path:
         if not (local / "config.json").is_file():
             raise ModelLoadError(f"{local} is a folder but holds no config.json")
         return local
-    cached = _from_hub_cache(model_id, revision)
-    if cached is not None:
-        return cached
-    if model_id == DEFAULT_MODEL_ID and revision is None:
-        packaged = packaged_default_model()
-        if packaged is not None:
-            return packaged
+    found = already_here(model_id, revision)
+    if found is not None:
+        return found
     if hub_offline():
         raise ModelLoadError(
             f"model {model_id!r} is neither a local folder nor in the Hugging Face cache, "

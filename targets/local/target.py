@@ -40,11 +40,13 @@ class LocalTarget(Target[LocalSpec]):
         import uvicorn
         from rich.console import Console
 
+        from infinity_cloud import preflight
         from infinity_cloud.engine import Engine
         from infinity_cloud.server import create_app
         from infinity_cloud.targets.read_deadlines import deadline_protocol
 
         configure_logging(spec.server.log_level, spec.server.log_format)
+        preflight.check(spec)  # extras, device, cache, port: before minutes of loading
         names = ", ".join(m.name for m in spec.models)
         with Console(stderr=True).status(f"loading {names}"):
             engine = Engine.loaded(spec)

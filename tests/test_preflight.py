@@ -1,0 +1,94 @@
+"""What would fail after minutes of loading is refused before the first model loads, each
+problem a line with its fix: a media model without its extra, an unknown or absent device, an
+export cache that cannot be written, a port in use."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+from typer.testing import CliRunner
+
+from infinity_cloud import preflight
+from infinity_cloud.cli import app
+from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.hardware import has_nvidia_gpu
+
+
+@pytest.fixture(scope="module")
+def clip(build_model: Callable[..., Path]) -> Path:
+    return build_model("clip")
+
+
+def test_an_image_model_without_pillow_is_refused_before_loading(
+    clip: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as where the vision extra is not installed
+    spec = DeploymentSpec(models=(ModelSpec(model_id=str(tiny_embedder), served_model_name="text"),
+                                  ModelSpec(model_id=str(clip), served_model_name="clip")))
+    with pytest.raises(ConfigError) as caught:
+        preflight.check(spec, port=False)
+    assert caught.value.message.splitlines()[1:] == [
+        "  - model clip reads images, which needs Pillow (PIL is missing): "
+        "pip install 'infinity-cloud[vision]'"
+    ]
+    monkeypatch.undo()
+    preflight.check(spec, port=False)  # with Pillow: nothing to say
+
+
+def test_devices_are_refused_at_once_where_they_cannot_be(tiny_embedder: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown device 'gpu' \(an NVIDIA GPU is cuda\)"):
+        ModelSpec(device="gpu")
+    if has_nvidia_gpu():
+        pytest.skip("this machine has an NVIDIA GPU")
+    problems = preflight.model_problems(ModelSpec(model_id=str(tiny_embedder), device="cuda"))
+    assert any("shows no NVIDIA GPU" in line and "--device cpu" in line for line in problems)
+
+
+def test_an_export_cache_that_cannot_be_written_is_named(
+    tiny_embedder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(blocker / "cache"))
+    problems = preflight.model_problems(ModelSpec(model_id=str(tiny_embedder)))
+    assert problems == [f"model {tiny_embedder}: the export cache {blocker / 'cache'} is not writable: "
+                        "set INFINITY_CLOUD_CACHE to a writable folder"]
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "fine" / "cache"))
+    assert preflight.model_problems(ModelSpec(model_id=str(tiny_embedder))) == []
+
+
+def test_a_port_in_use_stops_serve_before_any_model_loads(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        assert preflight.port_problems("127.0.0.1", port) == [
+            f"port {port} on 127.0.0.1 is in use (another server?): stop it, or use --port"
+        ]
+        # A model that is nowhere (and the hub offline) would fail as it loads: the port is said first.
+        result = CliRunner().invoke(app, ["serve", "--model-id", "nobody/nothing-here", "--port", str(port)])
+    assert result.exit_code != 0
+    assert f"port {port} on 127.0.0.1 is in use" in result.output, result.output
+    assert "nothing-here" not in result.output
+    assert preflight.port_problems("127.0.0.1", port) == []
+
+
+def test_every_problem_is_listed_at_once(tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", "/dev/null/cache")
+    spec = DeploymentSpec(
+        models=(ModelSpec(model_id=str(tiny_embedder), served_model_name="a", backend="ctranslate2"),
+                ModelSpec(model_id="./not-a-folder", served_model_name="b")),
+        server=ServerSpec(port=0),
+    )
+    with pytest.raises(ConfigError) as caught:
+        preflight.check(spec)
+    lines = caught.value.message.splitlines()
+    assert lines[0] == "cannot start:"
+    assert any(line.startswith("  - model a: the export cache /dev/null/cache") for line in lines)
+    assert any(line.startswith("  - model b:") and "does not exist" in line for line in lines)
