@@ -171,11 +171,17 @@ def configure_logging(level: str, form: str = "text") -> None:
         ))
     else:
         handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s: %(message)s [%(request_id)s]", datefmt="%H:%M:%S"
+            "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s", datefmt="%H:%M:%S"
         ))
     handler.addFilter(RequestIdFilter())
     # Not forced: a process that configured logging already (a host application, pytest) keeps it.
+    # uvicorn is started with log_config=None (`UVICORN_LOGS`), so its lines come here too.
     logging.basicConfig(level=level.upper(), handlers=[handler])
+
+
+# uvicorn.run/Config's logging arguments for every target: none of its own handlers, so its
+# lines (start-up, access) take this format and carry the request id.
+UVICORN_LOGS: dict[str, Any] = {"log_config": None}
 
 
 def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> list[Path]:

@@ -18,7 +18,7 @@ from typing import Any
 from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, configure_logging
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, UVICORN_LOGS, configure_logging
 
 
 def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) -> DeploymentSpec:
@@ -88,7 +88,7 @@ class BackgroundServer:
 
         config = uvicorn.Config(
             app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=None,
-            http=deadline_protocol(server or ServerSpec()),
+            http=deadline_protocol(server or ServerSpec()), **UVICORN_LOGS,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="http-server", daemon=True)

@@ -552,6 +552,38 @@ def test_json_log_lines_carry_the_request_id():
     assert line["level"] == "INFO" and line["logger"] == "infinity_cloud.x"
 
 
+@pytest.mark.parametrize("form", ["json", "text"])
+def test_a_servers_own_lines_and_uvicorns_share_one_format_with_the_request_id(
+    tiny_embedder, tmp_path, form: str
+) -> None:
+    import json
+
+    from conftest import FAKE, server_process
+
+    log = tmp_path / "server.log"
+    with server_process("--model-id", str(tiny_embedder), "--backend", FAKE, "--log-format", form,
+                        log_path=log) as url:
+        assert httpx.post(f"{url}/embeddings", json={"input": ["hi"]},
+                          headers={"X-Request-Id": "trace-77"}).status_code == 200
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert not any("[None]" in line for line in lines)  # no request: no tag
+    if form == "json":
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        access = [r for r in records if r["logger"] == "uvicorn.access" and "POST /emb" in r["message"]]
+        assert [r["request_id"] for r in access] == ["trace-77"]
+        assert any(r["logger"] == "uvicorn.error" and "Uvicorn running" in r["message"] for r in records)
+    else:
+        assert any("uvicorn.access" in line and line.endswith("[trace-77]") for line in lines), lines
+
+
+async def test_the_front_page_lists_the_models_and_where_to_go(tiny_embedder) -> None:
+    async with serve_in_process(spec_of(fake(tiny_embedder, "emb,tei"))) as client:
+        page = (await client.get("/")).json()
+    assert page["name"] == "infinity-cloud"
+    assert [(m["id"], m["aliases"], m["state"]) for m in page["models"]] == [("emb", ["tei"], "ready")]
+    assert page["links"]["docs"] == "/docs" and page["links"]["embeddings"] == "/v1/embeddings"
+
+
 # -- memory budget -----------------------------------------------------------------------
 
 

@@ -25,10 +25,12 @@ def request_id() -> str | None:
 
 
 class RequestIdFilter(logging.Filter):
-    """Adds `request_id` to each log record (None outside a request)."""
+    """Adds `request_id` to each log record (None outside a request), and `request_tag`, the
+    text format's " [ID]" (empty outside one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = current.get()
+        record.request_id = rid = current.get()
+        record.request_tag = f" [{rid}]" if rid else ""
         return True
 
 

@@ -11,6 +11,7 @@ from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (
     CLIENT_KEY_ENV,
+    UVICORN_LOGS,
     Endpoint,
     Target,
     TargetError,
@@ -54,6 +55,7 @@ class LocalTarget(Target[LocalSpec]):
         uvicorn.run(
             app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level,
             http=deadline_protocol(spec.server), ws="none",  # the API has no websockets: not imported
+            **UVICORN_LOGS,
         )
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:

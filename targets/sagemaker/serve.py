@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec, load_spec
 from infinity_cloud.errors import InfinityCloudError
-from infinity_cloud.targets.base import configure_logging
+from infinity_cloud.targets.base import UVICORN_LOGS, configure_logging
 
 CONFIG_ENV = "INFINITY_CLOUD_CONFIG"
 DEFAULT_CONFIG = "/opt/program/infinity-cloud.yaml"
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         app, host="0.0.0.0", port=port, log_level=spec.server.log_level,
         timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_PERIOD_S,
         http=deadline_protocol(spec.server), ws="none",  # the header and body deadlines of every server
+        **UVICORN_LOGS,
     )
 
 

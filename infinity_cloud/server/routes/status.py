@@ -39,12 +39,30 @@ async def models(request: Request) -> Response:
 @models_router.get("/models/{model_id:path}", summary="One served model (OpenAI's models.retrieve)")
 async def model(model_id: str, request: Request) -> Response:
     entries = _model_entries(request)
-    found = next((entry for entry in entries if entry["id"] == model_id), None)
+    found = next((entry for entry in entries if model_id in (entry["id"], *entry["aliases"])), None)
     if found is None:
         served = ", ".join(entry["id"] for entry in entries)
         raise ModelNotFoundError(f"model {model_id!r} is not served here; served models: {served}",
                                  param="model")
     return json_response(found)
+
+
+@models_router.get("/", summary="What this server is: its models, and links to the rest")
+async def front_page(request: Request) -> Response:
+    from infinity_cloud import __version__
+
+    base = request.url.path.rstrip("/")
+    return json_response({
+        "name": "infinity-cloud", "version": __version__,
+        "models": [{key: entry.get(key) for key in ("id", "aliases", "state", "capabilities", "backend",
+                                                    "dtype", "device", "dimensions")}
+                   for entry in request.app.state.engine.describe()],
+        "links": {name: f"{base}/{path}" for name, path in (
+            ("docs", "docs"), ("openapi", "openapi.json"), ("models", "v1/models"),
+            ("embeddings", "v1/embeddings"), ("rerank", "v1/rerank"), ("health", "health"),
+            ("metrics", "metrics"),
+        )},
+    })
 
 
 def _health(request: Request) -> Response:
