@@ -88,6 +88,17 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
+    "trust_remote_code": (
+        bool | None,
+        _opt("TRUST_REMOTE_CODE", "Run the model repository's own Python code (custom architectures); "
+             "off by default: it is code from the internet.", _M,
+             "--trust-remote-code/--no-trust-remote-code"),
+    ),
+    "warmup": (
+        bool | None,
+        _opt("WARMUP", "Run one short batch at load so the first request is fast (default: on).", _M,
+             "--warmup/--no-warmup"),
+    ),
     "latency": (
         bool | None,
         _opt("LATENCY", "Latency mode: every core on each batch, for one request at a time (default: "
@@ -482,6 +493,53 @@ def download(
     for model in spec.models:
         with reported_errors():
             typer.echo(prepare_model(model, build_exports=not files_only))
+
+
+def _infinity_v2(**given: Any) -> None:
+    """Serve as Infinity's `infinity_emb v2` would, from its flags and INFINITY_* variables
+    (`;` between models); prints the infinity-cloud command that means the same, once."""
+    import os
+
+    from infinity_cloud.infinity_compat import translate
+    from infinity_cloud.served_model import prepare_model
+    from infinity_cloud.targets.local.target import LocalTarget
+
+    with reported_errors():
+        translation = translate(given, os.environ)
+        typer.secho(f"as infinity-cloud: {translation.command}", fg=typer.colors.CYAN, err=True)
+        for note in translation.notes:
+            typer.secho(f"  {note}", fg=typer.colors.YELLOW, err=True)
+        spec = load_spec(None, **translation.options)
+        if translation.preload_only:
+            for model in spec.models:
+                typer.echo(prepare_model(model))
+            return
+        LocalTarget().serve(spec)
+
+
+def _infinity_v2_command() -> Callable[..., None]:
+    """`_infinity_v2` with one option per Infinity flag (`infinity_compat.FLAGS`)."""
+    from infinity_cloud.infinity_compat import FLAGS
+
+    params = []
+    for flag in FLAGS:
+        dashed = flag.name.replace("_", "-")
+        help = f"{flag.note} [env var: {flag.env}]" if flag.note else f"[env var: {flag.env}]"
+        if flag.kind is bool:
+            hint: Any = bool | None
+            option = typer.Option(f"--{dashed}/--no-{dashed}", help=help, show_default=False)
+        else:
+            hint = list[flag.kind] | None if flag.per_model else flag.kind | None  # type: ignore[name-defined]
+            option = typer.Option(f"--{dashed}", help=help, show_default=False)
+        params.append(inspect.Parameter(flag.name, KEYWORD, default=None, annotation=Annotated[hint, option]))
+    command = functools.wraps(_infinity_v2)(lambda **kwargs: _infinity_v2(**kwargs))
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return command
+
+
+_base.command("v2", help="Infinity's command line (infinity_emb v2): its flags and INFINITY_* "
+              "variables, served by infinity-cloud; prints the infinity-cloud spelling once. See "
+              "docs/migrating-from-infinity.md.")(_infinity_v2_command())
 
 
 @_base.command()

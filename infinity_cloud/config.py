@@ -280,6 +280,12 @@ def _given(value: Any) -> bool:
     return value is not None and value != [] and value != ()
 
 
+def _split_models(values: list[Any] | tuple[Any, ...]) -> list[Any]:
+    """Per-model values as a variable lists them: "a;b" (Infinity's separator; no model id,
+    name or setting holds a ';') is two."""
+    return [part for v in values for part in (v.split(";") if isinstance(v, str) else [v]) if part != ""]
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read an `infinity-cloud.yaml` (or .json) file into a plain dict."""
     import yaml
@@ -319,11 +325,11 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     data = {k: v for k, v in base.items()}
     models = [dict(m) for m in data.get("models") or [{}]]
     if "model_id" in given:
-        models = [{"model_id": mid} for mid in given.pop("model_id")]
+        models = [{"model_id": mid} for mid in _split_models(given.pop("model_id"))]
     for option in MODEL_OPTIONS:
         if option in given:
             value = given.pop(option)
-            values = value if isinstance(value, list | tuple) else [value]
+            values = _split_models(value if isinstance(value, list | tuple) else [value])
             for model, v in zip(models, _per_model(list(values), len(models), option), strict=True):
                 model[option] = v
     data["models"] = models

@@ -208,14 +208,15 @@ def server_process(
     timeout: float = 180.0,
     program: Sequence[str] = (sys.executable, "-m", "infinity_cloud"),
     log_path: Path | None = None,
+    command: str = "serve",
 ) -> Iterator[str]:
-    """`PROGRAM serve ARGS` (this venv's package by default) as a real process on a free port;
-    yields its URL once /health answers. The log goes to `log_path`."""
+    """`PROGRAM COMMAND ARGS` (this venv's package, serve, by default) as a real process on a
+    free port; yields its URL once /health answers. The log goes to `log_path`."""
     port = free_port()
     log_path = log_path or Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"infinity-cloud-{port}.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [*program, "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        [*program, command, "--host", "127.0.0.1", "--port", str(port), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,

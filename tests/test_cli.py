@@ -24,7 +24,7 @@ def test_help_lists_the_commands():
     assert result.exit_code == 0
     for command in ("serve", "config", "build", "download"):
         assert command in result.output
-    serve_help = runner.invoke(app, ["serve", "--help"]).output
+    serve_help = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     assert "--model-id" in serve_help and "INFINITY_CLOUD_MODEL_ID" in serve_help
 
 
