@@ -1,5 +1,6 @@
 """Embed with the OpenAI SDK against a running `infinity-cloud serve`.
 
+    pip install openai                # the client (no extra of infinity-cloud installs it)
     infinity-cloud serve &            # serves all-MiniLM-L6-v2 on port 7997
     python examples/openai_client.py
 """
