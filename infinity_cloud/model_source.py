@@ -66,9 +66,12 @@ def already_here(model_id: str, revision: str | None = None) -> Path | None:
 def _download(model_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
-    log.info("downloading %s from the Hugging Face hub", model_id)
+    from infinity_cloud.progress import slow_step
+
+    # On a terminal the hub's own bars show each file; in a log, a line every few seconds.
     try:
-        return Path(snapshot_download(model_id, revision=revision))
+        with slow_step(f"downloading {model_id} from the Hugging Face hub", spinner=False):
+            return Path(snapshot_download(model_id, revision=revision))
     except Exception as exc:  # the hub client raises many kinds; the message is what matters
         raise ModelLoadError(f"could not download model {model_id!r}: {exc}") from exc
 

@@ -372,9 +372,12 @@ def prepare_model(spec: ModelSpec, *, build_exports: bool = True) -> str:
     path = resolve_model_dir(spec.model_id, spec.revision)
     if not build_exports:
         return f"{spec.name}: {path}"
+    from infinity_cloud.progress import slow_step
+
     served = ServedModel(spec)
     try:
-        served.load()
+        with slow_step(f"loading {spec.name} to build what its backend needs", spinner=False):
+            served.load()
         facts = served.describe()
     finally:
         served.stop()

@@ -209,3 +209,29 @@ def test_two_local_folders_of_one_name_are_refused_at_build(tmp_path, tiny_embed
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "two models would be served as 'model'" in result.output
     assert "--served-model-name" in result.output
+
+
+def test_a_slow_step_says_it_is_still_running_where_no_one_watches_a_terminal(caplog) -> None:
+    import logging
+    import time
+
+    from infinity_cloud.progress import slow_step
+
+    with caplog.at_level(logging.INFO, logger="infinity_cloud"), slow_step("converting", heartbeat_s=0.05):
+        time.sleep(0.3)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "converting ..." and messages[-1].startswith("converting: done in")
+    assert sum("converting: still running after" in m for m in messages) >= 2
+
+
+def test_download_shows_its_own_progress(tiny_embedder, tmp_path) -> None:
+    import os
+
+    command = [sys.executable, "-m", "infinity_cloud", "download", "--model-id", str(tiny_embedder),
+               "--backend", "onnx"]
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_CLOUD_CACHE": str(tmp_path)}
+    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environ, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"loading {tiny_embedder} to build what its backend needs ..." in run.stderr
+    assert "exporting" in run.stderr.lower() or "(once; cached at" in run.stderr
+    assert "done in" in run.stderr and "ready for onnx" in run.stdout
