@@ -1,0 +1,209 @@
+"""No ignored field in any dialect: every field of every request model the server accepts
+(OpenAI, Infinity, Cohere, Jina, Voyage, TEI, vLLM's rerank) is walked here, and each one is
+shown to change the answer, or to be refused with a 4xx that names it, or (a few metadata
+fields) to be accepted on purpose with the reason said. A field added to a request model
+without a line here fails `test_every_field_of_every_request_model_is_walked`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+import pytest
+from conftest import fake, serve_in_process, spec_of
+from pydantic import BaseModel
+
+from infinity_cloud.config import ModelSpec
+from infinity_cloud.server import protocol
+
+LONG = "word " * 400  # past every tiny model's limit
+
+
+class Case(NamedTuple):
+    model: type[BaseModel]
+    field: str
+    route: str
+    base: dict[str, Any]
+    variant: dict[str, Any]  # laid over `base`
+    expect: int | str  # "changes", a 4xx status (whose message names the field), or "same: why"
+
+
+EMB = {"model": "emb", "input": ["hello world", "a b c"]}
+RR = {"model": "rr", "query": "q", "documents": ["a", "b c", "d e f"]}
+TEI_RR = {"model": "rr", "query": "q", "texts": ["a", "b c", "d e f"]}
+CL = {"model": "cl", "input": ["hello"]}
+CO = {"model": "emb", "texts": ["hello"], "input_type": "search_document", "embedding_types": ["float"]}
+TEI = {"model": "emb", "inputs": ["hello"]}
+SIM = {"model": "emb", "inputs": {"source_sentence": "a b", "sentences": ["a", "b c"]}}
+SP = {"model": "sp", "inputs": ["hello world"]}
+
+P = protocol
+CASES = [
+    # OpenAI / Infinity / Jina / Voyage embeddings
+    Case(P.EmbeddingRequest, "model", "/v1/embeddings", EMB, {"model": "nope"}, 404),
+    Case(P.EmbeddingRequest, "input", "/v1/embeddings", EMB, {"input": ["other"]}, "changes"),
+    Case(P.EmbeddingRequest, "encoding_format", "/v1/embeddings", EMB, {"encoding_format": "base64"},
+         "changes"),
+    Case(P.EmbeddingRequest, "dimensions", "/v1/embeddings", EMB, {"dimensions": 8}, "changes"),
+    Case(P.EmbeddingRequest, "modality", "/v1/embeddings", EMB, {"modality": "image"}, 400),
+    Case(P.EmbeddingRequest, "embedding_type", "/v1/embeddings", EMB, {"embedding_type": "ubinary"},
+         "changes"),
+    Case(P.EmbeddingRequest, "input_type", "/v1/embeddings", EMB, {"input_type": "query"}, "changes"),
+    Case(P.EmbeddingRequest, "truncate", "/v1/embeddings", {**EMB, "input": [LONG]}, {"truncate": False},
+         400),
+    Case(P.EmbeddingRequest, "user", "/v1/embeddings", EMB, {"user": "u-1"},
+         "same: OpenAI's end-user id, for its abuse monitoring; it changes no answer"),
+    Case(P.EmbeddingRequest, "output_dtype", "/v1/embeddings", EMB, {"output_dtype": "int8"}, "changes"),
+    Case(P.EmbeddingRequest, "output_dimension", "/v1/embeddings", EMB, {"output_dimension": 8},
+         "changes"),
+    Case(P.EmbeddingRequest, "truncation", "/v1/embeddings", {**EMB, "input": [LONG]},
+         {"truncation": False}, 400),
+    # Infinity / Cohere / Jina / Voyage / TEI / vLLM rerank
+    Case(P.RerankRequest, "model", "/rerank", RR, {"model": "nope"}, 404),
+    Case(P.RerankRequest, "query", "/rerank", RR, {"query": "another query"}, "changes"),
+    Case(P.RerankRequest, "documents", "/rerank", RR, {"documents": ["x", "y"]}, "changes"),
+    Case(P.RerankRequest, "texts", "/rerank", RR, {"documents": None, "texts": RR["documents"]}, "changes"),
+    Case(P.RerankRequest, "top_n", "/rerank", RR, {"top_n": 1}, "changes"),
+    Case(P.RerankRequest, "top_k", "/rerank", RR, {"top_k": 1}, "changes"),
+    Case(P.RerankRequest, "return_documents", "/rerank", RR, {"return_documents": True}, "changes"),
+    Case(P.RerankRequest, "return_text", "/rerank", TEI_RR, {"return_text": True}, "changes"),
+    Case(P.RerankRequest, "raw_scores", "/rerank", RR, {"raw_scores": True}, "changes"),
+    Case(P.RerankRequest, "truncate", "/rerank", {**RR, "documents": [LONG]}, {"truncate": False}, 400),
+    Case(P.RerankRequest, "truncation", "/rerank", {**RR, "documents": [LONG]}, {"truncation": False},
+         400),
+    Case(P.RerankRequest, "truncation_direction", "/rerank", TEI_RR, {"truncation_direction": "left"},
+         400),
+    Case(P.RerankRequest, "modality", "/rerank", RR, {"modality": "image"}, 400),
+    # classification
+    Case(P.ClassifyRequest, "model", "/classify", CL, {"model": "nope"}, 404),
+    Case(P.ClassifyRequest, "input", "/classify", CL, {"input": ["another text entirely"]}, "changes"),
+    Case(P.ClassifyRequest, "raw_scores", "/classify", CL, {"raw_scores": True}, "changes"),
+    Case(P.ClassifyRequest, "truncate", "/classify", {**CL, "input": [LONG]}, {"truncate": False}, 400),
+    # Cohere embed
+    Case(P.CohereEmbedRequest, "model", "/v2/embed", CO, {"model": "nope"}, 404),
+    Case(P.CohereEmbedRequest, "texts", "/v2/embed", CO, {"texts": ["other"]}, "changes"),
+    Case(P.CohereEmbedRequest, "input_type", "/v2/embed", CO, {"input_type": "search_query"}, "changes"),
+    Case(P.CohereEmbedRequest, "embedding_types", "/v2/embed", CO, {"embedding_types": ["ubinary"]},
+         "changes"),
+    Case(P.CohereEmbedRequest, "truncate", "/v2/embed", {**CO, "texts": [LONG]}, {"truncate": "NONE"},
+         400),
+    Case(P.CohereEmbedRequest, "output_dimension", "/v2/embed", CO, {"output_dimension": 8}, "changes"),
+    Case(P.CohereEmbedRequest, "images", "/v2/embed", CO,
+         {"texts": None, "images": ["data:image/png;base64,iVBORw0KGgo="]}, 400),
+    # TEI
+    Case(P.TeiEmbedRequest, "model", "/embed", TEI, {"model": "nope"}, 404),
+    Case(P.TeiEmbedRequest, "inputs", "/embed", TEI, {"inputs": ["other"]}, "changes"),
+    Case(P.TeiEmbedRequest, "truncate", "/embed", {**TEI, "inputs": [LONG]}, {"truncate": False}, 400),
+    Case(P.TeiEmbedRequest, "truncation_direction", "/embed", TEI, {"truncation_direction": "left"}, 400),
+    Case(P.TeiEmbedRequest, "normalize", "/embed", TEI, {"normalize": False}, 400),
+    Case(P.TeiEmbedRequest, "prompt_name", "/embed", TEI, {"prompt_name": "query"}, "changes"),
+    Case(P.TeiEmbedRequest, "dimensions", "/embed", TEI, {"dimensions": 8}, "changes"),
+    Case(P.TeiAnyRequest, "model", "/", TEI, {"model": "cl"}, "changes"),
+    Case(P.TeiAnyRequest, "inputs", "/", TEI, {"inputs": ["other"]}, "changes"),
+    Case(P.TeiAnyRequest, "truncate", "/", {**TEI, "inputs": [LONG]}, {"truncate": False}, 400),
+    Case(P.TeiAnyRequest, "truncation_direction", "/", TEI, {"truncation_direction": "left"}, 400),
+    Case(P.TeiAnyRequest, "normalize", "/", TEI, {"normalize": False}, 400),
+    Case(P.TeiAnyRequest, "prompt_name", "/", TEI, {"prompt_name": "query"}, "changes"),
+    Case(P.TeiAnyRequest, "dimensions", "/", TEI, {"dimensions": 8}, "changes"),
+    Case(P.TeiAnyRequest, "raw_scores", "/", {**TEI, "model": "cl"}, {"raw_scores": True}, "changes"),
+    Case(P.TeiPredictRequest, "model", "/predict", {**TEI, "model": "cl"}, {"model": "nope"}, 404),
+    Case(P.TeiPredictRequest, "inputs", "/predict", {**TEI, "model": "cl"}, {"inputs": ["other"]},
+         "changes"),
+    Case(P.TeiPredictRequest, "truncate", "/predict", {"model": "cl", "inputs": [LONG]}, {"truncate": False},
+         400),
+    Case(P.TeiPredictRequest, "truncation_direction", "/predict", {**TEI, "model": "cl"},
+         {"truncation_direction": "left"}, 400),
+    Case(P.TeiPredictRequest, "raw_scores", "/predict", {**TEI, "model": "cl"}, {"raw_scores": True},
+         "changes"),
+    Case(P.TeiSimilarityRequest, "model", "/similarity", SIM, {"model": "nope"}, 404),
+    Case(P.TeiSimilarityRequest, "inputs", "/similarity", SIM,
+         {"inputs": {"source_sentence": "d e", "sentences": ["a", "b c"]}}, "changes"),
+    Case(P.TeiSimilarityRequest, "truncate", "/similarity",
+         {**SIM, "inputs": {"source_sentence": LONG, "sentences": ["a"]}}, {"truncate": False}, 400),
+    Case(P.TeiSimilarityRequest, "truncation_direction", "/similarity", SIM,
+         {"truncation_direction": "left"}, 400),
+    Case(P.TeiSimilarityRequest, "prompt_name", "/similarity", SIM, {"prompt_name": "query"}, "changes"),
+    Case(P.TeiEmbedSparseRequest, "model", "/embed_sparse", SP, {"model": "nope"}, 404),
+    Case(P.TeiEmbedSparseRequest, "inputs", "/embed_sparse", SP, {"inputs": ["other"]}, "changes"),
+    Case(P.TeiEmbedSparseRequest, "truncate", "/embed_sparse", {**SP, "inputs": [LONG]},
+         {"truncate": False}, 400),
+    Case(P.TeiEmbedSparseRequest, "truncation_direction", "/embed_sparse", SP,
+         {"truncation_direction": "left"}, 400),
+    Case(P.TeiEmbedSparseRequest, "prompt_name", "/embed_sparse", SP, {"prompt_name": "no-such-prompt"}, 400),
+    Case(P.TeiTokenizeRequest, "model", "/tokenize", TEI, {"model": "nope"}, 404),
+    Case(P.TeiTokenizeRequest, "inputs", "/tokenize", TEI, {"inputs": ["other"]}, "changes"),
+    Case(P.TeiTokenizeRequest, "add_special_tokens", "/tokenize", TEI, {"add_special_tokens": False},
+         "changes"),
+    Case(P.TeiTokenizeRequest, "prompt_name", "/tokenize", TEI, {"prompt_name": "query"}, "changes"),
+    Case(P.TeiDecodeRequest, "model", "/decode", {"model": "emb", "ids": [2, 10, 3]},
+         {"model": "nope"}, 404),
+    Case(P.TeiDecodeRequest, "ids", "/decode", {"model": "emb", "ids": [2, 10, 3]},
+         {"ids": [2, 3]}, "changes"),
+    Case(P.TeiDecodeRequest, "skip_special_tokens", "/decode", {"model": "emb", "ids": [2, 10, 3]},
+         {"skip_special_tokens": False}, "changes"),
+]
+# Models whose fields are walked through the model that holds them.
+NESTED = {P.TextDocument: "RerankRequest.documents", P.SimilarityInputs: "TeiSimilarityRequest.inputs"}
+
+
+def test_every_field_of_every_request_model_is_walked() -> None:
+    models = {obj for obj in vars(protocol).values()
+              if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == protocol.__name__
+              and not obj.__name__.startswith("_")} - set(NESTED)
+    walked = {(case.model, case.field) for case in CASES}
+    missing = sorted(f"{m.__name__}.{f}" for m in models for f in m.model_fields if (m, f) not in walked)
+    assert not missing, f"fields no case walks: {missing}"
+
+
+@pytest.fixture(scope="module")
+def with_prompts(tiny_embedder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny embedder with sentence-transformers prompts for queries and documents."""
+    path = Path(shutil.copytree(tiny_embedder, tmp_path_factory.mktemp("prompted") / "m",
+                                ignore=shutil.ignore_patterns(".infinity-cloud")))
+    config = path / "config_sentence_transformers.json"
+    data = json.loads(config.read_text()) if config.exists() else {}
+    config.write_text(json.dumps({**data, "prompts": {"query": "query: ", "document": "passage: "},
+                                  "default_prompt_name": None}))
+    return path
+
+
+@pytest.fixture(scope="module")
+async def client(
+    with_prompts: Path, tiny_reranker: Path, tiny_classifier: Path, build_model
+) -> AsyncIterator[Any]:
+    splade = ModelSpec(model_id=str(build_model("splade")), served_model_name="sp", backend="torch",
+                       dtype="float32")
+    spec = spec_of(fake(with_prompts, "emb"), fake(tiny_reranker, "rr"), fake(tiny_classifier, "cl"), splade)
+    async with serve_in_process(spec) as c:
+        yield c
+
+
+def answer(response: httpx.Response) -> Any:
+    """The answer without what differs by call alone (an answer's id and time)."""
+    data = response.json()
+    return {k: v for k, v in data.items() if k not in ("id", "created")} if isinstance(data, dict) else data
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.model.__name__}.{c.field}")
+async def test_a_field_is_honoured_or_refused(client: httpx.AsyncClient, case: Case) -> None:
+    base = await client.post(case.route, json=case.base)
+    assert base.status_code == 200, (case.route, base.text)
+    body = {k: v for k, v in {**case.base, **case.variant}.items() if v is not None}
+    varied = await client.post(case.route, json=body)
+    if case.expect == "changes":
+        assert varied.status_code == 200, varied.text
+        assert answer(varied) != answer(base), f"{case.field} changed nothing"
+    elif isinstance(case.expect, int):
+        assert varied.status_code == case.expect, varied.text
+        error = varied.json()
+        message = error["error"] if isinstance(error["error"], str) else error["error"]["message"]
+        named = {case.field, *case.variant}
+        assert any(name.rstrip("s") in message or name.replace("_", " ") in message for name in named) \
+            or (case.expect == 404 and "nope" in message) or "limit" in message, message
+    else:
+        assert case.expect.startswith("same: ") and len(case.expect) > 20
+        assert varied.status_code == 200 and answer(varied) == answer(base)
