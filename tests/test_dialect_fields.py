@@ -207,3 +207,24 @@ async def test_a_field_is_honoured_or_refused(client: httpx.AsyncClient, case: C
     else:
         assert case.expect.startswith("same: ") and len(case.expect) > 20
         assert varied.status_code == 200 and answer(varied) == answer(base)
+
+
+@pytest.mark.parametrize(("route", "body", "field", "value", "harmless"), [
+    ("/v2/rerank", RR, "max_tokens_per_doc", 512, None),
+    ("/v1/rerank", RR, "rank_fields", ["text"], None),
+    ("/v1/embeddings", EMB, "task", "retrieval.query", None),
+    ("/v1/embeddings", EMB, "late_chunking", True, False),
+    ("/v1/embeddings", EMB, "normalized", False, True),
+    ("/v1/rerank", RR, "truncate_prompt_tokens", 64, None),
+])
+async def test_a_dialects_field_no_request_model_serves_is_refused(
+    client: httpx.AsyncClient, route: str, body: dict, field: str, value: Any, harmless: Any
+) -> None:
+    """Fields other dialects define (Cohere, Jina, vLLM) that the server does not do: a 400
+    naming the field, except for the value that means what the server does anyway."""
+    refused = await client.post(route, json={**body, field: value})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == field and f"'{field}' is not served" in refused.text
+    if harmless is not None:
+        assert (await client.post(route, json={**body, field: harmless})).status_code == 200
+    assert (await client.post(route, json={**body, field: None})).status_code == 200  # null: not sent

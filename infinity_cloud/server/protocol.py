@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 
@@ -35,17 +36,40 @@ def _one_list_of(*fields: str) -> dict[str, Any]:
     return {"oneOf": [{"required": [field], "properties": {field: {"type": "array"}}} for field in fields]}
 
 
+# Fields of the dialects we speak that no request model serves, the values that mean what
+# the server does anyway, and why any other is refused: a 400 naming the field, never an
+# answer that silently is not what was asked.
+UNSERVED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "max_tokens_per_doc": ((), "Cohere's per-document token cap; documents are cut at the model's own "
+                           "limit (truncate): omit it"),
+    "rank_fields": ((), "Cohere's fields of structured documents; send each document's text"),
+    "task": ((), "Jina's task adapters; say what texts are for with input_type (the model's "
+             "query/document prompts)"),
+    "late_chunking": ((False,), "Jina's late chunking"),
+    "normalized": ((True,), "Jina's normalized=false; embeddings are as the model makes them"),
+    "truncate_prompt_tokens": ((), "vLLM's per-input token cap; inputs are cut at the model's limit "
+                               "(truncate)"),
+}
+
+
 class _Request(BaseModel):
-    # Clients send fields we do not use (OpenAI's `user`, Cohere's `max_tokens_per_doc`):
-    # accept and ignore them rather than break those clients.
+    # Fields no dialect we speak defines are ignored (clients add their own); those some
+    # dialect defines are served, or refused (UNSERVED_FIELDS).
     model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         """`null` for a field means its default (litellm sends `encoding_format: null`); a
-        required field sent as null is then reported missing."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        required field sent as null is then reported missing. A dialect's field that is not
+        served is a 400 naming it."""
+        if not isinstance(data, dict):
+            return data
+        for name, (harmless, reason) in UNSERVED_FIELDS.items():
+            value = data.get(name)
+            if value is not None and name not in cls.model_fields and value not in harmless:
+                raise UnsupportedError(f"'{name}' is not served: {reason}", param=name)
+        return {k: v for k, v in data.items() if v is not None}
 
     model: str | None = Field(None, description="served model name; optional with one model")
 
