@@ -230,7 +230,8 @@ def test_download_shows_its_own_progress(tiny_embedder, tmp_path) -> None:
     command = [sys.executable, "-m", "infinity_cloud", "download", "--model-id", str(tiny_embedder),
                "--backend", "onnx"]
     environ = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_CLOUD_CACHE": str(tmp_path)}
-    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environ, timeout=300)
+    run = subprocess.run(command, capture_output=True, encoding="utf-8", errors="replace", cwd=ROOT,
+                         env=environ, timeout=300)
     assert run.returncode == 0, run.stderr
     assert f"loading {tiny_embedder} to build what its backend needs ..." in run.stderr
     assert "exporting" in run.stderr.lower() or "(once; cached at" in run.stderr

@@ -133,7 +133,7 @@ class MeasuringTorch(TorchBackend):
 
 
 def verdicts(cache: Path) -> list[dict[str, Any]]:
-    return [json.loads((folder / "manifest.json").read_text())["metadata"]
+    return [json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["metadata"]
             for folder in cache.glob("dtype-choice-*") if folder.is_dir()]
 
 

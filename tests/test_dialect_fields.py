@@ -165,7 +165,7 @@ def with_prompts(tiny_embedder: Path, tmp_path_factory: pytest.TempPathFactory) 
     path = Path(shutil.copytree(tiny_embedder, tmp_path_factory.mktemp("prompted") / "m",
                                 ignore=shutil.ignore_patterns(".infinity-cloud")))
     config = path / "config_sentence_transformers.json"
-    data = json.loads(config.read_text()) if config.exists() else {}
+    data = json.loads(config.read_text(encoding="utf-8")) if config.exists() else {}
     config.write_text(json.dumps({**data, "prompts": {"query": "query: ", "document": "passage: "},
                                   "default_prompt_name": None}))
     return path

@@ -29,7 +29,7 @@ INFINITY_0_0_78_FLAGS = (
 
 def test_every_infinity_flag_is_known_and_documented() -> None:
     assert sorted(f.name.replace("_", "-") for f in FLAGS) == sorted(INFINITY_0_0_78_FLAGS)
-    page = (ROOT / "docs" / "migrating-from-infinity.md").read_text()
+    page = (ROOT / "docs" / "migrating-from-infinity.md").read_text(encoding="utf-8")
     for name in INFINITY_0_0_78_FLAGS:
         assert f"`--{name}`" in page, name
 
@@ -105,7 +105,7 @@ def test_v2_serves_as_infinity_would_and_says_how_infinity_cloud_spells_it(
         response = httpx.post(f"{url}/embeddings", json={"model": "tiny", "input": ["hello"]})
         assert response.status_code == 200
         assert httpx.get(f"{url}/models").json()["data"][0]["backend"] == "onnx"
-    text = log.read_text()
+    text = log.read_text(encoding="utf-8", errors="replace")
     assert text.count("as infinity-cloud: infinity-cloud serve --host 127.0.0.1 --model-id") == 1
     assert "--backend onnx" in text and "--no-warmup" in text
     assert "--compile: no effect" in text
