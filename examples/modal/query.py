@@ -1,5 +1,6 @@
 """Embed and rerank against a deployed Modal app, with the same clients as the local server.
 
+    pip install openai httpx                 # the clients (no extra of infinity-cloud installs them)
     export INFINITY_CLOUD_URL=...            # what `infinity-cloud status modal --app-name rag-models` prints
     export INFINITY_CLOUD_ENDPOINT_KEY=...   # a key from the `rag-api-keys` Modal secret
     python examples/modal/query.py
