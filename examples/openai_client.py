@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from openai import OpenAI
 
-client = OpenAI(base_url="http://127.0.0.1:7997/v1", api_key="unused-without---api-key")
+url = os.environ.get("INFINITY_CLOUD_URL", "http://127.0.0.1:7997")
+client = OpenAI(base_url=f"{url}/v1", api_key="unused-without---api-key")
 texts = ["A panda is a bear native to China.", "Pandas eat bamboo.", "The stock market fell today."]
 response = client.embeddings.create(model="sentence-transformers/all-MiniLM-L6-v2", input=texts)
 vectors = np.array([item.embedding for item in response.data])
