@@ -637,3 +637,23 @@ async def test_an_answer_that_could_pass_the_response_limit_is_a_413_before_any_
             message = refused.json()["error"]["message"]
             assert "more than this deployment's response limit of 0.2 MB" in message
             assert "at least 2" in message
+
+
+@pytest.mark.parametrize("where", ["user", "input", "model", "dimensions", "encoding_format"])
+async def test_the_parsers_deepest_nesting_in_any_field_is_a_422_not_a_500(client, where: str) -> None:
+    """orjson reads 1,024 levels; the 422 for them does not echo the value back (it used to
+    recurse past Python's limit while encoding it: a 500)."""
+    deep = "[" * 1000 + "]" * 1000
+    body = {"input": '"a"', "user": '"u"', "model": '"emb"', "dimensions": "8", "encoding_format": '"float"'}
+    body[where] = deep
+    raw = "{" + ", ".join(f'"{k}": {v}' for k, v in body.items()) + "}"
+    response = await client.post("/embeddings", content=raw.encode(), headers=JSON)
+    assert_error(response, 422, where, "invalid request")
+    assert all("input" not in d for d in response.json()["detail"])
+    await assert_still_serving(client, "/embeddings")
+
+
+async def test_head_health_answers_as_get_does(client) -> None:
+    for route in ("/health", "/ping"):
+        head = await client.head(route)
+        assert head.status_code == (await client.get(route)).status_code == 200 and head.content == b""

@@ -263,6 +263,41 @@ def test_non_public_addresses_are_refused(address: str) -> None:
     assert not is_public(ipaddress.ip_address(address))
 
 
+# Every IPv6 form that carries an IPv4 address, judged by that address; ranges never public.
+EMBEDDED = [
+    ("64:ff9b::a9fe:a9fe", False),  # NAT64 (well-known prefix) to 169.254.169.254: the metadata service
+    ("64:ff9b::7f00:1", False),  # NAT64 to 127.0.0.1
+    ("64:ff9b::808:808", True),  # NAT64 to 8.8.8.8
+    ("64:ff9b:1::a9fe:a9fe", False),  # NAT64 for local use (RFC 8215)
+    ("2002:7f00:1::", False),  # 6to4 of 127.0.0.1
+    ("2002:a9fe:a9fe::1", False),  # 6to4 of 169.254.169.254
+    ("2002:0a00:0001::", False),  # 6to4 of 10.0.0.1
+    ("2002:808:808::", True),  # 6to4 of 8.8.8.8
+    ("::127.0.0.1", False),  # IPv4-compatible (deprecated)
+    ("::169.254.169.254", False),
+    ("::8.8.8.8", True),
+    ("::ffff:10.0.0.1", False),  # IPv4-mapped
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
+    ("fec0::1", False),  # site-local (deprecated)
+    ("2606:4700:4700::1111", True),  # a public IPv6 address
+]
+
+
+@pytest.mark.parametrize(("address", "public"), EMBEDDED)
+def test_ipv6_forms_that_carry_an_ipv4_address_are_judged_by_it(address: str, public: bool) -> None:
+    import ipaddress
+
+    assert is_public(ipaddress.ip_address(address)) is public
+
+
+async def test_urls_httpx_cannot_read_are_a_400_naming_the_input(clip: Path) -> None:
+    async with serve_in_process(spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"))) as client:
+        for url in ("http://0177.0.0.1/a.png", "http://127.000.000.001/a.png"):
+            response = await embed_images(client, [url])
+            assert response.status_code == 400, (url, response.text)
+            assert "input 0" in response.text and "not a valid URL" in response.text, response.text
+
+
 def test_the_allow_list_takes_names_addresses_and_networks() -> None:
     import ipaddress
 

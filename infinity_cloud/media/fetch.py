@@ -31,9 +31,34 @@ class MediaRefused(Exception):
     """A URL the policy does not let the server fetch (raised inside the connection)."""
 
 
+# IPv6 forms whose packets end at an IPv4 address they carry: judged by that address.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052's well-known prefix: the last 32 bits
+_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated IPv4-compatible ::a.b.c.d
+# IPv6 ranges that are never a public destination although `is_global` may say so: NAT64 for
+# local use (RFC 8215, its IPv4 address wherever the operator put it), Teredo (a tunnel to an
+# obfuscated client address), and the deprecated site-local fec0::/10.
+_NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(net) for net in ("64:ff9b:1::/48", "2001::/32", "fec0::/10"))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address delivers to: IPv4-mapped, NAT64, 6to4, IPv4-compatible."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64 or (address in _COMPATIBLE and int(address) > 0xFFFF):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.sixtofour  # 2002:AABB:CCDD::/48 -> A.B.C.D
+
+
 def is_public(address: Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+    """Whether the server may connect to `address` on a caller's behalf (SSRF): by the address
+    a packet reaches, so ::ffff:127.0.0.1, 64:ff9b::a9fe:a9fe (169.254.169.254 through NAT64)
+    and 2002:7f00:1:: (6to4 to 127.0.0.1) are as private as the IPv4 address they carry."""
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = embedded_ipv4(address)
+        if carried is not None:
+            return is_public(carried)
+        if any(address in net for net in _NOT_PUBLIC_V6):
+            return False
     return address.is_global and not address.is_multicast
 
 
@@ -198,6 +223,9 @@ class MediaFetcher:
             ) from exc
         except MediaRefused as exc:
             raise InvalidInputError(f"input {index}: {url} is refused: {exc}", param="input") from exc
+        except httpx.InvalidURL as exc:  # 0177.0.0.1, 127.000.000.001: not a host httpx reads
+            raise InvalidInputError(f"input {index}: {url} is not a valid URL ({exc})",
+                                    param="input") from exc
         except (httpx.HTTPError, OSError) as exc:
             cause = exc.__context__ if isinstance(exc.__context__, MediaRefused) else None
             if cause is not None:

@@ -153,7 +153,10 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     message = _not_json(request, details) or "invalid request: " + "; ".join(
         _describe(e) for e in details[:5]
     )
-    body = error_body(message, "invalid_request_error", 422, param, detail=jsonable_encoder(details))
+    # Each error without the `input` it was about: the caller has it, echoing a 16 MB body back
+    # helps nobody, and a value nested 1,000 deep would exhaust the encoder's recursion (a 500).
+    detail = jsonable_encoder([{k: v for k, v in e.items() if k != "input"} for e in details])
+    body = error_body(message, "invalid_request_error", 422, param, detail=detail)
     return json_response(body, 422)
 
 

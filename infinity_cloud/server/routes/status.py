@@ -78,12 +78,14 @@ def _health(request: Request) -> Response:
     return json_response(body, 503, {"Retry-After": str(retry)})
 
 
-@health_router.get("/health", summary="200 when every model is loaded and its worker alive, else 503")
+@health_router.api_route("/health", methods=["GET", "HEAD"],
+                         summary="200 when every model is loaded and its worker alive, else 503")
 async def health(request: Request) -> Response:
     return _health(request)
 
 
-@health_router.get("/ping", summary="SageMaker's health check: the same as /health")
+@health_router.api_route("/ping", methods=["GET", "HEAD"],
+                         summary="SageMaker's health check: the same as /health")
 async def ping(request: Request) -> Response:
     return _health(request)
 
