@@ -11,8 +11,6 @@ size and a checksum of its ends: a missing manifest (an interrupted build) or a 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -20,7 +18,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,30 +108,6 @@ def cached_export(
     target = export_dir(model_path, kind, options)
     if verify(target):
         return target
-    # One build per export across processes (two servers started on a fresh cache): the second
-    # waits here, then finds the first one's export.
-    with _exclusive(target):
-        if verify(target):
-            return target
-        return _build(target, model_path, kind, options, build, description, intermediate)
-
-
-@contextlib.contextmanager
-def _exclusive(target: Path) -> Iterator[None]:
-    """An advisory lock (flock) on `target`'s lock file, held while it is built."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(f"{target.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _build(
-    target: Path, model_path: Path, kind: str, options: Mapping[str, Any],
-    build: Callable[[Path], Mapping[str, Any] | None], description: str, intermediate: bool,
-) -> Path:
     failure = _failure_record(target)
     recorded = _read_json(failure)
     if recorded and recorded.get("environment") == export_environment():
