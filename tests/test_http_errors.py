@@ -155,17 +155,22 @@ async def test_malformed_json_is_422(client, route):
 
 @pytest.mark.parametrize(("body", "words"), [
     (b'{"input": "x\\ud800y"}', "no low surrogate"),  # a lone surrogate, escaped
-    (b'{"input": "\xff\xfe"}', "not valid UTF-8"),
-    (gzip.compress(b'{"input": "a"}'), "not valid UTF-8"),
+    (b'{"input": "\xff\xfe"}', "not valid UTF-8: byte 0xff at byte 11"),
+    (b'{"input": "x\xc3\x28"}', "not valid UTF-8: byte 0xc3 at byte 12"),
+    (gzip.compress(b'{"input": "a"}'), "gzip-compressed"),
+    ('{"input": "a"}'.encode("utf-16"), "UTF-16"),
+    ('{"input": "a"}'.encode("utf-16-le"), "UTF-16"),
     (b'{"input": ' + b"[" * 1100 + b"]" * 1100 + b"}", "depth limit"),
-    (b'{"input": "a", "dimensions": 1e400}', "infinity"),
+    (b'{"input": "a", "dimensions": 1e400}', "too large"),
+    (b'{"input": "a", "dimensions": 1' + b"0" * 4000 + b"}", "too large"),  # 4,001 digits
 ])
-async def test_every_malformed_body_is_a_422_saying_why(client, body: bytes, words: str):
+@pytest.mark.parametrize("route", ["/embeddings", "/invocations"])
+async def test_every_malformed_body_is_a_422_saying_why(client, route: str, body: bytes, words: str):
     """Parsed strictly (orjson): never a 400 without a reason, a 500, or text the tokenizer
-    chokes on."""
-    response = await client.post("/embeddings", content=body, headers=JSON)
+    chokes on; a body that is not UTF-8 at all is told what it is."""
+    response = await client.post(route, content=body, headers=JSON)
     assert_error(response, 422, None, "malformed JSON", words)
-    await assert_still_serving(client, "/embeddings")
+    await assert_still_serving(client, route)
 
 
 async def test_numbers_beyond_64_bits_are_a_422_that_can_be_answered(client):

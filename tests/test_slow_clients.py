@@ -92,3 +92,14 @@ def test_clients_in_time_are_served_on_kept_alive_connections(url: str) -> None:
     with httpx.Client(base_url=url, timeout=15) as client:
         for _ in range(3):  # one connection, several requests
             assert client.post("/embeddings", json={"input": "hello"}).status_code == 200
+
+
+def test_a_body_past_the_limit_is_read_and_answered_with_a_413(url: str) -> None:
+    """The body is read to its end before the answer, so the client reads a 413 instead of a
+    reset from a server that closed on unread data."""
+    size = 16 * 2**20 + 1  # the default limit, and one byte more
+    head = (b"POST /embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % size)
+    answer = exchange(url, head, b'{"input": "' + b"a" * (size - 13) + b'"}')
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"over the limit of 16777216 bytes" in answer

@@ -12,8 +12,16 @@ from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import error_response
 
 
+# A body past the limit is still read, up to this many times the limit, before the 413 goes
+# out: a server that answers and closes with the body unread resets the connection, and the
+# client, still sending, often never reads the answer. Past it, the connection is cut.
+DRAIN_FACTOR = 4
+
+
 class BodyLimit(HttpMiddleware):
-    """Refuse bodies over `max_bytes`: at once from Content-Length, else while reading."""
+    """Refuse bodies over `max_bytes`: at once from Content-Length, else while reading; either
+    way the body is read to its end first (up to `DRAIN_FACTOR` times the limit), so the
+    client reads a 413, not a reset."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         super().__init__(app)
@@ -27,6 +35,7 @@ class BodyLimit(HttpMiddleware):
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._drain(receive, 0)
             await error_response(self._error(declared.decode()))(scope, receive, send)
             return
         seen = 0
@@ -37,10 +46,22 @@ class BodyLimit(HttpMiddleware):
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    if message.get("more_body", False):
+                        await self._drain(receive, seen)
                     raise _TooLarge(413, self._error(f"more than {self.max_bytes}").message)
             return message
 
         await self.app(scope, counting_receive, send)
+
+    async def _drain(self, receive: Receive, seen: int) -> None:
+        """Read and drop the rest of a refused body (`seen` bytes of it read already)."""
+        while seen <= DRAIN_FACTOR * self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 class _TooLarge(HTTPException):

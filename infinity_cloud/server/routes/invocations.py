@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.server.parsing import JsonRoute
+from infinity_cloud.server.parsing import JsonRoute, parse_json
 from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
 from infinity_cloud.server.routes.classify import classify
 from infinity_cloud.server.routes.embeddings import embeddings
@@ -73,8 +73,8 @@ _OPENAPI = {
 )
 async def invocations(request: Request) -> Response:
     try:
-        data = orjson.loads(await request.body())
-    except orjson.JSONDecodeError as exc:
+        data = parse_json(await request.body())
+    except json.JSONDecodeError as exc:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {exc}", "input": None}]
         ) from None
