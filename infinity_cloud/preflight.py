@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import os
 import socket
 from pathlib import Path
 
@@ -83,13 +82,10 @@ def device_problems(model: ModelSpec) -> list[str]:
 
 
 def cache_problems(model: ModelSpec, folder: Path) -> list[str]:
-    """Exports (ONNX, OpenVINO, int8, fidelity verdicts) are written once, next to the model or
-    in the user's cache: that place must be writable, or already hold them."""
+    """Exports (ONNX, OpenVINO, int8, fidelity verdicts) are written once, where
+    `exports.cache_root` says: that place must be writable, or already hold them."""
     root = exports.cache_root(folder)
-    probe = root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if (probe.is_dir() and os.access(probe, os.W_OK)) or any(root.glob(f"*/{exports.MANIFEST}")):
+    if exports.writable(root) or any(root.glob(f"*/{exports.MANIFEST}")):
         return []
     return [f"model {model.name}: the export cache {root} is not writable: set {exports.CACHE_ENV} "
             "to a writable folder"]

@@ -693,3 +693,33 @@ def test_balanced_slices_cover_every_row_once_with_even_work(count: int) -> None
         # Never worse than halving the length-sorted rows by count, the naive split.
         naive = [g for g in np.array_split(np.argsort(lengths, kind="stable"), count) if len(g)]
         assert worst(groups) <= worst(naive)
+
+
+def test_concurrent_first_starts_build_an_export_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers started at once on a fresh cache: the second waits for the first's export
+    (a file lock, which holds between processes as between these threads) and builds nothing."""
+    import threading
+
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    builds: list[int] = []
+
+    def build(folder: Path) -> dict[str, int]:
+        builds.append(1)
+        time.sleep(0.5)  # long enough for the other start to arrive while this one builds
+        (folder / "graph.bin").write_bytes(b"x" * 10)
+        return {"built": len(builds)}
+
+    results: list[Path] = []
+    starts = [threading.Thread(target=lambda: results.append(
+        exports.cached_export(model, "demo", {"a": 1}, build, "building a demo export"))) for _ in range(2)]
+    for start in starts:
+        start.start()
+    for start in starts:
+        start.join()
+    assert len(builds) == 1 and len(results) == 2 and results[0] == results[1]
+    assert exports.export_metadata(results[0]) == {"built": 1}

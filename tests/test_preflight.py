@@ -4,13 +4,17 @@ export cache that cannot be written, a port in use."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
-from conftest import free_port
+from conftest import free_port, server_process
 from typer.testing import CliRunner
 
 from infinity_cloud import preflight
@@ -61,6 +65,40 @@ def test_an_export_cache_that_cannot_be_written_is_named(
                         "set INFINITY_CLOUD_CACHE to a writable folder"]
     monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "fine" / "cache"))
     assert preflight.model_problems(ModelSpec(model_id=str(tiny_embedder))) == []
+
+
+def test_a_read_only_model_folder_and_home_serve_with_exports_in_the_temporary_folder(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """A hardened container: the model folder and the home directory read-only, only the
+    temporary folder writable. The server starts and serves (its exports in the temporary
+    folder, said once), instead of dying on a PermissionError."""
+    model, home, temporary = tmp_path / "model", tmp_path / "home", tmp_path / "tmp"
+    shutil.copytree(tiny_embedder, model, ignore=shutil.ignore_patterns(".infinity-cloud"))
+    home.mkdir()
+    temporary.mkdir()
+    python = (sys.executable, "-m", "infinity_cloud")
+    if os.geteuid() == 0:  # root writes through permissions: read-only mounts instead
+        mounts = 'mount --bind -o ro "$0" "$0" && mount --bind -o ro "$1" "$1" && shift && exec "$@"'
+        program: tuple[str, ...] = ("unshare", "-m", "sh", "-c", mounts, str(model), str(home), *python)
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(model), str(home)], check=True)
+        program = python
+    log = tmp_path / "serve.log"
+    env = {"HOME": str(home), "TMPDIR": str(temporary), "XDG_CACHE_HOME": "", "INFINITY_CLOUD_CACHE": ""}
+    try:
+        with server_process("--model-id", str(model), "--served-model-name", "emb", env=env,
+                            program=program, log_path=log) as url:
+            body = {"model": "emb", "input": ["read-only"]}
+            answer = httpx.post(f"{url}/embeddings", json=body, timeout=60)
+            assert answer.status_code == 200, answer.text
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(model), str(home)], check=False)
+    text = log.read_text(encoding="utf-8")
+    assert "Traceback" not in text and "PermissionError" not in text, text[-3000:]
+    assert text.count("are not writable: exports go to") == 1, text[-3000:]
+    assert list((temporary / "infinity-cloud-exports").glob("*/manifest.json"))
+    assert not (model / ".infinity-cloud").exists()
 
 
 def test_a_port_in_use_stops_serve_before_any_model_loads(tmp_path: Path) -> None:

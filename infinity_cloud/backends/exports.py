@@ -11,14 +11,17 @@ size and a checksum of its ends: a missing manifest (an interrupted build) or a 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,13 +76,39 @@ def _content_digest(folder: str, files: tuple[tuple[str, int, int], ...]) -> str
 
 
 def cache_root(model_path: Path) -> Path:
+    """Where the model's exports go: `$INFINITY_CLOUD_CACHE`; else beside the model; else the
+    user cache (where it is writable or already holds exports); else, on a read-only machine
+    (a read-only model folder and home, as in a hardened container), the temporary folder,
+    said once, loudly: its exports are built again at each start."""
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override).expanduser()
     if os.access(model_path, os.W_OK):
         return model_path / ".infinity-cloud"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "infinity-cloud" / "exports"
+    user = Path(base) / "infinity-cloud" / "exports"
+    if writable(user) or any(user.glob(f"*/{MANIFEST}")):
+        return user
+    fallback = Path(tempfile.gettempdir()) / "infinity-cloud-exports"
+    _warn_temporary_cache(str(model_path), str(user), str(fallback))
+    return fallback
+
+
+def writable(folder: Path) -> bool:
+    """Whether `folder` can be written, or made where it does not exist yet."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK)
+
+
+@functools.cache
+def _warn_temporary_cache(model: str, user: str, fallback: str) -> None:
+    log.warning(
+        "the model folder %s and the user cache %s are not writable: exports go to %s and are "
+        "built again at each start; set %s to a writable folder that persists to keep them",
+        model, user, fallback, CACHE_ENV,
+    )
 
 
 def export_dir(model_path: Path, kind: str, options: Mapping[str, Any]) -> Path:
@@ -108,6 +137,40 @@ def cached_export(
     target = export_dir(model_path, kind, options)
     if verify(target):
         return target
+    # One build per export across processes (two servers started at once on a fresh cache):
+    # the second waits here, then finds the first one's export.
+    with _exclusive(target):
+        if verify(target):
+            return target
+        return _build(target, model_path, kind, options, build, description, intermediate)
+
+
+@contextlib.contextmanager
+def _exclusive(target: Path) -> Iterator[None]:
+    """An advisory lock (flock) for building `target`, held while it is built. The lock file
+    lives in the temporary folder, named by the export's path, not beside the export: a cache
+    holds exports only, and may be read-only (a model folder baked into an image)."""
+    locks = Path(tempfile.gettempdir()) / "infinity-cloud-locks"
+    name = hashlib.sha256(str(target.resolve()).encode()).hexdigest()[:24]
+    try:
+        locks.mkdir(exist_ok=True)
+        lock = open(locks / f"{name}.lock", "a")  # noqa: SIM115 (held across the yield)
+    except OSError as exc:  # no writable temporary folder: build unlocked, as before
+        log.warning("cannot lock the %s export (%s); concurrent starts may each build it", target.name, exc)
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(
+    target: Path, model_path: Path, kind: str, options: Mapping[str, Any],
+    build: Callable[[Path], Mapping[str, Any] | None], description: str, intermediate: bool,
+) -> Path:
     failure = _failure_record(target)
     recorded = _read_json(failure)
     if recorded and recorded.get("environment") == export_environment():

@@ -11,7 +11,6 @@ from infinity_cloud.errors import PayloadTooLargeError
 from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import error_response
 
-
 # A body past the limit is still read, up to this many times the limit, before the 413 goes
 # out: a server that answers and closes with the body unread resets the connection, and the
 # client, still sending, often never reads the answer. Past it, the connection is cut.
