@@ -166,6 +166,11 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "media_max_bytes": (
         int | None, _opt("MEDIA_MAX_BYTES", "Bytes per image/audio input (default: 20 MiB).", _S),
     ),
+    "media_max_pixels": (
+        int | None,
+        _opt("MEDIA_MAX_PIXELS", "Pixels per image, read from its header before decoding "
+             "(default: 4096 x 4096).", _S),
+    ),
     "media_timeout_s": (
         float | None, _opt("MEDIA_TIMEOUT_S", "Seconds to fetch one media URL (default: 10).", _S),
     ),

@@ -150,6 +150,9 @@ class LimitsSpec(_Frozen):
     memory_budget_mb: int | None = Field(None, ge=64)
     max_media_per_request: int = Field(64, ge=1)
     media_max_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    # An image's most pixels (width x height, read from its header before decoding): 4096 x
+    # 4096 by default, above a 12 MP photo and a 300 dpi A4 scan (media/images.py says why).
+    media_max_pixels: int = Field(4096 * 4096, ge=64)
     media_timeout_s: float = Field(10.0, gt=0)
     # Hosts (names, addresses or networks like 10.0.0.0/8) media URLs may reach although they
     # are not public; everything else non-public is refused (SSRF).

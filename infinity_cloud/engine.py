@@ -45,7 +45,8 @@ from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
 from infinity_cloud.validation import check_answer_size, check_embedding_types, check_texts, check_top_n
 
-if TYPE_CHECKING:  # imported on first use: it brings httpx
+if TYPE_CHECKING:  # imported on first use: they bring httpx, Pillow
+    from infinity_cloud.media.decoding import MediaDecoder
     from infinity_cloud.media.fetch import MediaFetcher
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Engine:
             max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
         self._media: MediaFetcher | None = None
+        self._decoder: MediaDecoder | None = None
         self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
         # Calibration vectors for int8/uint8, per model, made on first use.
         self._calibration: dict[str, np.ndarray] = {}
@@ -110,6 +112,8 @@ class Engine:
         for model in self.models.values():
             model.stop()
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        if self._decoder is not None:
+            self._decoder.close()
 
     async def start(self) -> Engine:
         await asyncio.to_thread(self.load)
@@ -175,6 +179,15 @@ class Engine:
         return dict(self.model(model).loaded.info.prompts)
 
     @property
+    def decoder(self) -> MediaDecoder:
+        """The pool that decodes images and audio, made on first use (text never needs it)."""
+        if self._decoder is None:
+            from infinity_cloud.media.decoding import MediaDecoder
+
+            self._decoder = MediaDecoder(self.limits, self.memory)
+        return self._decoder
+
+    @property
     def media(self) -> MediaFetcher:
         """The shared client that fetches media URLs, made on first use (text never needs it)."""
         if self._media is None:
@@ -184,9 +197,10 @@ class Engine:
         return self._media
 
     async def run_task(self, task: Task[Call, Result], call: Call, model: str | None = None) -> Result:
-        """Any task the same way: checks on the loop, its media fetched, encoding in the
-        tokenizer pool (images decoded there too), the tower's batch worker, then the task's
-        own finish. The capabilities below are tasks; so can a caller's own be (tasks/base.py)."""
+        """Any task the same way: checks on the loop, its media fetched and decoded in the
+        decoding pool, or its text encoded in the tokenizer pool, the tower's batch worker,
+        then the task's own finish. The capabilities below are tasks; so can a caller's own be
+        (tasks/base.py)."""
         served = self.model(model, task.capability)
         task.check(call, served, self.limits)
         tower = task.tower(call)
@@ -198,8 +212,13 @@ class Engine:
             predicted = queue.admit(cost.tokens)
             try:
                 uris = task.media(call)
-                media = await self.media.fetch_all(uris) if uris else []
-                items = await self._tokenize(task.encode, call, served, self.limits, media)
+                if uris:
+                    fetched = await self.media.fetch_all(uris)
+                    items = await self.decoder.prepare_all(
+                        served.loaded.media[tower], fetched, served.spec.deadline_s
+                    )
+                else:
+                    items = await self._tokenize(task.encode, call, served, self.limits)
             finally:
                 queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
             queued_at = time.perf_counter()

@@ -259,7 +259,7 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
         capability = Capability.EMBED
         head = EmbedTask.head
 
-        def encode(self, call, served, limits, media):
+        def encode(self, call, served, limits):
             return served.loaded.tokenizer.encode(call.texts)
 
         def finish(self, rows, call, served, encodings):

@@ -7,18 +7,23 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from infinity_cloud.backends.base import ModelInputs
+from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import ModelInfo, Tower
 from infinity_cloud.tokenization import TextTokenizer
 
 
 class MediaPreprocessor(Protocol):
-    """What a tower that reads media needs: one input's bytes to a model input (whose length is
-    its batch cost), a batch of them as arrays, and fixed probes for warm-up and fidelity;
-    `cost`: what one input costs, as estimated before it is fetched (admission)."""
+    """What a tower that reads media needs: one input's bytes opened (its header read, its
+    size checked against `limits`) with what decoding it takes at its peak in bytes, an opened
+    input (or bytes) to a model input (whose length is its batch cost), a batch of them as
+    arrays, and fixed probes for warm-up and fidelity; `cost`: what one input costs, as
+    estimated before it is fetched (admission)."""
 
     cost: int
 
-    def prepare(self, data: bytes, index: int) -> Any: ...
+    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]: ...
+
+    def prepare(self, data: Any, index: int) -> Any: ...
 
     def collate(self, items: Sequence[Any], rows: int | None = None) -> ModelInputs: ...
 

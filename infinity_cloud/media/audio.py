@@ -10,6 +10,7 @@ Deterministic where the reference is not: a clip longer than the window is cut t
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +18,28 @@ from typing import Any
 import numpy as np
 
 from infinity_cloud.backends.base import ModelInputs
+from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
 from infinity_cloud.model_files import ModelInfo
 
 # Shorter than this a clip holds nothing to hear.
 MIN_SECONDS = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Clip:
+    """One input's bytes, and how many of its frames (at its own rate) the window needs
+    (None: not read from its header yet)."""
+
+    data: bytes
+    frames: int | None
+
+
+def _undecodable(index: int, exc: Exception) -> InvalidInputError:
+    return InvalidInputError(
+        f"input {index} is not audio that can be decoded (WAV, FLAC, OGG and MP3 are): {exc}",
+        param="input",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,19 +108,33 @@ class AudioPreprocessor:
     def load(cls, info: ModelInfo) -> AudioPreprocessor:
         return cls(info.audio_processor)
 
-    def prepare(self, data: bytes, index: int) -> Features:
+    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Clip, int]:
+        """One input's clip, its header read: what decoding it takes at its peak (only the
+        window's length of it is decoded), before any of it is."""
+        try:
+            info = self._soundfile.info(io.BytesIO(data))
+        except Exception as exc:  # libsndfile's errors: unknown format, corrupt stream
+            raise _undecodable(index, exc) from exc
+        frames = min(info.frames, math.ceil(self.samples * info.samplerate / self.rate) + 1)
+        # The samples read (float32, every channel), their mono mix and resampling in float32.
+        return Clip(data, frames), frames * (info.channels + 2) * 4 + self.samples * 8
+
+    def prepare(self, data: bytes | Clip, index: int) -> Features:
         """Decode and turn one clip into features; a bad one is a 400 naming input `index`."""
-        wave = self._decode(data, index)
+        clip = data if isinstance(data, Clip) else Clip(data, None)
+        wave = self._decode(clip, index)
         return Features(self._log_mel(self._fill(wave))[None])
 
-    def _decode(self, data: bytes, index: int) -> np.ndarray:
+    def _decode(self, clip: Clip, index: int) -> np.ndarray:
         try:
-            samples, rate = self._soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+            # Only the window is read: a long clip (an hour of FLAC silence is a few KB) would
+            # otherwise decode to gigabytes, to be cut to the window's seconds.
+            frames = -1 if clip.frames is None else clip.frames
+            samples, rate = self._soundfile.read(
+                io.BytesIO(clip.data), frames=frames, dtype="float32", always_2d=True
+            )
         except Exception as exc:  # libsndfile's errors: unknown format, corrupt stream
-            raise InvalidInputError(
-                f"input {index} is not audio that can be decoded (WAV, FLAC, OGG and MP3 are): {exc}",
-                param="input",
-            ) from exc
+            raise _undecodable(index, exc) from exc
         if len(samples) < MIN_SECONDS * rate:
             raise InvalidInputError(
                 f"input {index}: the audio is {len(samples) / rate:.4f} s long; at least "

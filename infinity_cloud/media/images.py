@@ -15,13 +15,22 @@ from typing import Any
 import numpy as np
 
 from infinity_cloud.backends.base import ModelInputs
+from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
 from infinity_cloud.model_files import ModelInfo
 
 # Below this a picture holds too little to embed (an icon, a tracking pixel): refused, not
-# silently upscaled. Above the pixel cap, decoding alone would take gigabytes.
+# silently upscaled.
 MIN_SIDE = 8
-MAX_PIXELS = 64_000_000
+# The default pixel cap (--media-max-pixels): 4096 x 4096, above a 12-megapixel photo
+# (4032 x 3024) and an A4 page scanned at 300 dpi (2480 x 3508, 8.7 MP), while the models
+# read at most about 1 MP (CLIP/SigLIP 224-448 px a side, ColPali 448, Qwen2-VL pages 1 MP
+# by default). What decoding one takes is counted (`decoding_bytes`) before it is decoded.
+MAX_PIXELS: int = LimitsSpec.model_fields["media_max_pixels"].default
+# JPEGs above this are decoded at a reduced scale (`decode`): below it, pixels stay exactly
+# what transformers decodes.
+DRAFT_PIXELS = 4_000_000
+_BAND_ROWS = 256
 # OpenAI CLIP's statistics (the processor default when the config names none).
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -78,9 +87,17 @@ class ImagePreprocessor:
         clip = info.model_type == "clip"
         return cls(info.image_processor, info.image_size or 224, info.patch_size or 32, clip, prompt_ids)
 
-    def prepare(self, data: bytes, index: int) -> Pixels:
-        """Decode and preprocess one image; a bad one is a 400 naming input `index`."""
-        image = decode(data, index)
+    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]:
+        """One input's picture, its header read, and what decoding it takes at its peak."""
+        image = open_image(data, index, limits.media_max_pixels)
+        return image, decoding_bytes(image)
+
+    def prepare(self, data: bytes | Any, index: int) -> Pixels:
+        """Decode and preprocess one image (its bytes, or `open_image`'s picture); a bad one
+        is a 400 naming input `index`."""
+        image = open_image(data, index) if isinstance(data, bytes) else data
+        needed = self._resized(image.width, image.height) if self.do_resize else None
+        image = decode(image, index, needed)
         if self.do_resize:
             image = image.resize(self._resized(image.width, image.height), self.resample)
         array = np.asarray(image)  # (height, width, channels) bytes
@@ -114,37 +131,80 @@ class ImagePreprocessor:
         return [self.prepare(data, index) for index, data in enumerate(probe_pictures())]
 
 
-def decode(data: bytes, index: int) -> Any:
-    """One input's bytes as an RGB picture; a bad one is a 400 naming input `index`."""
+def open_image(data: bytes, index: int, max_pixels: int = MAX_PIXELS) -> Any:
+    """One input's picture, its header read but not its pixels: its size is checked (at most
+    `max_pixels`, at least `MIN_SIDE` a side) before any memory goes to decoding it; a bad one
+    is a 400 naming input `index`."""
     Image = _pil()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-            width, height = image.size
-            if width * height > MAX_PIXELS:
-                raise InvalidInputError(
-                    f"input {index}: the image is {width}x{height} pixels, more than the "
-                    f"{MAX_PIXELS:,} served", param="input",
-                )
-            image.load()
-    except InvalidInputError:
-        raise
     except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise InvalidInputError(
             f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
             param="input",
         ) from exc
+    width, height = image.size
+    if width * height > max_pixels:
+        raise InvalidInputError(
+            f"input {index}: the image is {width}x{height} pixels, more than the {max_pixels:,} "
+            "served (--media-max-pixels); send it scaled down: models read far fewer", param="input",
+        )
     if min(width, height) < MIN_SIDE:
         raise InvalidInputError(
             f"input {index}: the image is {width}x{height} pixels; images need at least "
             f"{MIN_SIDE} pixels a side", param="input",
         )
+    return image
+
+
+def decoding_bytes(image: Any) -> int:
+    """What decoding `image` (opened, not loaded) to RGB takes at its peak, from its header:
+    its pixels as decoded, the decoder's own buffer where it keeps one (WebP: RGBA, copied),
+    and RGBA plus RGB where it is converted. Measured with benchmarks/media_bombs.py."""
+    pixels = image.width * image.height
+    if image.format == "JPEG" and pixels > DRAFT_PIXELS:
+        return pixels * 3 // 4  # drafted to at most half a side: a quarter of the pixels, or less
+    decoded = pixels * len(image.getbands())
+    if image.format == "WEBP":  # libwebp's canvas, and the frame Pillow copies from it
+        decoded += 3 * pixels * 4
+    return decoded if image.mode == "RGB" else decoded + pixels * (4 + 3)
+
+
+def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None) -> Any:
+    """One input (its bytes, or `open_image`'s picture) as an RGB picture; a bad one is a 400
+    naming input `index`. `needed`: the (width, height) the model resizes it to: a large JPEG
+    is decoded at a reduced scale still at least twice that (its DCT scaling, `draft`)."""
+    image = open_image(data, index) if isinstance(data, bytes) else data
+    try:
+        if needed is not None and image.format == "JPEG" and image.width * image.height > DRAFT_PIXELS:
+            image.draft("RGB", (2 * needed[0], 2 * needed[1]))
+        image.load()
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(
+            f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
+            param="input",
+        ) from exc
     if image.mode == "RGB":
         return image
-    # transformers' convert_to_rgb: transparency composited onto white, not dropped.
-    rgba = image.convert("RGBA")
-    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return _onto_white(image.convert("RGBA") if image.mode != "RGBA" else image)
+
+
+def _onto_white(rgba: Any) -> Any:
+    """transformers' convert_to_rgb: transparency composited onto white, not dropped; done a
+    band of rows at a time (the same pixels) so a large picture costs its RGBA and RGB copies,
+    not four full ones."""
+    Image = _pil()
+    out = Image.new("RGB", rgba.size)
+    white = Image.new("RGBA", (rgba.width, _BAND_ROWS), (255, 255, 255, 255))
+    for top in range(0, rgba.height, _BAND_ROWS):
+        box = (0, top, rgba.width, min(rgba.height, top + _BAND_ROWS))
+        band = rgba.crop(box)
+        if band.size != white.size:
+            white = white.crop((0, 0, *band.size))
+        out.paste(Image.alpha_composite(white, band).convert("RGB"), box[:2])
+    return out
 
 
 def probe_pictures() -> list[bytes]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from infinity_cloud.backends.base import ModelInputs
+from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.media.images import decode, probe_pictures
+from infinity_cloud.media.images import decode, decoding_bytes, open_image, probe_pictures
 from infinity_cloud.model_files import ModelInfo
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -68,15 +70,21 @@ class PagePreprocessor:
         # A page at the pixel budget: one token per merged patch, and the prompt's few.
         self.cost = self.max_pixels // (self.patch * self.merge) ** 2 + 32
 
-    def prepare(self, data: bytes, index: int) -> Page:
-        image = decode(data, index)
+    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]:
+        """One input's page, its header read, and what decoding it takes at its peak."""
+        image = open_image(data, index, limits.media_max_pixels)
+        return image, decoding_bytes(image)
+
+    def prepare(self, data: bytes | Any, index: int) -> Page:
+        """One page (its bytes, or `open_image`'s picture) as patches behind its prompt."""
+        image = open_image(data, index) if isinstance(data, bytes) else data
         try:
             height, width = fitted_size(
                 image.height, image.width, self.patch * self.merge, self.min_pixels, self.max_pixels
             )
         except ValueError as exc:
             raise InvalidInputError(f"input {index}: {exc}", param="input") from exc
-        image = image.resize((width, height), self.resample)
+        image = decode(image, index, (width, height)).resize((width, height), self.resample)
         array = (np.asarray(image).astype(np.float64) * self.rescale).astype(np.float32)
         array = ((array - self.mean) / self.std).transpose(2, 0, 1)  # channels, height, width
         rows, columns, p, m = height // self.patch, width // self.patch, self.patch, self.merge

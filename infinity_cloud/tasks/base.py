@@ -2,9 +2,9 @@
 call's inputs become model inputs and for which tower, the per-batch head, and how the batch
 rows become the caller's result.
 
-The engine runs every task the same way (check on the event loop, fetch media, encode in the
-tokenizer pool, batch, finish), so a new capability is a new task here, a registry entry and
-its routes, and nothing in the backends or the batcher.
+The engine runs every task the same way (check on the event loop, fetch and decode media in
+their pool or encode text in the tokenizer pool, batch, finish), so a new capability is a new
+task here, a registry entry and its routes, and nothing in the backends or the batcher.
 """
 
 from __future__ import annotations
@@ -98,10 +98,11 @@ class Task(ABC, Generic[Call, Result]):
 
     @abstractmethod
     def encode(
-        self, call: Call, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: Call, served: ServedModel, limits: LimitsSpec
     ) -> list[Any]:
-        """The call's inputs (with the bytes of its `media`) as model inputs, each with a
-        length (its batch cost); runs in the tokenizer pool."""
+        """The call's text inputs as model inputs, each with a length (its batch cost); runs
+        in the tokenizer pool. (A call with `media` has them decoded by its tower's
+        preprocessor instead, in the decoding pool.)"""
 
     @abstractmethod
     def finish(self, rows: list[Any], call: Call, served: ServedModel, encodings: list[Any]) -> Result:

@@ -45,7 +45,7 @@ class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
             len(call.inputs) * labels, items=len(call.inputs) * labels)
 
     def encode(
-        self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec
     ) -> list[Encoded]:
         return served.loaded.tokenizer.encode(list(call.inputs), call.truncate)
 

@@ -122,11 +122,8 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return call.modality
 
     def encode(
-        self, call: EmbedCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: EmbedCall, served: ServedModel, limits: LimitsSpec
     ) -> list[Any]:
-        if call.modality != "text":
-            preprocessor = served.loaded.media[call.modality]  # checked: the model has that tower
-            return [preprocessor.prepare(data, index) for index, data in enumerate(media)]
         if is_token_ids(call.inputs):
             return self._token_ids(call, served, limits)
         texts = prompted(served, call.inputs, call.prompt_name)  # type: ignore[arg-type]

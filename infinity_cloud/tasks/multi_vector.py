@@ -75,12 +75,9 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return call.modality
 
     def encode(
-        self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec
     ) -> list[Any]:
         loaded = served.loaded
-        if call.modality != "text":
-            preprocessor = loaded.media[call.modality]  # checked: the model has that tower
-            return [preprocessor.prepare(data, index) for index, data in enumerate(media)]
         if loaded.info.late_interaction is not None:
             return self._colbert(call, served)
         texts = templated(loaded.info, "query", call.inputs)

@@ -52,7 +52,7 @@ class RerankTask(Task[RerankCall, RerankResult]):
         return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs), items=len(pairs))
 
     def encode(
-        self, call: RerankCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: RerankCall, served: ServedModel, limits: LimitsSpec
     ) -> list[Encoded]:
         return served.loaded.tokenizer.encode_pairs(call.query, list(call.documents), call.truncate)
 

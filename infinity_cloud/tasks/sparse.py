@@ -61,7 +61,7 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
         return cost.answering(len(call.inputs) * 2 * SPARSE_TERMS, items=len(call.inputs))
 
     def encode(
-        self, call: SparseCall, served: ServedModel, limits: LimitsSpec, media: Sequence[bytes]
+        self, call: SparseCall, served: ServedModel, limits: LimitsSpec
     ) -> list[Encoded]:
         texts = prompted(served, call.inputs, call.prompt_name)
         return served.loaded.tokenizer.encode(texts, call.truncate)
