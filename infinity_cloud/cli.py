@@ -78,7 +78,13 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
     "deadline_s": (
         list[float] | None,
-        _opt("DEADLINE_S", "429 at once when a request's estimated queue wait is longer (default: 10).", _M),
+        _opt("DEADLINE_S", "Answer at once when a request's estimated time is longer: 429 with "
+             "Retry-After (its place kept), 413 if its own work alone is (default: 10).", _M),
+    ),
+    "admit_past_deadline": (
+        bool | None,
+        _opt("ADMIT_PAST_DEADLINE", "Admit a request whose own work alone takes past the deadline "
+             "instead of a 413 (default: off).", _M, "--admit-past-deadline/--no-admit-past-deadline"),
     ),
     "pooling": (
         list[str] | None,

@@ -62,8 +62,13 @@ class ModelSpec(_Frozen):
     )
     queue_size: int = Field(16384, ge=1, description="queued inputs before answering 429")
     deadline_s: float | None = Field(
-        10.0, gt=0, description="answer 429 at once when a request's estimated queue wait (from the "
-        "tokens ahead of it and the model's recent throughput) is longer; none: queue while there is room",
+        10.0, gt=0, description="answer at once when a request's estimated time (its wait on the tokens "
+        "ahead of it and its own, at the model's recent throughput) is longer: 429 with Retry-After, its "
+        "place in line kept; 413 when its own work alone is; none: queue while there is room",
+    )
+    admit_past_deadline: bool = Field(
+        False, description="admit a request whose own work alone takes past the deadline (a batch job's "
+        "client that waits), instead of answering 413",
     )
     pooling: Pooling | None = Field(None, description="override the pooling the model's files name")
     normalize: bool | None = Field(None, description="override the model's own normalisation")
@@ -268,6 +273,7 @@ class DeploymentSpec(_Frozen):
 MODEL_OPTIONS = (
     "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
     "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "deadline_s",
+    "admit_past_deadline",
     "pooling", "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids",
     "embedding_dtype",
 )

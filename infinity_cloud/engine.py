@@ -9,7 +9,9 @@ Knows nothing of HTTP; the HTTP app and every target drive it through these meth
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from infinity_cloud import cancellation
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
@@ -52,6 +55,16 @@ if TYPE_CHECKING:  # imported on first use: they bring httpx, Pillow
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
+    """What a request asks, as a digest: a retry of it (same task, model and inputs) has the
+    same key, and keeps the place in line its first try was given (batching/places.py)."""
+    try:
+        body = pickle.dumps((task.capability.value, type(call).__name__, model, call), protocol=5)
+    except Exception:  # a caller's own call that does not pickle: no place kept, nothing else lost
+        return None
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
 class Engine:
@@ -171,8 +184,9 @@ class Engine:
         )
 
     async def _tokenize(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, fn, *args)
+        """`fn(*args)` in the tokenizer pool, stopped at its next check (`cancellation`) when
+        the caller goes."""
+        return await cancellation.in_pool(self._tokenize_pool, fn, *args)
 
     def prompts(self, model: str | None = None) -> dict[str, str]:
         """The model's named prompts (sentence-transformers' `prompts`), e.g. {"query": ...}."""
@@ -209,7 +223,8 @@ class Engine:
         queue, cost = served.queue(tower), task.cost(call, served)
         check_answer_size(cost.answer_bytes, self.limits)
         with self.memory.reserved(cost.memory):  # held until the answer is made
-            predicted = queue.admit(cost.tokens)
+            key = request_key(task, call, served.name) if queue.contended else None
+            predicted = queue.admit(cost.tokens, key, cost.inputs)
             try:
                 uris = task.media(call)
                 if uris:

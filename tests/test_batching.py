@@ -18,6 +18,7 @@ import pytest
 from conftest import wait_until
 
 from infinity_cloud.batching import BatchQueue, BatchReport, BatchWorker, WorkItem
+from infinity_cloud.batching.places import Places
 from infinity_cloud.errors import BatchFailedError, ModelNotReadyError, PayloadTooLargeError, QueueFullError
 
 HANG_GUARD_S = 30.0
@@ -128,9 +129,9 @@ def test_requests_take_turns() -> None:
 
 def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     """At 100 tokens/s with five requests of 100 tokens waiting and a 2 s deadline, another
-    like them would wait about 5 s on them (taking turns): refused at once, with Retry-After
-    for the excess. A small one still fits (its turns come quickly), and once the queue has
-    cleared the large one does too."""
+    like them would wait about 5 s on them (taking turns) and take 1 s itself: refused at
+    once, with Retry-After for the excess. A small one still fits (its turns come quickly),
+    and once the queue has cleared the large one does too."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     for start in range(5):  # no throughput known yet: admitted
         queue.admit(100)
@@ -139,7 +140,7 @@ def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     queue.observe(tokens=100, seconds=1.0)
     with pytest.raises(QueueFullError, match="overloaded") as refused:
         queue.admit(100)
-    assert refused.value.retry_after_s == 3  # ceil(min(500, 5 x 100) / 100 - 2)
+    assert refused.value.retry_after_s == 4  # ceil(min(500, 5 x 100) / 100 + 100 / 100 - 2)
     queue.admit(10)  # 5 x 10 tokens: 0.5 s
     # Admitted requests still being tokenized count as coming: four more small ones fit, ...
     for _ in range(4):
@@ -618,3 +619,73 @@ def test_bucketed_budget_counts_padded_lengths() -> None:
     )
     queue.put(items(*[10] * 10))
     assert [len(b) for b in take_all(queue)] == [4, 4, 2]
+
+
+def test_a_request_alone_past_the_deadline_is_a_413_saying_what_fits() -> None:
+    """At 100 tokens/s, 500 tokens take 5 s alone: past a 2 s deadline whatever the queue, so
+    a 413 at once (retrying would not help), naming what fits; unless the operator admits
+    such requests."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
+    queue.observe(tokens=100, seconds=1.0)
+    with pytest.raises(PayloadTooLargeError) as refused:
+        queue.admit(500, inputs=10)
+    message = refused.value.message
+    assert "about 5.0 s" in message and "--deadline-s" in message
+    assert "about 200 of its 500 tokens fit (about 4 of its 10 inputs)" in message
+    queue.admit(200)  # exactly the deadline: admitted
+    lenient = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
+                         admit_past_deadline=True)
+    lenient.observe(tokens=100, seconds=1.0)
+    assert lenient.admit(500) == pytest.approx(5.0)
+
+
+def test_a_shed_request_keeps_its_place_and_newcomers_wait_behind_it() -> None:
+    """A request shed by the deadline keeps its place (by key): while it is away, newcomers
+    are weighed behind all of it, and when it returns it is weighed only against the queue
+    and older places, so it is admitted before them. A place lapses when nobody returns."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
+    queue.observe(tokens=100, seconds=1.0)
+    queue.put(items(100))  # 1 s of work waiting
+    with pytest.raises(QueueFullError, match="place in line is kept") as first:
+        queue.admit(150, key="large")  # 1 s on the other + 1.5 s its own
+    assert first.value.retry_after_s == 1
+    # Without the place, a newcomer of 40 fits easily (0.4 s behind the other, 0.4 s its own);
+    # with the large one's 150 tokens ahead of it (1.5 s more), it does not: shed, behind it.
+    with pytest.raises(QueueFullError):
+        queue.admit(40, key="small")
+    take_all(queue)  # the queue drains
+    assert queue.admit(150, key="large") == pytest.approx(1.5)  # back first: only its own work
+    queue.admit(40, key="newcomer")  # behind the small one's place: 0.4 + 0.4 s, and 0.4 its own
+    queue.admit(40, key="small")  # its place taken: 0.8 s behind the two coming, 0.4 its own
+    assert len(queue._places) == 0
+
+
+def test_places_lapse_when_nobody_returns() -> None:
+    places = Places(grace_s=2.0)
+    places.keep("gone", 10, retry_after_s=1, now=0.0)
+    places.keep("back", 5, retry_after_s=1, now=0.5)
+    assert places.ahead_of(None, now=1.0) == (15, 2)
+    assert places.ahead_of("back", now=1.0) == (10, 1)  # only the older place is ahead of it
+    assert places.ahead_of(None, now=4.1) == (5, 1)  # due back by 0 + 2 x 1 + 2 s: lapsed
+    places.release("back")
+    assert places.ahead_of(None, now=4.2) == (0, 0)
+
+
+def test_before_the_pace_is_measured_the_prior_judges_but_never_refuses_for_good() -> None:
+    """Before any saturated batch, the pace of a small batch timed at load (the prior) judges
+    the deadline, so a storm at start is shed with Retry-After, but it underrates the model:
+    no 413 is given on it, and a lone request is admitted whatever its size."""
+    blind = BatchQueue(capacity=10_000, batch_tokens=100, max_batch_size=8, deadline_s=2.0)
+    blind.admit(5000)
+    blind.admit(5000)  # no pace at all: nothing to judge by
+    queue = BatchQueue(capacity=10_000, batch_tokens=100, max_batch_size=8, deadline_s=2.0)
+    queue.prior(tokens=20, seconds=0.2)  # 100 tokens/s
+    assert queue.admit(500) == pytest.approx(5.0)  # alone and past the deadline: no 413 on a prior
+    with pytest.raises(QueueFullError, match="overloaded") as refused:
+        queue.admit(300, key="early")  # 3 s behind the other, 3 s its own: a 429, not a 413
+    assert refused.value.retry_after_s >= 1 and len(queue._places) == 1
+    queue.settle(500)
+    queue.observe(tokens=1000, seconds=1.0)  # measured now: 1,000 tokens/s
+    with pytest.raises(PayloadTooLargeError):
+        queue.admit(5000)
+    assert queue.admit(300, key="early") is not None and len(queue._places) == 0

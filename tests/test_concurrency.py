@@ -276,3 +276,69 @@ def test_disconnected_client_inputs_are_dropped_by_a_real_server(tiny_embedder: 
         assert stats["queue_depth"] == 0
         metrics = httpx.get(f"{url}/metrics", timeout=30).text
         assert metric(metrics, "infinity_cloud_errors_total", model="tiny", kind="client_disconnected") == 1
+
+
+def _storm_config(model_dir: Path, folder: Path) -> Path:
+    """A model that is slow for its size: 50 ms a batch of at most 8 inputs (160 inputs/s), a
+    1 s deadline; 200 requests of 1-12 texts are about 8 s of work, so most are shed first."""
+    config = folder / "infinity-cloud.yaml"
+    config.write_text(
+        "models:\n"
+        f"  - model_id: {model_dir}\n"
+        "    served_model_name: tiny\n"
+        f"    backend: {FAKE}\n"
+        "    max_batch_size: 8\n"
+        "    deadline_s: 0.5\n"
+        "    backend_options: {delay_s: 0.1}\n"
+        "server:\n"
+        "  log_level: warning\n",
+        encoding="utf-8",
+    )
+    return config
+
+
+@pytest.mark.slow
+def test_retrying_clients_all_converge_in_a_storm(tiny_embedder: Path, tmp_path: Path) -> None:
+    """200 concurrent requests through the openai SDK's own retry (it honours Retry-After),
+    far past capacity from a fresh start: every one is answered, with its own inputs in order
+    (a request shed keeps its place in line: tests/test_batching.py shows how)."""
+    import openai
+
+    rng = random.Random(7)
+    requests = [[f"storm {r} text {i} " + random_text(rng) for i in range(rng.randint(1, 12))]
+                for r in range(200)]
+
+    async def alone() -> np.ndarray:  # the same deterministic model, in this process, unhurried
+        async with Engine(ModelSpec(model_id=str(tiny_embedder), backend=FAKE)) as engine:
+            return (await engine.embed([t for r in requests for t in r])).embeddings
+
+    want = asyncio.run(alone())
+    with server_process("--config", str(_storm_config(tiny_embedder, tmp_path))) as url:
+
+        tries: dict[bytes, int] = {}
+
+        async def count(request: httpx.Request) -> None:
+            tries[request.content] = tries.get(request.content, 0) + 1
+
+        async def storm() -> list[Any]:
+            limits = httpx.Limits(max_connections=250, max_keepalive_connections=250)
+            async with httpx.AsyncClient(limits=limits, timeout=HANG_GUARD_S * 5,
+                                         event_hooks={"request": [count]}) as http:
+                client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=30, http_client=http)
+                return await asyncio.gather(*(client.embeddings.create(model="tiny", input=texts)
+                                              for texts in requests), return_exceptions=True)
+
+        answers = asyncio.run(storm())
+        failed = [repr(a)[:200] for a in answers if isinstance(a, BaseException)]
+        assert not failed, f"{len(failed)} of 200 never answered: {failed[:3]}"
+        start = 0
+        for texts, answer in zip(requests, answers, strict=True):
+            assert [d.index for d in answer.data] == list(range(len(texts)))
+            got = np.asarray([d.embedding for d in answer.data])
+            assert cosines(got, want[start : start + len(texts)]).min() >= 0.9999
+            start += len(texts)
+        shed = metric(httpx.get(f"{url}/metrics", timeout=30).text, "infinity_cloud_errors_total",
+                      model="tiny", kind="QueueFullError")
+        assert shed > 0, "nothing was shed: the storm did not overload the server"
+        most = max(tries.values())
+        print(f"storm: {shed:.0f} answers of 429 before all 200 were answered; at most {most} tries")

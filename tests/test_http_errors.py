@@ -423,6 +423,26 @@ async def test_overload_is_shed_by_deadline_not_left_to_time_out(tiny_embedder):
         await assert_still_serving(c)
 
 
+async def test_a_request_that_alone_passes_the_deadline_is_a_413_at_once(tiny_embedder):
+    """At 10 inputs a second with a 0.5 s deadline, 40 inputs take 4 s on their own: waiting
+    would not help, so a 413 at once saying how many would fit (and the server unhurt);
+    an operator who allows it gets them admitted."""
+    slow = fake(tiny_embedder, "emb", max_batch_size=1, deadline_s=0.5, backend_options={"delay_s": 0.1})
+    async with serve_in_process(spec_of(slow)) as c:
+        assert (await c.post("/embeddings", json={"input": ["warm up", "twice"]})).status_code == 200
+        response = await c.post("/embeddings", json={"input": [f"text {i}" for i in range(40)]})
+        error = assert_error(response, 413, None, "alone would take about", "deadline", "of its 40 inputs")
+        assert error["type"] == "payload_too_large" and "retry-after" not in response.headers
+        assert (await c.post("/embeddings", json={"input": ["fits"]})).status_code == 200
+    lenient = fake(tiny_embedder, "emb", max_batch_size=4, deadline_s=0.5, admit_past_deadline=True,
+                   backend_options={"delay_s": 0.1})
+    async with serve_in_process(spec_of(lenient)) as c:
+        warm = await c.post("/embeddings", json={"input": [f"warm {i}" for i in range(8)]})
+        assert warm.status_code == 200
+        response = await c.post("/embeddings", json={"input": [f"text {i}" for i in range(40)]})
+        assert response.status_code == 200 and len(response.json()["data"]) == 40
+
+
 # -- 503 ---------------------------------------------------------------------------------
 
 

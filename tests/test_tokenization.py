@@ -6,14 +6,18 @@ library, no download); the reference is the tokenizers library truncating the wh
 
 from __future__ import annotations
 
+import asyncio
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
 
+from infinity_cloud import cancellation
 from infinity_cloud.errors import InputTooLongError
-from infinity_cloud.tokenization import CLIP_CHARS_PER_TOKEN, TextTokenizer
+from infinity_cloud.tokenization import CLIP_CHARS_PER_TOKEN, ENCODE_CHUNK, TextTokenizer
 
 LIMIT = 32
 WORDS = [
@@ -121,3 +125,40 @@ def test_real_minilm_tokenizer(minilm_dir: Path) -> None:
     texts = [_text(rng, 3000) for _ in range(8)]
     assert [e.ids for e in ours.encode(texts)] == [e.ids for e in reference.encode_batch(texts)]
     assert max(map(len, ours._clip(texts, 256, truncate=True))) < 3000
+
+
+def test_an_index_past_the_first_chunk_is_named_as_sent() -> None:
+    """Encoded in chunks, an input is still named by its place in the request."""
+    ours = TextTokenizer(_tokenizer("bert"), LIMIT, None)
+    texts = ["a short one"] * (ENCODE_CHUNK + 5) + [_corpus(3)[0]]
+    with pytest.raises(InputTooLongError, match=rf"input {ENCODE_CHUNK + 5} has over"):
+        ours.encode(texts, truncate=False)
+
+
+async def test_tokenizing_stops_at_the_next_chunk_when_its_caller_goes() -> None:
+    """A caller that goes (its task cancelled) stops the thread's tokenizing at the next chunk
+    of `ENCODE_CHUNK` texts, not after all of them: the pool's one worker is free for the next
+    job with most chunks never encoded."""
+    ours = TextTokenizer(_tokenizer("bert"), LIMIT, None)
+    texts = [" ".join(_corpus(1)[:3])] * (40 * ENCODE_CHUNK)
+    chunks: list[int] = []
+    encode = ours._encode
+
+    def counted(*args: Any) -> list[Any]:  # the real encoding, counted
+        chunks.append(1)
+        return encode(*args)
+
+    ours._encode = counted  # type: ignore[method-assign]
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        work = asyncio.ensure_future(cancellation.in_pool(pool, ours.encode, texts))
+        while not chunks:
+            await asyncio.sleep(0.001)
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+        seen = len(chunks)
+        await asyncio.get_running_loop().run_in_executor(pool, lambda: None)  # after encode has stopped
+        assert len(chunks) <= seen + 1 < 40, f"{len(chunks)} of 40 chunks were encoded after the caller went"
+    finally:
+        pool.shutdown()

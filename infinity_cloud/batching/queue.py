@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infinity_cloud.batching.places import Places
 from infinity_cloud.errors import ModelNotReadyError, PayloadTooLargeError, QueueFullError
 
 
@@ -51,10 +52,11 @@ class BatchQueue:
     pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
 
-    `deadline_s`: a request whose wait, estimated from what is queued or coming (taking
-    turns) and the model's recent throughput under load (`observe`), corrected by how long
-    admitted requests really stayed (`calibrate`), would pass this is refused at `admit`
-    (429 with Retry-After) instead of queued to wait past its client's patience.
+    `deadline_s`: a request whose time, estimated from what is queued or coming (taking
+    turns), its own tokens and the model's recent throughput under load (`observe`),
+    corrected by how long admitted requests really stayed (`calibrate`), would pass this is
+    refused at `admit` (429 with Retry-After, its place kept; 413 when its own work alone
+    would) instead of queued to wait past its client's patience.
     """
 
     def __init__(
@@ -65,12 +67,15 @@ class BatchQueue:
         fill_wait_s: float = 0.0,
         padded_length: Callable[[int], int] | None = None,
         deadline_s: float | None = None,
+        admit_past_deadline: bool = False,
     ) -> None:
         self.capacity = capacity
         self.batch_tokens = batch_tokens
         self.max_batch_size = max_batch_size
         self.fill_wait_s = fill_wait_s
         self.deadline_s = deadline_s
+        self.admit_past_deadline = admit_past_deadline
+        self._places = Places()
         self._padded = padded_length or (lambda n: n)
         self._window = max(8 * max_batch_size, 256)
         self._requests: deque[deque[WorkItem]] = deque()
@@ -84,6 +89,7 @@ class BatchQueue:
         # close together, and the near-zero gaps between them read as huge rates.)
         self._done_tokens = 0.0
         self._done_seconds = 0.0
+        self._prior_rate: float | None = None  # `prior`
         # How much longer requests really stay queued than the plain estimate says (taking
         # turns by length, a request is done only when its last input is; later arrivals
         # take turns too), learned from requests served (`calibrate`).
@@ -107,51 +113,105 @@ class BatchQueue:
             self._done_tokens = 0.9 * self._done_tokens + tokens
             self._done_seconds = 0.9 * self._done_seconds + seconds
 
+    def prior(self, tokens: int, seconds: float) -> None:
+        """The pace of a small batch timed at load: until saturated batches are measured, the
+        deadline is judged by it, so a storm at start is not all admitted unjudged. A small
+        batch is mostly fixed cost, so it underrates the model: sheds are on the safe side."""
+        if seconds > 0 and tokens > 0:
+            self._prior_rate = tokens / seconds
+
     @property
     def rate(self) -> float | None:
         """Tokens per second under load, recently; None before a saturated batch finished."""
         return self._done_tokens / self._done_seconds if self._done_seconds > 0 else None
 
-    def _plain_wait_s(self, tokens: int) -> float | None:
+    def _plain_wait_s(self, tokens: int, ahead: tuple[int, int] = (0, 0)) -> float | None:
         """Requests take turns, so a new one waits for a share of each waiting request's
-        tokens like its own, never more than the whole queue; None before a throughput."""
-        rate = self.rate
+        tokens like its own, never more than the whole queue; and behind the whole of each
+        place kept before it (`ahead`: their tokens and count, `Places`), which its turn must
+        not push past the deadline. None before a throughput (measured, or the prior)."""
+        rate = self.rate or self._prior_rate
         if rate is None:
             return None
         queued = self._tokens + self._pending_tokens
         others = len(self._requests) + self._pending_requests
-        return min(queued, others * tokens) / rate
+        return (min(queued, others * tokens) + ahead[0]) / rate
 
     def estimated_wait_s(self, tokens: int = 0) -> float | None:
-        """How long a new request of `tokens` would wait on others (its own work is not
-        waiting: a lone large request is admitted), as calibrated; None before a throughput."""
+        """How long a new request of `tokens` would wait on others (its own work not counted),
+        as calibrated; None before a throughput."""
         plain = self._plain_wait_s(tokens)
         return None if plain is None else plain * self._slack
 
-    def admit(self, tokens: int) -> float | None:
-        """Before a request is tokenized: refuse it (429) when its estimated wait is past the
+    @property
+    def contended(self) -> bool:
+        """Whether a request could be shed now (anything queued, coming, or a place kept): only
+        then does `admit` need its key."""
+        return bool(self._depth or self._pending_requests or self._places)
+
+    def admit(self, tokens: int, key: str | None = None, inputs: int = 0) -> float | None:
+        """Before a request is tokenized: refuse it when it cannot be served within the
         deadline, else count its estimated `tokens` as coming, until `settle`. Deciding here,
         not at `put`, keeps a flood of requests from waiting in the tokenizer pool unseen.
+
+        The estimate is its wait on others (taking turns, behind the places kept for requests
+        shed before it) plus its own tokens at the model's recent pace, as calibrated. Past the
+        deadline: 413 when its own work alone is (unless `admit_past_deadline`; `inputs`: its
+        count, for the message), else 429 with Retry-After for the excess, its place kept
+        under `key` (`Places`).
 
         Returns the plain estimate of its time queued, its own share included, for
         `calibrate` (None before a throughput is known)."""
         with self._cond:
             if self._closed:
                 raise ModelNotReadyError("the model is shutting down and takes no new inputs")
-            plain = self._plain_wait_s(tokens)
-            wait = None if plain is None else plain * self._slack
-            busy = self._depth or self._pending_requests
-            if self.deadline_s is not None and wait is not None and wait > self.deadline_s and busy:
-                error = QueueFullError(
-                    f"the model is overloaded: this request would wait about {wait:.1f} s, past the "
-                    f"{self.deadline_s:g} s deadline; retry later"
-                )
-                error.retry_after_s = max(1, math.ceil(wait - self.deadline_s))
-                raise error
-            self._pending_tokens += tokens
-            self._pending_requests += 1
-            rate = self.rate
-            return None if plain is None or rate is None else plain + tokens / rate
+            rate = self.rate or self._prior_rate  # before load's first full batches: the prior
+            if rate is None:  # nothing to judge by
+                self._places.release(key)
+                self._count_coming(tokens)
+                return None
+            ahead = self._places.ahead_of(key)
+            plain = self._plain_wait_s(tokens, ahead)
+            assert plain is not None
+            own = tokens / rate
+            if self.deadline_s is not None:
+                # A 413 is final for its caller: given only on a pace measured under load, never
+                # on the prior (a small batch's pace, which underrates the model).
+                measured = self.rate is not None
+                if measured and own * self._slack > self.deadline_s and not self.admit_past_deadline:
+                    raise self._too_large(tokens, own * self._slack, inputs)
+                total = (plain + own) * self._slack
+                # Only a model with work in hand sheds: on an idle one, places kept for clients
+                # not back yet (or gone) hold nobody back.
+                if total > self.deadline_s and (self._depth or self._pending_requests):
+                    retry_after = max(1, math.ceil(total - self.deadline_s))
+                    if key is not None:
+                        self._places.keep(key, tokens, retry_after)
+                    kept = " (its place in line is kept)" if key is not None else ""
+                    error = QueueFullError(
+                        f"the model is overloaded: this request would take about {total:.1f} s, past "
+                        f"the {self.deadline_s:g} s deadline; retry after {retry_after} s{kept}"
+                    )
+                    error.retry_after_s = retry_after
+                    raise error
+            self._places.release(key)
+            self._count_coming(tokens)
+            return plain + own
+
+    def _count_coming(self, tokens: int) -> None:
+        self._pending_tokens += tokens
+        self._pending_requests += 1
+
+    def _too_large(self, tokens: int, seconds: float, inputs: int) -> PayloadTooLargeError:
+        """A request that alone would take past the deadline: how much would fit."""
+        assert self.deadline_s is not None
+        fits = int(tokens * self.deadline_s / seconds)
+        share = f" (about {max(1, inputs * fits // tokens)} of its {inputs} inputs)" if inputs > 1 else ""
+        return PayloadTooLargeError(
+            f"this request alone would take about {seconds:.1f} s at the model's recent pace, past "
+            f"its {self.deadline_s:g} s deadline: about {fits:,} of its {tokens:,} tokens fit{share}; "
+            "split it, or raise --deadline-s"
+        )
 
     def calibrate(self, predicted_s: float, queued_s: float) -> None:
         """A request `admit` predicted to stay `predicted_s` was served after `queued_s`. Only

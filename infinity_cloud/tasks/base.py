@@ -55,12 +55,13 @@ class Cost:
     tokens: int
     memory: int
     answer_bytes: int = 0  # at most, on the wire
+    inputs: int = 0  # how many (for messages)
 
     def answering(self, numbers: int, wire_bytes: int = JSON_BYTES_PER_NUMBER, items: int = 0) -> Cost:
         """With an answer of `numbers` floats in `items` entries, each number at most
         `wire_bytes` on the wire."""
         return Cost(self.tokens, self.memory + numbers * MEMORY_PER_NUMBER,
-                    self.answer_bytes + numbers * wire_bytes + items * ANSWER_ITEM_BYTES)
+                    self.answer_bytes + numbers * wire_bytes + items * ANSWER_ITEM_BYTES, self.inputs)
 
 
 class Task(ABC, Generic[Call, Result]):
@@ -128,7 +129,7 @@ def text_cost(texts: Sequence[str], limit: int) -> Cost:
 def length_cost(lengths: Sequence[int], limit: int) -> Cost:
     """Texts of these lengths in characters: about four characters a token, up to `limit`."""
     tokens = sum(min(length // 4 + 2, limit) for length in lengths)
-    return Cost(tokens, sum(lengths) * MEMORY_PER_CHAR + tokens * MEMORY_PER_TOKEN)
+    return Cost(tokens, sum(lengths) * MEMORY_PER_CHAR + tokens * MEMORY_PER_TOKEN, inputs=len(lengths))
 
 
 def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> Cost:
@@ -136,12 +137,12 @@ def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> 
     loaded = served.loaded
     if modality != "text":
         fetched = sum(len(uri) * MEMORY_PER_CHAR + MEMORY_PER_MEDIA for uri in inputs)
-        return Cost(len(inputs) * loaded.media[modality].cost, fetched)
+        return Cost(len(inputs) * loaded.media[modality].cost, fetched, inputs=len(inputs))
     limit = loaded.tokenizer.max_length
     if inputs and not isinstance(inputs[0], str):
         tokens = sum(min(len(ids) + 2, limit) for ids in inputs)
         given = sum(len(ids) for ids in inputs)  # each id a Python int in the parsed body
-        return Cost(tokens, given * MEMORY_PER_NUMBER + tokens * MEMORY_PER_TOKEN)
+        return Cost(tokens, given * MEMORY_PER_NUMBER + tokens * MEMORY_PER_TOKEN, inputs=len(inputs))
     return text_cost(inputs, limit)
 
 
