@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from infinity_cloud import cancellation
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import ModelNotFoundError, UnsupportedError
+from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.memory import MemoryBudget
 from infinity_cloud.results import (
@@ -92,9 +93,10 @@ class Engine:
         self._media: MediaFetcher | None = None
         self._decoder: MediaDecoder | None = None
         self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
-        # Calibration vectors for int8/uint8, per model, made on first use.
+        # Calibration vectors for int8/uint8, per model: made at start for a model served as
+        # int8/uint8, else in the background from the first request that asks (a 503 till then).
         self._calibration: dict[str, np.ndarray] = {}
-        self._calibrating: dict[str, asyncio.Lock] = {}
+        self._calibrating: dict[str, asyncio.Future[None]] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -153,10 +155,29 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        return all(m.healthy for m in self.models.values())
+        """Every model loaded and working, and those served as int8/uint8 calibrated (at
+        start: their every answer needs the ranges)."""
+        calibrated = quantization.CALIBRATED_TYPES
+        return all(
+            m.healthy and (m.spec.embedding_dtype not in calibrated or m.name in self._calibration)
+            for m in self.models.values()
+        )
 
     def describe(self) -> list[dict[str, Any]]:
-        return [m.describe() for m in self.models.values()]
+        """Each model's facts (`ServedModel.describe`), with its int8/uint8 ranges' state for a
+        dense embedder: "ready", "calibrating", or "on first request"; a model served as
+        int8/uint8 is "calibrating" until they are ready."""
+        out = []
+        for model in self.models.values():
+            facts = model.describe()
+            if model.capability is Capability.EMBED and model.state == "ready":
+                ranges = ("ready" if model.name in self._calibration
+                          else "calibrating" if model.name in self._calibrating else "on first request")
+                facts["int8_ranges"] = ranges
+                if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES and ranges != "ready":
+                    facts["state"] = "calibrating"
+            out.append(facts)
+        return out
 
     # -- addressing ------------------------------------------------------------------
 
@@ -313,28 +334,67 @@ class Engine:
         call = ClassifyCall(inputs, raw_scores, truncate)
         return await self.run_task(TASKS[Capability.CLASSIFY], call, model)
 
-    async def calibration(self, model: str | None = None, dimensions: int | None = None) -> np.ndarray:
+    async def calibration(
+        self, model: str | None = None, dimensions: int | None = None, *, wait: bool = True
+    ) -> np.ndarray:
         """(2, d) per-dimension ranges of the model's embeddings (Matryoshka-truncated to
-        `dimensions`) over the calibration texts, for int8/uint8: embedded once, on first use."""
+        `dimensions`) over the calibration texts, for int8/uint8: embedded once, in the
+        background (a task of their own in the model's fair queue, so requests take turns with
+        them). `wait` False: a 503 with Retry-After until they are ready: calibration is never
+        inside a request (the HTTP app's)."""
         served = self.model(model)
-        lock = self._calibrating.setdefault(served.name, asyncio.Lock())
-        async with lock:
-            if served.name not in self._calibration:
-                texts = await asyncio.to_thread(quantization.calibration_texts)
-                self._calibration[served.name] = (await self.embed(texts, served.name)).embeddings
-                log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
+        if served.name not in self._calibration:
+            task = self._start_calibrating(served)
+            if not wait:
+                raise self._calibrating_now(served)
+            await asyncio.shield(task)
         vectors = truncate_dimensions(
             self._calibration[served.name], dimensions, renormalize=served.loaded.normalize
         )
         return quantization.ranges(vectors)
 
-    async def quantize(self, result: EmbeddingResult, kind: str, dimensions: int | None = None) -> np.ndarray:
+    def _start_calibrating(self, served: ServedModel) -> asyncio.Future[None]:
+        """The model's calibration task, started now if it is not running."""
+        task = self._calibrating.get(served.name)
+        if task is None:
+            task = self._calibrating[served.name] = asyncio.ensure_future(self._calibrate(served))
+            task.add_done_callback(lambda done, name=served.name: self._calibrated(name, done))
+        return task
+
+    async def _calibrate(self, served: ServedModel) -> None:
+        texts = await asyncio.to_thread(quantization.calibration_texts)
+        self._calibration[served.name] = (await self.embed(texts, served.name)).embeddings
+        log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
+
+    def _calibrated(self, name: str, done: asyncio.Future[None]) -> None:
+        if done.cancelled() or done.exception() is not None:  # tried again on the next request
+            self._calibrating.pop(name, None)
+            if not done.cancelled():
+                log.warning("model %s: calibrating int8/uint8 ranges failed: %s", name, done.exception())
+
+    def _calibrating_now(self, served: ServedModel) -> ModelNotReadyError:
+        """The 503 while a model's ranges are calibrated, with when they should be ready."""
+        rate = served.queue("text").rate
+        tokens = quantization.CALIBRATION_SIZE * 64  # paragraphs of 60-600 characters
+        seconds = max(1, math.ceil(tokens / rate)) if rate else 10
+        error = ModelNotReadyError(
+            f"model {served.name!r} is calibrating its int8/uint8 ranges (once, in the background, "
+            f"on {quantization.CALIBRATION_SIZE} texts); retry in about {seconds} s, or ask for float "
+            "or binary meanwhile (serve it with --embedding-dtype int8 to calibrate at start)"
+        )
+        error.retry_after_s = seconds
+        return error
+
+    async def quantize(
+        self, result: EmbeddingResult, kind: str, dimensions: int | None = None, *, wait: bool = True
+    ) -> np.ndarray:
         """`result`'s vectors as `kind` (float, int8, uint8, binary, ubinary); int8/uint8 with
-        the model's calibrated ranges (`dimensions`: the truncation the result was made with)."""
+        the model's calibrated ranges (`dimensions`: the truncation the result was made with;
+        `wait`: for them, as `calibration`)."""
         check_embedding_types([kind], quantization.EMBEDDING_TYPES)
         bounds = None
         if kind in quantization.CALIBRATED_TYPES:
-            bounds = await self.calibration(result.model, dimensions)
+            bounds = await self.calibration(result.model, dimensions, wait=wait)
         return quantization.quantize(result.embeddings, kind, bounds)
 
     async def embed_multi_vector(

@@ -148,6 +148,31 @@ async def serve_in_process(
         yield client
 
 
+async def post_through_calibration(
+    client: httpx.AsyncClient, route: str, body: dict[str, Any], timeout: float = 120.0
+) -> httpx.Response:
+    """POST as a client that honours a 503's Retry-After would, while the model's int8/uint8
+    ranges are calibrated in the background (the first request that asks for them starts it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = await client.post(route, json=body)
+        if response.status_code != 503 or "calibrating" not in response.text or time.monotonic() > deadline:
+            return response
+        await asyncio.sleep(0.2)
+
+
+def wait_for_ranges(url: str, model: str, timeout: float = 120.0) -> None:
+    """Block until `model` at `url` answers int8 (its ranges calibrated)."""
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            body = {"model": model, "input": ["ranges"], "embedding_type": "int8"}
+            return await post_through_calibration(client, "/embeddings", body, timeout)
+
+    response = asyncio.run(ask())
+    assert response.status_code == 200, response.text
+
+
 async def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.005) -> None:
     """Poll `condition` until it holds; a hang fails the test after `timeout`."""
 

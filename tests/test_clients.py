@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import cosines, server_process
+from conftest import cosines, server_process, wait_for_ranges
 
 cohere = pytest.importorskip("cohere")
 openai = pytest.importorskip("openai")
@@ -237,6 +237,7 @@ def test_cohere_v2_embed_int8_and_uint8(live_server: str, minilm_reference) -> N
 
     from infinity_cloud.tasks.quantization import calibration_texts
 
+    wait_for_ranges(live_server, "minilm")  # the first int8 request starts it, with a 503
     client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
     response = client.embed(model="minilm", texts=TEXTS, input_type="search_document",
                             embedding_types=["int8", "uint8", "float"])
@@ -301,6 +302,7 @@ def test_voyageai_embed_floats_and_dimensions(voyage, minilm_reference) -> None:
 def test_voyageai_embed_quantised_types_are_what_cohere_gets(voyage, live_server: str) -> None:
     """Voyage's client decodes base64 by the output_dtype it asked for: int8 and uint8 are the
     calibrated vectors Cohere's embedding_types get, binary and ubinary their packed sign bits."""
+    wait_for_ranges(live_server, "minilm")
     cohere_client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
     by_type = cohere_client.embed(model="minilm", texts=TEXTS, input_type="search_document",
                                   embedding_types=["int8", "uint8", "binary", "ubinary"]).embeddings

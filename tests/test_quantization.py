@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, serve_in_process, spec_of
+from conftest import ROOT, post_through_calibration, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.tasks import quantization
@@ -63,9 +63,15 @@ async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
         short_b64 = {"model": "q", "input": texts, "encoding_format": "base64", "dimensions": 16}
         packed = (await client.post("/embeddings", json=short_b64)).json()
         bits = (await client.post("/embeddings", json={"model": "bits", "input": texts})).json()
-        # Per request, whatever the model's default.
+        # Per request, whatever the model's default: a model served as ubinary calibrates its
+        # int8 ranges when first asked, in the background, never inside a request (a 503 that
+        # says so and when to come back, meanwhile other types are answered).
         asked = {"model": "bits", "input": texts, "embedding_type": "int8"}
-        per_request = (await client.post("/embeddings", json=asked)).json()
+        first = await client.post("/embeddings", json=asked)
+        assert first.status_code == 503 and int(first.headers["retry-after"]) >= 1, first.text
+        assert "calibrating its int8/uint8 ranges" in first.json()["error"]["message"]
+        assert (await client.post("/embeddings", json={"model": "bits", "input": texts})).status_code == 200
+        per_request = (await post_through_calibration(client, "/embeddings", asked)).json()
     got = np.array([d["embedding"] for d in plain["data"]])
     assert np.array_equal(got, want) and got.min() >= -128 and got.max() <= 127
     got_short = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), np.int8) for d in packed["data"]])

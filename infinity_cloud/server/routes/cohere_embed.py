@@ -40,7 +40,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     ))
     types = body.embedding_types
     by_type = None if types is None else {
-        t: await engine.quantize(result, t, body.output_dimension) for t in types
+        t: await engine.quantize(result, t, body.output_dimension, wait=False) for t in types
     }
     return json_response(cohere_embed_body(result, body.texts or [], by_type, version))
 

@@ -59,7 +59,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64" or kind != "float32",
         prompt_name=prompt,
     ))
-    vectors = result.embeddings if kind == "float32" else await engine.quantize(result, kind, body.dims)
+    vectors = result.embeddings
+    if kind != "float32":
+        vectors = await engine.quantize(result, kind, body.dims, wait=False)
     return json_response(embeddings_body(result, vectors, body.encoding_format))
 
 
