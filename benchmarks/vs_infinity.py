@@ -219,11 +219,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tree_rss_mb(pid: int) -> float:
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and its descendants now; none once it has exited."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
+        return []
+
+
+def tree_rss_mb(pid: int) -> float:
+    procs = process_tree(pid)
+    if not procs:
         return float("nan")
     total = 0
     for p in procs:

@@ -188,21 +188,24 @@ class Engine:
         else the first listed of them. An unknown name is a 404 naming what is served."""
         if len(self.models) == 1:
             return next(iter(self.models.values()))
-        known = ", ".join(n for m in self.models.values() for n in m.spec.names)
         if name:
             found = next((m for m in self.models.values() if name in m.spec.names), None)
             if found is None:
-                raise ModelNotFoundError(f"model {name!r} is not served here; served models: {known}",
-                                         param="model")
+                raise ModelNotFoundError(f"model {name!r} is not served here; served models: "
+                                         f"{self._known_names()}", param="model")
             return found
         able = [m for m in self.models.values() if m.capability in capabilities]
         if able:
             return next((m for m in able if m.spec.default), able[0])
+        known = self._known_names()
         wanted = " or ".join(c.noun for c in capabilities) if capabilities else None
         raise ModelNotFoundError(
             f"no served model does {wanted}; name one in 'model': {known}" if wanted
             else f"several models are served; name one in 'model': {known}", param="model",
         )
+
+    def _known_names(self) -> str:
+        return ", ".join(n for m in self.models.values() for n in m.spec.names)
 
     async def _tokenize(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` in the tokenizer pool, stopped at its next check (`cancellation`) when

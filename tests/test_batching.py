@@ -689,3 +689,16 @@ def test_before_the_pace_is_measured_the_prior_judges_but_never_refuses_for_good
     with pytest.raises(PayloadTooLargeError):
         queue.admit(5000)
     assert queue.admit(300, key="early") is not None and len(queue._places) == 0
+
+
+def test_a_request_past_the_deadline_by_its_own_size_is_held_only_for_its_wait() -> None:
+    """Admitted though its own work passes the deadline (the operator allows it, or the pace
+    is only the prior), a request is shed only when its wait on others does: a one-text
+    request in flight does not shed it on every try."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
+                       admit_past_deadline=True)
+    queue.observe(tokens=100, seconds=1.0)
+    queue.admit(5)  # a probe, being tokenized
+    assert queue.admit(500) == pytest.approx(5.05)  # 0.05 s behind the probe, 5 s its own
+    with pytest.raises(QueueFullError):
+        queue.admit(500)  # 5 s behind the other: past the deadline

@@ -176,15 +176,21 @@ class BatchQueue:
             own = tokens / rate
             if self.deadline_s is not None:
                 # A 413 is final for its caller: given only on a pace measured under load, never
-                # on the prior (a small batch's pace, which underrates the model).
+                # on the prior (a small batch's pace, which underrates the model), and on the
+                # plain estimate (the slack learned is what others' turns add).
                 measured = self.rate is not None
-                if measured and own * self._slack > self.deadline_s and not self.admit_past_deadline:
-                    raise self._too_large(tokens, own * self._slack, inputs)
+                if measured and own > self.deadline_s and not self.admit_past_deadline:
+                    raise self._too_large(tokens, own, inputs)
                 total = (plain + own) * self._slack
+                # A request admitted past the deadline by its own size (on the prior, or where
+                # the operator allows it) is held only to the deadline for its wait on others:
+                # else anything in flight would shed it, on every try.
+                late = own * self._slack > self.deadline_s
+                over = plain * self._slack if late else total
                 # Only a model with work in hand sheds: on an idle one, places kept for clients
                 # not back yet (or gone) hold nobody back.
-                if total > self.deadline_s and (self._depth or self._pending_requests):
-                    retry_after = max(1, math.ceil(total - self.deadline_s))
+                if over > self.deadline_s and (self._depth or self._pending_requests):
+                    retry_after = max(1, math.ceil(over - self.deadline_s))
                     if key is not None:
                         self._places.keep(key, tokens, retry_after)
                     kept = " (its place in line is kept)" if key is not None else ""

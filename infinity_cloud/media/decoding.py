@@ -60,11 +60,14 @@ class MediaDecoder:
         self._admit(total, deadline_s)
         try:
             prepared = []
-            for index, (item, cost) in enumerate(opened):
+            for index in range(len(opened)):
+                item, cost = opened[index]
+                opened[index] = (None, 0)  # decoded, its pixels go with the last reference
                 with self.memory.reserved(cost):
                     prepared.append(await loop.run_in_executor(
                         self._pool, self._prepare, preprocessor, item, index, cost
                     ))
+                del item
                 total -= cost
                 self._release(cost)
             return prepared
@@ -98,7 +101,12 @@ class MediaDecoder:
 
     def _prepare(self, preprocessor: MediaPreprocessor, item: Any, index: int, cost: int) -> Any:
         started = time.perf_counter()
-        prepared = preprocessor.prepare(item, index)
+        try:
+            prepared = preprocessor.prepare(item, index)
+        finally:
+            close = getattr(item, "close", None)
+            if close is not None:  # a picture: its decoded pixels freed now, not when collected
+                close()
         if cost > 1 << 20:  # small inputs are mostly fixed costs: they teach nothing per byte
             rate = (time.perf_counter() - started) / cost
             with self._lock:

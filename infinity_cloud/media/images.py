@@ -160,16 +160,19 @@ def open_image(data: bytes, index: int, max_pixels: int = MAX_PIXELS) -> Any:
 
 
 def decoding_bytes(image: Any) -> int:
-    """What decoding `image` (opened, not loaded) to RGB takes at its peak, from its header:
-    its pixels as decoded, the decoder's own buffer where it keeps one (WebP: RGBA, copied),
-    and RGBA plus RGB where it is converted. Measured with benchmarks/media_bombs.py."""
+    """What decoding `image` (opened, not loaded) to RGB and resizing it takes at its peak,
+    from its header: its pixels as decoded, the decoder's and the resize's working space, the
+    decoder's own buffers where it keeps them (WebP: its canvas, copied), and RGBA plus RGB
+    where it is converted. Bytes a pixel measured at 4096 x 4096 (peak resident memory,
+    tests/test_media_costs.py): RGB PNG or TIFF 4.3, RGBA PNG 9, grey or palette 10-13, WebP
+    16-17; counted here 5, 10, 13-14 and 18-23."""
     pixels = image.width * image.height
     if image.format == "JPEG" and pixels > DRAFT_PIXELS:
         return pixels * 3 // 4  # drafted to at most half a side: a quarter of the pixels, or less
-    decoded = pixels * len(image.getbands())
+    per_pixel = len(image.getbands()) + (2 if image.mode == "RGB" else 6 if image.mode == "RGBA" else 12)
     if image.format == "WEBP":  # libwebp's canvas, and the frame Pillow copies from it
-        decoded += 3 * pixels * 4
-    return decoded if image.mode == "RGB" else decoded + pixels * (4 + 3)
+        per_pixel += 13
+    return pixels * per_pixel
 
 
 def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None) -> Any:
