@@ -280,7 +280,7 @@ def test_disconnected_client_inputs_are_dropped_by_a_real_server(tiny_embedder: 
 
 def _storm_config(model_dir: Path, folder: Path) -> Path:
     """A model that is slow for its size: 50 ms a batch of at most 8 inputs (160 inputs/s), a
-    1 s deadline; 200 requests of 1-12 texts are about 8 s of work, so most are shed first."""
+    0.5 s deadline; 200 requests of 1-12 texts are about 8 s of work, so most are shed first."""
     config = folder / "infinity-cloud.yaml"
     config.write_text(
         "models:\n"
@@ -289,7 +289,7 @@ def _storm_config(model_dir: Path, folder: Path) -> Path:
         f"    backend: {FAKE}\n"
         "    max_batch_size: 8\n"
         "    deadline_s: 0.5\n"
-        "    backend_options: {delay_s: 0.1}\n"
+        "    backend_options: {delay_s: 0.05}\n"
         "server:\n"
         "  log_level: warning\n",
         encoding="utf-8",

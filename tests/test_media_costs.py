@@ -105,18 +105,18 @@ print(json.dumps({"counted": counted, "peak": resident("VmHWM:") - before}))
     ("JPEG", "RGB"), ("TIFF", "RGB"),
 ])
 def test_what_decoding_is_counted_covers_what_it_takes(fmt: str, mode: str, tmp_path: Path) -> None:
-    """At the pixel cap, the memory counted before decoding is at least the decoding's real
-    peak (a fresh process's peak resident memory, above what it held before)."""
+    """The memory counted before decoding is at least the decoding's real peak (a fresh
+    process's peak resident memory, above what it held before)."""
     path, warm = tmp_path / f"cap.{fmt.lower()}", tmp_path / "warm.png"
-    path.write_bytes(flat(4096, fmt, mode))
+    path.write_bytes(flat(2048, fmt, mode))  # the bytes a pixel are the cap's; a quarter of the time
     warm.write_bytes(flat(64, "PNG"))
     done = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(warm)], capture_output=True,
                           text=True, encoding="utf-8", timeout=120, check=True)
     measured = json.loads(done.stdout)
     if fmt != "JPEG":  # it was measured (a large JPEG decodes at a reduced scale: less)
-        assert measured["peak"] > 4096 * 4096, measured
+        assert measured["peak"] > 2048 * 2048, measured
     assert measured["counted"] >= measured["peak"], measured
-    assert measured["counted"] < 24 * 4096 * 4096, measured  # and not absurdly more
+    assert measured["counted"] < 32 * 2048 * 2048, measured  # and not absurdly more
 
 
 async def test_decoding_is_held_from_the_memory_budget(clip: Path) -> None:
@@ -181,7 +181,7 @@ async def test_text_is_not_stuck_behind_decoding(clip: Path) -> None:
     """Two requests of large PNGs decoding (their pool is their own) do not hold up a text
     request on the same server: it is answered while they still decode."""
     spec = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"))
-    heavy = [data_uri(flat(4096, "PNG", "RGBA"))] * 6
+    heavy = [data_uri(flat(4096, "PNG", "RGBA"))] * 3
     async with serve_in_process(spec) as client:
         images = [asyncio.ensure_future(embed_images(client, heavy)) for _ in range(2)]
         await asyncio.sleep(0.3)  # both are decoding by now

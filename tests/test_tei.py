@@ -12,6 +12,8 @@ import pytest
 from conftest import cosines, fake, serve_in_process, spec_of
 from tokenizers import Tokenizer
 
+from infinity_cloud.config import ModelSpec
+
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog."]
 
 
@@ -177,3 +179,19 @@ def test_litellm_huggingface_embedding(minilm_server: str, minilm_reference) -> 
                                  api_key="x", input_type="feature-extraction")
     got = np.asarray([d["embedding"] for d in response.data], dtype=np.float64)
     assert cosines(got, minilm_reference.encode(TEXTS, normalize_embeddings=True)).min() >= 0.9999
+
+
+@pytest.mark.parametrize(("family", "options", "pooling"), [
+    ("splade", {}, "splade"), ("colbert", {"strategy": "fixed", "attend": False}, "none"),
+])
+async def test_info_describes_sparse_and_multi_vector_models_too(
+    build_model, family: str, options: dict, pooling: str
+) -> None:
+    """TEI's /info for every family: SPLADE is its "splade" pooling; a model of per-token
+    vectors has none (it was a 500)."""
+    model = ModelSpec(model_id=str(build_model(family, **options)), served_model_name="m", backend="torch")
+    spec = spec_of(model)
+    async with serve_in_process(spec) as client:
+        response = await client.get("/info")
+        assert response.status_code == 200, response.text
+        assert response.json()["model_type"] == {"embedding": {"pooling": pooling}}

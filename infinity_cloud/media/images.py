@@ -163,16 +163,17 @@ def decoding_bytes(image: Any) -> int:
     """What decoding `image` (opened, not loaded) to RGB and resizing it takes at its peak,
     from its header: its pixels as decoded, the decoder's and the resize's working space, the
     decoder's own buffers where it keeps them (WebP: its canvas, copied), and RGBA plus RGB
-    where it is converted. Bytes a pixel measured at 4096 x 4096 (peak resident memory,
-    tests/test_media_costs.py): RGB PNG or TIFF 4.3, RGBA PNG 9, grey or palette 10-13, WebP
-    16-17; counted here 5, 10, 13-14 and 18-23."""
+    where it is converted. Bytes a pixel measured at 2048 and 4096 pixels a side (peak
+    resident memory, tests/test_media_costs.py): RGB PNG or TIFF 4.2-4.9, RGBA PNG 9-10, grey
+    or palette 10-14, WebP 16-18.4; counted here 5.5, 11.5, 14.5-15.5 and 18.5-24.5."""
     pixels = image.width * image.height
     if image.format == "JPEG" and pixels > DRAFT_PIXELS:
         return pixels * 3 // 4  # drafted to at most half a side: a quarter of the pixels, or less
-    per_pixel = len(image.getbands()) + (2 if image.mode == "RGB" else 6 if image.mode == "RGBA" else 12)
+    working = 2.5 if image.mode == "RGB" else 7.5 if image.mode == "RGBA" else 13.5
+    per_pixel = len(image.getbands()) + working
     if image.format == "WEBP":  # libwebp's canvas, and the frame Pillow copies from it
         per_pixel += 13
-    return pixels * per_pixel
+    return int(pixels * per_pixel)
 
 
 def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None) -> Any:

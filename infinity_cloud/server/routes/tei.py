@@ -176,8 +176,10 @@ async def info(request: Request) -> Response:
     facts = state.engine.describe()[0]  # TEI serves one model; its first here
     kind = (facts.get("capabilities") or ["embed"])[0]
     labels = {str(i): label for i, label in enumerate(facts.get("labels") or [])}
-    model_type = {
+    model_type = {  # TEI's kinds; SPLADE is its "splade" pooling, per-token vectors none at all
         "embed": {"embedding": {"pooling": "mean"}},
+        "sparse": {"embedding": {"pooling": "splade"}},
+        "multi_vector": {"embedding": {"pooling": "none"}},
         "rerank": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
         "classify": {"classifier": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}},
     }[kind]
