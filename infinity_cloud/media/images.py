@@ -31,6 +31,9 @@ MAX_PIXELS: int = LimitsSpec.model_fields["media_max_pixels"].default
 # what transformers decodes.
 DRAFT_PIXELS = 4_000_000
 _BAND_ROWS = 256
+# What a decoder holds whatever the picture's size (tables, row buffers): a 2048 x 2048 JPEG
+# drafted to 512 x 512 peaked at 3.3 MB, its pixels 0.8 MB.
+_DECODER_BYTES = 2 * 2**20
 # OpenAI CLIP's statistics (the processor default when the config names none).
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -168,12 +171,13 @@ def decoding_bytes(image: Any) -> int:
     or palette 10-14, WebP 16-18.4; counted here 5.5, 11.5, 14.5-15.5 and 18.5-24.5."""
     pixels = image.width * image.height
     if image.format == "JPEG" and pixels > DRAFT_PIXELS:
-        return pixels * 3 // 4  # drafted to at most half a side: a quarter of the pixels, or less
+        # Drafted to at most half a side (a quarter of the pixels), and libjpeg's own buffers.
+        return pixels * 3 // 4 + _DECODER_BYTES
     working = 2.5 if image.mode == "RGB" else 7.5 if image.mode == "RGBA" else 13.5
     per_pixel = len(image.getbands()) + working
     if image.format == "WEBP":  # libwebp's canvas, and the frame Pillow copies from it
         per_pixel += 13
-    return int(pixels * per_pixel)
+    return int(pixels * per_pixel) + _DECODER_BYTES
 
 
 def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None) -> Any:
