@@ -682,3 +682,6 @@ async def test_head_health_answers_as_get_does(client) -> None:
     for route in ("/health", "/ping"):
         head = await client.head(route)
         assert head.status_code == (await client.get(route)).status_code == 200 and head.content == b""
+    document = (await client.get("/openapi.json")).json()  # HEAD kept out: one id an operation
+    ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
