@@ -12,7 +12,7 @@ from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
 from infinity_cloud.fidelity import MIN_AGREEMENT, agreement
 from infinity_cloud.hardware import int8_kernels
 from infinity_cloud.model_files import GraphOutput, ModelInfo
@@ -67,7 +67,13 @@ def _verified(
     if spec.dtype == "auto" and cls.auto_dtypes(spec):
         return _fastest(cls, info, spec, graph, probes, head)
     calibrated = spec.dtype in cls.calibrated_dtypes
-    backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
+    try:
+        backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
+    except PrecisionCrashError as exc:
+        if spec.dtype != "auto":
+            raise
+        log.warning("%s; serving float32 instead", exc)
+        backend = cls(info, spec.model_copy(update={"dtype": "float32"}), graph)
     if backend.dtype not in MIN_AGREEMENT:
         return backend
     floor = MIN_AGREEMENT[backend.dtype]

@@ -60,6 +60,11 @@ class ModelLoadError(InfinityCloudError):
     """A model's files could not be found or read."""
 
 
+class PrecisionCrashError(ModelLoadError):
+    """A reduced precision kills the process on this CPU (a runtime's kernel bug): tried in a
+    child first, so the server can serve float32 instead."""
+
+
 class ConfigError(InfinityCloudError):
     """The deployment spec is invalid."""
 

@@ -28,8 +28,9 @@ import openvino as ov
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import INPUT_NAMES, Backend, ModelInputs
 from infinity_cloud.backends.onnx_export import OnnxSource
+from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.errors import ConfigError, PrecisionCrashError
 from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 
@@ -57,6 +58,13 @@ def compiled_cache(folder: Path) -> Path:
             shutil.copytree(cache, copy, dirs_exist_ok=True)
         copy.mkdir(parents=True, exist_ok=True)
     return copy
+
+
+def _blob_cache(folder: Path, config: dict[str, object]) -> Path:
+    """A folder per configuration: OpenVINO 2026.4 keys a blob by the model alone (f32, bf16,
+    f16, LATENCY, THROUGHPUT and any thread count: one key, measured), so a bf16 compilation
+    loaded the f32 blob, and on an AMX CPU answered zeros and corrupted the heap."""
+    return compiled_cache(folder) / "-".join(str(value).lower() for _, value in sorted(config.items()))
 
 
 class OpenVinoBackend(Backend):
@@ -95,6 +103,7 @@ class OpenVinoBackend(Backend):
         self.solo: ov.CompiledModel | None = None
         self._solo_request: ov.InferRequest | None = None
         self.solo_ready = threading.Event()
+        self._solo_compiling: threading.Thread | None = None
         self._closed = False
         # One set of requests (one per stream) per batch in flight: while a finished batch is
         # collected, the next one already runs, so no stream idles between batches. Latency
@@ -111,9 +120,10 @@ class OpenVinoBackend(Backend):
             for port in self.compiled.inputs
         ]
         if self.streams > 1 and not spec.latency:  # last: nothing after it may fail
-            threading.Thread(
+            self._solo_compiling = threading.Thread(
                 target=self._compile_solo, args=(folder[0],), name=f"{info.path.name}-solo", daemon=True
-            ).start()
+            )
+            self._solo_compiling.start()
         else:
             self.solo_ready.set()  # one stream already runs on every core
 
@@ -143,16 +153,40 @@ class OpenVinoBackend(Backend):
 
     def _compile(self, folder: Path, latency: bool) -> ov.CompiledModel:
         options = self.spec.backend_options
-        config = {
+        config: dict[str, object] = {
             "INFERENCE_PRECISION_HINT": _PRECISIONS[self.dtype],
             "PERFORMANCE_HINT": "LATENCY" if latency
             else str(options.get("performance_hint", "THROUGHPUT")).upper(),
             "INFERENCE_NUM_THREADS": int(options.get("threads", usable_cores())),
-            "CACHE_DIR": str(compiled_cache(folder)),
         }
         if "streams" in options and not latency:
             config["NUM_STREAMS"] = int(options["streams"])
+        if self.dtype != "float32":
+            config = self._surviving(folder, config)
+        config["CACHE_DIR"] = str(_blob_cache(folder, config))
         return self.core.compile_model(self.core.read_model(str(folder / IR_FILE)), "CPU", config)
+
+    def _surviving(self, folder: Path, config: dict[str, object]) -> dict[str, object]:
+        """`config`, or one stream on every core where OpenVINO's kernels for this precision
+        kill the process with one thread a stream (seen: SIGFPE, bf16 on AMX); tried in a
+        child (`openvino_probe`). Raises PrecisionCrashError where nothing survives."""
+        crash = crash_of(folder / IR_FILE, config, _blob_cache(folder, config))
+        if crash is None:
+            return config
+        single = {**config, "NUM_STREAMS": 1}
+        survives = crash_of(folder / IR_FILE, single, _blob_cache(folder, single)) is None
+        if config.get("NUM_STREAMS") != 1 and survives:
+            log.warning(
+                "OpenVINO %s %s crashes on this CPU (%s) on several streams; %s runs as one stream "
+                "on every core instead, which serves many clients more slowly. Fix: --dtype float32 "
+                "for throughput, or an OpenVINO release without the bug",
+                ov.__version__, self.dtype, crash, self.info.path.name,
+            )
+            return single
+        raise PrecisionCrashError(
+            f"OpenVINO {ov.__version__} in {self.dtype} crashes on this CPU for {self.info.path.name} "
+            f"({crash}); serve it with --dtype float32"
+        )
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:
         return self.submit(inputs)()
@@ -232,7 +266,11 @@ class OpenVinoBackend(Backend):
         self.solo_ready.wait()
 
     def close(self) -> None:
-        self._closed = True  # not waited for: a compilation still running is dropped when done
+        self._closed = True
+        # Waited for (0.12 s from a cached blob): a process that exits while OpenVINO still
+        # compiles dies of SIGABRT ("terminate called without an active exception").
+        if self._solo_compiling is not None:
+            self._solo_compiling.join()
         del self._free, self.compiled, self.solo, self._solo_request
 
 
