@@ -301,7 +301,7 @@ def _storm_config(model_dir: Path, folder: Path) -> Path:
 def test_retrying_clients_all_converge_in_a_storm(tiny_embedder: Path, tmp_path: Path) -> None:
     """200 concurrent requests through the openai SDK's own retry (it honours Retry-After),
     far past capacity from a fresh start: every one is answered, with its own inputs in order
-    (a request shed keeps its place in line: tests/test_batching.py shows how)."""
+    (a request shed keeps its place in line: tests/unit/test_batching.py shows how)."""
     import openai
 
     rng = random.Random(7)

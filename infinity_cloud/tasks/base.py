@@ -10,21 +10,41 @@ task here, a registry entry and its routes, and nothing in the backends or the b
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tokenization import Encoded, TextTokenizer
 
-if TYPE_CHECKING:  # the served model holds its task's head: only a type here
-    from infinity_cloud.served_model import ServedModel
+
+class LoadedModel(Protocol):
+    """What a task reads of a loaded model (`served_model._Loaded`)."""
+
+    info: ModelInfo
+    tokenizer: TextTokenizer
+    normalize: bool
+    towers: Mapping[Tower, Any]
+    media: Mapping[Tower, Any]  # the preprocessor of each tower that reads media
+
+
+class Served(Protocol):
+    """What a task reads of the model that serves it (`served_model.Served`, which
+    imports the tasks: named here, the tasks import nothing above them)."""
+
+    name: str
+    spec: ModelSpec
+
+    @property
+    def loaded(self) -> LoadedModel: ...
+
+    def require(self, capability: Capability) -> LoadedModel: ...
 
 Call = TypeVar("Call")
 Result = TypeVar("Result")
@@ -80,11 +100,11 @@ class Task(ABC, Generic[Call, Result]):
         """Fixed texts as this task's inputs (warm-up, precision checks)."""
         return tokenizer.encode(texts)
 
-    def check(self, call: Call, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: Call, served: Served, limits: LimitsSpec) -> None:
         """Cheap checks on the event loop, before any work is queued."""
         served.require(self.capability)
 
-    def cost(self, call: Call, served: ServedModel) -> Cost:
+    def cost(self, call: Call, served: Served) -> Cost:
         """The call as estimated before any work (admission): texts at about four characters
         a token, capped at the model's limit; media at their tower's cost; and its memory."""
         return Cost(0, 0)
@@ -99,18 +119,18 @@ class Task(ABC, Generic[Call, Result]):
 
     @abstractmethod
     def encode(
-        self, call: Call, served: ServedModel, limits: LimitsSpec
+        self, call: Call, served: Served, limits: LimitsSpec
     ) -> list[Any]:
         """The call's text inputs as model inputs, each with a length (its batch cost); runs
         in the tokenizer pool. (A call with `media` has them decoded by its tower's
         preprocessor instead, in the decoding pool.)"""
 
     @abstractmethod
-    def finish(self, rows: list[Any], call: Call, served: ServedModel, encodings: list[Any]) -> Result:
+    def finish(self, rows: list[Any], call: Call, served: Served, encodings: list[Any]) -> Result:
         """The rows of this call (in input order) as the caller's result."""
 
 
-def require_tower(served: ServedModel, capability: Capability, modality: Tower) -> None:
+def require_tower(served: Served, capability: Capability, modality: Tower) -> None:
     """The model does `capability` and reads `modality` (a 400 naming what it reads otherwise)."""
     towers = served.require(capability).towers
     if modality not in towers:
@@ -132,7 +152,7 @@ def length_cost(lengths: Sequence[int], limit: int) -> Cost:
     return Cost(tokens, sum(lengths) * MEMORY_PER_CHAR + tokens * MEMORY_PER_TOKEN, inputs=len(lengths))
 
 
-def inputs_cost(inputs: Sequence[Any], modality: Tower, served: ServedModel) -> Cost:
+def inputs_cost(inputs: Sequence[Any], modality: Tower, served: Served) -> Cost:
     """Texts, token-id lists or media inputs, estimated."""
     loaded = served.loaded
     if modality != "text":

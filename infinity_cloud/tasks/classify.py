@@ -19,7 +19,7 @@ from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_texts
 
 if TYPE_CHECKING:
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.tasks.base import Served
 
 
 @dataclass(frozen=True)
@@ -35,22 +35,22 @@ class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         return FINAL
 
-    def check(self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: ClassifyCall, served: Served, limits: LimitsSpec) -> None:
         super().check(call, served, limits)
         check_texts(call.inputs, limits)
 
-    def cost(self, call: ClassifyCall, served: ServedModel) -> Cost:
+    def cost(self, call: ClassifyCall, served: Served) -> Cost:
         labels = len(served.loaded.info.labels)
         return text_cost(call.inputs, served.loaded.tokenizer.max_length).answering(
             len(call.inputs) * labels, items=len(call.inputs) * labels)
 
     def encode(
-        self, call: ClassifyCall, served: ServedModel, limits: LimitsSpec
+        self, call: ClassifyCall, served: Served, limits: LimitsSpec
     ) -> list[Encoded]:
         return served.loaded.tokenizer.encode(list(call.inputs), call.truncate)
 
     def finish(
-        self, rows: list[np.ndarray], call: ClassifyCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[np.ndarray], call: ClassifyCall, served: Served, encodings: list[Encoded]
     ) -> ClassifyResult:
         logits = np.stack(rows)
         scores = logits if call.raw_scores else softmax(logits)

@@ -35,7 +35,7 @@ from infinity_cloud.validation import (
 )
 
 if TYPE_CHECKING:
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.tasks.base import Served
 
 Modality = Tower
 
@@ -71,7 +71,7 @@ def prompt_for_use(use: str | None, declared: Mapping[str, str]) -> str | None:
     return next((name for name in PROMPTS_FOR_USE.get(use or "", ()) if name in declared), None)
 
 
-def prompted(served: ServedModel, texts: Sequence[str], name: str | None) -> list[str]:
+def prompted(served: Served, texts: Sequence[str], name: str | None) -> list[str]:
     """The texts behind the model's prompt `name` (none: as they are)."""
     if name is None:
         return list(texts)
@@ -93,7 +93,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
             return Head("pool", pooling, info.dense, normalize)
         return Head("vectors", normalize=normalize)
 
-    def check(self, call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: EmbedCall, served: Served, limits: LimitsSpec) -> None:
         if served.loaded.info.capability is Capability.SPARSE:
             raise UnsupportedError(
                 f"model {served.name!r} gives sparse embeddings (SPLADE): send encoding_format "
@@ -109,7 +109,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         else:
             check_texts(call.inputs, limits)  # type: ignore[arg-type]
 
-    def cost(self, call: EmbedCall, served: ServedModel) -> Cost:
+    def cost(self, call: EmbedCall, served: Served) -> Cost:
         width = call.dimensions or served.loaded.info.dimensions or 0
         wire = PACKED_BYTES_PER_NUMBER if call.packed else JSON_BYTES_PER_NUMBER
         n = len(call.inputs)
@@ -122,7 +122,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return call.modality
 
     def encode(
-        self, call: EmbedCall, served: ServedModel, limits: LimitsSpec
+        self, call: EmbedCall, served: Served, limits: LimitsSpec
     ) -> list[Any]:
         if is_token_ids(call.inputs):
             return self._token_ids(call, served, limits)
@@ -130,7 +130,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return served.loaded.tokenizer.encode(texts, call.truncate)
 
     @staticmethod
-    def _token_ids(call: EmbedCall, served: ServedModel, limits: LimitsSpec) -> list[Encoded]:
+    def _token_ids(call: EmbedCall, served: Served, limits: LimitsSpec) -> list[Encoded]:
         """Token ids read as the model's spec says (`ModelSpec.token_ids`)."""
         ids: Sequence[Sequence[int]] = call.inputs  # type: ignore[assignment]
         tokenizer, meaning = served.loaded.tokenizer, served.spec.token_ids
@@ -154,7 +154,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         return tokenizer.encode(texts, call.truncate)
 
     def finish(
-        self, rows: list[np.ndarray], call: EmbedCall, served: ServedModel, encodings: list[Any]
+        self, rows: list[np.ndarray], call: EmbedCall, served: Served, encodings: list[Any]
     ) -> EmbeddingResult:
         vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=served.loaded.normalize)
         return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))

@@ -21,7 +21,7 @@ from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_media, check_no_token_ids, check_texts
 
 if TYPE_CHECKING:
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.tasks.base import Served
 
 
 Role = Literal["query", "document"]
@@ -56,7 +56,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         """Each input's vectors, one per position it holds (padding dropped)."""
         return [np.ascontiguousarray(row[: len(item)]) for row, item in zip(batch, items, strict=True)]
 
-    def check(self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: MultiVectorCall, served: Served, limits: LimitsSpec) -> None:
         require_tower(served, self.capability, call.modality)
         if call.modality == "text":
             check_no_token_ids(call.inputs, "multi-vector embeddings")  # the [Q]/[D] prompts are text
@@ -64,7 +64,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         else:
             check_media(call.inputs, limits)
 
-    def cost(self, call: MultiVectorCall, served: ServedModel) -> Cost:
+    def cost(self, call: MultiVectorCall, served: Served) -> Cost:
         cost = inputs_cost(call.inputs, call.modality, served)  # answered: a vector per token or patch
         return cost.answering(cost.tokens * (served.loaded.info.dimensions or 0), items=len(call.inputs))
 
@@ -75,7 +75,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return call.modality
 
     def encode(
-        self, call: MultiVectorCall, served: ServedModel, limits: LimitsSpec
+        self, call: MultiVectorCall, served: Served, limits: LimitsSpec
     ) -> list[Any]:
         loaded = served.loaded
         if loaded.info.late_interaction is not None:
@@ -85,7 +85,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return loaded.tokenizer.encode(texts, call.truncate, special_tokens=own_specials)
 
     @staticmethod
-    def _colbert(call: MultiVectorCall, served: ServedModel) -> list[Encoded]:
+    def _colbert(call: MultiVectorCall, served: Served) -> list[Encoded]:
         """sentence-transformers' MultiVectorEncoder: the role's prompt ("[Q] ", "[D] ") and
         length limit; queries expanded with the expansion token to `expansion_length`."""
         loaded = served.loaded
@@ -116,7 +116,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return out
 
     def finish(
-        self, rows: list[np.ndarray], call: MultiVectorCall, served: ServedModel, encodings: list[Any]
+        self, rows: list[np.ndarray], call: MultiVectorCall, served: Served, encodings: list[Any]
     ) -> MultiVectorResult:
         rules = served.loaded.info.late_interaction
         role = call.role or "document"

@@ -19,7 +19,7 @@ from infinity_cloud.tokenization import Encoded, TextTokenizer
 from infinity_cloud.validation import check_texts, check_top_n
 
 if TYPE_CHECKING:
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.tasks.base import Served
 
 
 @dataclass(frozen=True)
@@ -40,24 +40,24 @@ class RerankTask(Task[RerankCall, RerankResult]):
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
         return tokenizer.encode_pairs(texts[0], texts[1:])
 
-    def check(self, call: RerankCall, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: RerankCall, served: Served, limits: LimitsSpec) -> None:
         super().check(call, served, limits)
         check_texts([call.query], limits, param="query")
         check_texts(call.documents, limits, param="documents")
         check_top_n(call.top_n)
 
-    def cost(self, call: RerankCall, served: ServedModel) -> Cost:
+    def cost(self, call: RerankCall, served: Served) -> Cost:
         # Each pair is tokenized with its own copy of the query.
         pairs = [len(call.query) + len(document) for document in call.documents]
         return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs), items=len(pairs))
 
     def encode(
-        self, call: RerankCall, served: ServedModel, limits: LimitsSpec
+        self, call: RerankCall, served: Served, limits: LimitsSpec
     ) -> list[Encoded]:
         return served.loaded.tokenizer.encode_pairs(call.query, list(call.documents), call.truncate)
 
     def finish(
-        self, rows: list[np.ndarray], call: RerankCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[np.ndarray], call: RerankCall, served: Served, encodings: list[Encoded]
     ) -> RerankResult:
         logits = np.stack(rows)[:, 0]
         scores = logits if call.raw_scores else sigmoid(logits)

@@ -21,7 +21,7 @@ from infinity_cloud.tokenization import Encoded
 from infinity_cloud.validation import check_no_token_ids, check_texts
 
 if TYPE_CHECKING:
-    from infinity_cloud.served_model import ServedModel
+    from infinity_cloud.tasks.base import Served
 
 SPARSE_TERMS = 512  # generous: SPLADE vectors of passages hold 100-300 non-zero terms
 
@@ -45,7 +45,7 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
     def rows(self, batch: np.ndarray, items: Sequence[Encoded]) -> list[SparseVector]:
         return [SparseVector.from_terms(weights, ids) for weights, ids in batch]
 
-    def check(self, call: SparseCall, served: ServedModel, limits: LimitsSpec) -> None:
+    def check(self, call: SparseCall, served: Served, limits: LimitsSpec) -> None:
         capability = served.loaded.info.capability  # not ready: a 503 here
         if capability is not Capability.SPARSE:
             raise UnsupportedError(
@@ -56,18 +56,18 @@ class SparseEmbedTask(Task[SparseCall, SparseEmbeddingResult]):
         check_no_token_ids(call.inputs, "sparse embeddings")
         check_texts(call.inputs, limits)
 
-    def cost(self, call: SparseCall, served: ServedModel) -> Cost:
+    def cost(self, call: SparseCall, served: Served) -> Cost:
         cost = text_cost(call.inputs, served.loaded.tokenizer.max_length)
         return cost.answering(len(call.inputs) * 2 * SPARSE_TERMS, items=len(call.inputs))
 
     def encode(
-        self, call: SparseCall, served: ServedModel, limits: LimitsSpec
+        self, call: SparseCall, served: Served, limits: LimitsSpec
     ) -> list[Encoded]:
         texts = prompted(served, call.inputs, call.prompt_name)
         return served.loaded.tokenizer.encode(texts, call.truncate)
 
     def finish(
-        self, rows: list[SparseVector], call: SparseCall, served: ServedModel, encodings: list[Encoded]
+        self, rows: list[SparseVector], call: SparseCall, served: Served, encodings: list[Encoded]
     ) -> SparseEmbeddingResult:
         vocabulary = served.loaded.info.vocab_size or 0
         return SparseEmbeddingResult(served.name, rows, prompt_tokens(encodings), vocabulary)
