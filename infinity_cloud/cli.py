@@ -94,6 +94,11 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         ),
     ),
     "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
+    "normalize": (
+        bool | None,
+        _opt("NORMALIZE", "Unit-length embeddings or not, whatever the model's own files say "
+             "(default: as they say).", _M, "--normalize/--no-normalize"),
+    ),
     "trust_remote_code": (
         bool | None,
         _opt("TRUST_REMOTE_CODE", "Run the model repository's own Python code (custom architectures); "
@@ -161,6 +166,14 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
         _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),
     ),
     "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
+    "max_chars_per_text": (
+        int | None, _opt("MAX_CHARS_PER_TEXT", "Characters per text input (default: 200000).", _S),
+    ),
+    "max_response_bytes": (
+        int | None,
+        _opt("MAX_RESPONSE_BYTES", "The largest answer the platform passes back: a request whose answer "
+             "could be larger is a 413 before any work (default: none; cloud functions set theirs).", _S),
+    ),
     "memory_budget_mb": (
         int | None,
         _opt("MEMORY_BUDGET_MB", "Memory the process may take; requests past it get 429, or 413 if alone "

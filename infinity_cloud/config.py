@@ -268,20 +268,13 @@ class DeploymentSpec(_Frozen):
         return self
 
 
-# Per-model options that a flat source (CLI flags, env) may give once for all models or
-# once per model, in the order of the model ids.
-MODEL_OPTIONS = (
-    "served_model_name", "revision", "backend", "device", "dtype", "batch_tokens",
-    "max_batch_size", "batch_wait_ms", "length_buckets", "batch_buckets", "queue_size", "deadline_s",
-    "admit_past_deadline",
-    "pooling", "normalize", "max_length", "trust_remote_code", "warmup", "latency", "token_ids",
-    "embedding_dtype",
-)
-SERVER_OPTIONS = (
-    "host", "port", "url_prefix", "api_keys", "api_key_file", "cors_origins", "log_level", "log_format",
-    "header_timeout_s",
-    "body_timeout_s",
-)
+# Fields a flat source (CLI flags, env) does not set: names and the default model are the
+# model list's own, backend options a mapping, limits options of their own (LIMIT_OPTIONS).
+FILE_ONLY = ("model_id", "aliases", "default", "backend_options", "limits")
+# Per-model options that a flat source may give once for all models or once per model, in
+# the order of the model ids: every other field of ModelSpec.
+MODEL_OPTIONS = tuple(field for field in ModelSpec.model_fields if field not in FILE_ONLY)
+SERVER_OPTIONS = tuple(field for field in ServerSpec.model_fields if field not in FILE_ONLY)
 LIMIT_OPTIONS = tuple(LimitsSpec.model_fields)
 
 
