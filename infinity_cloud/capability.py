@@ -19,3 +19,8 @@ class Capability(str, enum.Enum):
             "embed": "embedding", "rerank": "reranking", "classify": "classification",
             "sparse": "sparse embedding", "multi_vector": "multi-vector embedding",
         }[self.value]
+
+
+# The calls a single-entry endpoint takes (SageMaker's /invocations, `infinity-cloud invoke
+# --route`), by the capability each serves.
+CALLS = {Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify"}

@@ -513,7 +513,7 @@ def download(
     """Fetch every model's files and build its backend's exports (ONNX, OpenVINO IR, ...) once,
     so that a server or image started later does neither."""
     from infinity_cloud.served_model import prepare_model
-    from infinity_cloud.targets.base import configure_logging
+    from infinity_cloud.server.logs import configure_logging
 
     configure_logging(spec.server.log_level, spec.server.log_format)  # each step's progress lines
     for model in spec.models:

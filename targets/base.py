@@ -3,7 +3,6 @@ template rendering, the spec file they write, logging, and calling a deployed en
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -12,6 +11,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from infinity_cloud.capability import CALLS
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import InfinityCloudError
 
@@ -28,7 +28,7 @@ VERBS = {
 }
 # How a caller picks the route of /invocations (SageMaker passes it through as is).
 ROUTE_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
-ROUTES = ("embeddings", "rerank", "classify")
+ROUTES = tuple(CALLS.values())
 # The client-side variable holding the key an endpoint checks (its bearer token).
 CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # The variable a platform secret sets in a container to protect its endpoint: one key, or
@@ -154,34 +154,6 @@ def one_line(text: str, limit: int = 300) -> str:
         text = f"{' '.join(text.split())} (an HTML page, not an API error: a proxy or the wrong endpoint?)"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def configure_logging(level: str, form: str = "text") -> None:
-    """One log format for every process a target runs (local server, container): text, or one
-    JSON object a line (`--log-format json`, for log pipelines); both carry the request id."""
-    from infinity_cloud.server.request_id import RequestIdFilter
-
-    handler = logging.StreamHandler()
-    if form == "json":
-        from pythonjsonlogger.json import JsonFormatter
-
-        handler.setFormatter(JsonFormatter(
-            "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s",
-            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-        ))
-    else:
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s", datefmt="%H:%M:%S"
-        ))
-    handler.addFilter(RequestIdFilter())
-    # Not forced: a process that configured logging already (a host application, pytest) keeps it.
-    # uvicorn is started with log_config=None (`UVICORN_LOGS`), so its lines come here too.
-    logging.basicConfig(level=level.upper(), handlers=[handler])
-
-
-# uvicorn.run/Config's logging arguments for every target: none of its own handlers, so its
-# lines (start-up, access) take this format and carry the request id.
-UVICORN_LOGS: dict[str, Any] = {"log_config": None}
 
 
 def render_templates(target: str, out_dir: Path, context: dict[str, Any]) -> list[Path]:

@@ -18,7 +18,8 @@ from typing import Any
 from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, UVICORN_LOGS, configure_logging
+from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV
 
 
 def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) -> DeploymentSpec:
@@ -84,7 +85,7 @@ class BackgroundServer:
     ) -> None:
         import uvicorn
 
-        from infinity_cloud.targets.read_deadlines import deadline_protocol
+        from infinity_cloud.server.read_deadlines import deadline_protocol
 
         config = uvicorn.Config(
             app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=None,

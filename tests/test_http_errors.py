@@ -567,7 +567,7 @@ def test_json_log_lines_carry_the_request_id():
     from conftest import ROOT
 
     code = (
-        "import logging; from infinity_cloud.targets.base import configure_logging; "
+        "import logging; from infinity_cloud.server.logs import configure_logging; "
         "from infinity_cloud.server import request_id; configure_logging('info', 'json'); "
         "token = request_id.current.set('abc123'); "
         "logging.getLogger('infinity_cloud.x').info('hello %s', 'there')"

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (
     CLIENT_KEY_ENV,
-    UVICORN_LOGS,
     Endpoint,
     Target,
     TargetError,
-    configure_logging,
     render_templates,
     spec_yaml,
 )
@@ -44,7 +43,7 @@ class LocalTarget(Target[LocalSpec]):
         from infinity_cloud import preflight
         from infinity_cloud.engine import Engine
         from infinity_cloud.server import create_app
-        from infinity_cloud.targets.read_deadlines import deadline_protocol
+        from infinity_cloud.server.read_deadlines import deadline_protocol
 
         configure_logging(spec.server.log_level, spec.server.log_format)
         preflight.check(spec)  # extras, device, cache, port: before minutes of loading

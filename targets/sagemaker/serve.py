@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infinity_cloud.config import DeploymentSpec, load_spec
 from infinity_cloud.errors import InfinityCloudError
-from infinity_cloud.targets.base import UVICORN_LOGS, configure_logging
+from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 
 CONFIG_ENV = "INFINITY_CLOUD_CONFIG"
 DEFAULT_CONFIG = "/opt/program/infinity-cloud.yaml"
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from infinity_cloud.engine import Engine
     from infinity_cloud.server import create_app
-    from infinity_cloud.targets.read_deadlines import deadline_protocol
+    from infinity_cloud.server.read_deadlines import deadline_protocol
 
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["serve"]):

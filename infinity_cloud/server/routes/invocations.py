@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.capability import CALLS, Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
@@ -21,14 +21,12 @@ from infinity_cloud.server.routes.rerank import TEI_TOO, rerank_infinity
 # A TEI rerank body is answered as /rerank answers it.
 router = APIRouter(tags=["sagemaker"], route_class=JsonRoute, responses=TEI_TOO)
 
-_ROUTES: dict[str, tuple[type[BaseModel], Any]] = {
-    "embeddings": (EmbeddingRequest, embeddings),
-    "rerank": (RerankRequest, rerank_infinity),
-    "classify": (ClassifyRequest, classify),
+_HANDLERS: dict[Capability, tuple[type[BaseModel], Any]] = {
+    Capability.EMBED: (EmbeddingRequest, embeddings),
+    Capability.RERANK: (RerankRequest, rerank_infinity),
+    Capability.CLASSIFY: (ClassifyRequest, classify),
 }
-_BY_CAPABILITY = {
-    Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify",
-}
+_ROUTES = {CALLS[capability]: handler for capability, handler in _HANDLERS.items()}
 
 
 def _route_from_header(request: Request) -> str | None:
@@ -53,7 +51,7 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
                          Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR)
     if "input" in data:
         return "classify" if model.capability is Capability.CLASSIFY else "embeddings"
-    return _BY_CAPABILITY.get(model.capability, "embeddings")
+    return CALLS.get(model.capability, "embeddings")
 
 
 # The body is read here, not by FastAPI, so the document is told what it may be.
