@@ -124,8 +124,8 @@ SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
     ),
     "embedding_dtype": (
         list[str] | None,
-        _opt("EMBEDDING_DTYPE", "What /embeddings returns: float32 (default), int8 or uint8 (calibrated "
-             "offline), binary or ubinary (packed sign bits).", _M),
+        _opt("EMBEDDING_DTYPE", "What every embedding route returns: float32 (default), int8 or uint8 "
+             "(calibrated offline), binary or ubinary (packed sign bits).", _M),
     ),
     "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
     "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),

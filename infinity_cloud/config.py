@@ -91,8 +91,9 @@ class ModelSpec(_Frozen):
     )
     embedding_dtype: EmbeddingDtype = Field(
         "float32",
-        description="what /embeddings returns: float32, or int8/uint8 (each dimension's range, calibrated "
-        "offline on standard-library docstrings, in 256 steps), binary/ubinary (sign bits, packed)",
+        description="what every embedding route returns: float32, or int8/uint8 (each dimension's range, "
+        "calibrated offline on standard-library docstrings, in 256 steps), binary/ubinary "
+        "(sign bits, packed)",
     )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="settings only one backend reads"

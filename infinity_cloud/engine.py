@@ -16,6 +16,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -24,7 +25,7 @@ from infinity_cloud import cancellation
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.memory import MemoryBudget
 from infinity_cloud.results import (
@@ -42,7 +43,7 @@ from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role
-from infinity_cloud.tasks.pooling import truncate_dimensions
+from infinity_cloud.tasks.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
@@ -279,13 +280,40 @@ class Engine:
         openai_sender: bool = False,
         prompt_name: str | None = None,
         packed: bool = False,
+        output_dtype: str | None = None,
+        normalize: bool | None = None,
+        wait: bool = True,
     ) -> EmbeddingResult:
         """`openai_sender`: the inputs come from an OpenAI SDK client, whose token ids are
         OpenAI's cl100k_base ids whatever the model reads ids as. `prompt_name`: one of the
         model's named prompts (`prompts(model)`), prepended to each text. `packed`: the
-        answer goes out as base64 or quantised, which a response limit counts smaller."""
-        call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name, packed)
-        return await self.run_task(TASKS[Capability.EMBED], call, model)
+        answer goes out as base64, which a response limit counts smaller.
+
+        The model's policy holds here, for every route and the Python API alike:
+        `output_dtype` (float32, int8, uint8, binary, ubinary) is, when None, the model's
+        `--embedding-dtype`; int8/uint8 use its calibrated ranges (`wait`: for them, else a 503
+        while they are calibrated, see `calibration`). `normalize`: True, unit length whatever
+        the model does; False, its raw vectors, refused where the model itself normalises;
+        None, as the model does."""
+        served = self.model(model, Capability.EMBED)
+        kind = output_dtype or served.spec.embedding_dtype
+        kind = "float32" if kind == "float" else kind  # Cohere's name for it
+        if kind != "float32":
+            check_embedding_types([kind], quantization.EMBEDDING_TYPES)  # before any work
+        if normalize is False and served.loaded.normalize:
+            raise InvalidInputError(
+                f"model {served.name!r} normalises its embeddings; normalize=false cannot undo that",
+                param="normalize",
+            )
+        call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name,
+                         packed or kind != "float32")
+        result = await self.run_task(TASKS[Capability.EMBED], call, served.name)
+        if normalize:
+            result = replace(result, embeddings=l2_normalize(result.embeddings))
+        if kind == "float32":
+            return result
+        quantized = await self.quantize(result, kind, dimensions, wait=wait)
+        return replace(result, embeddings=quantized, dtype=kind)
 
     async def rerank(
         self,
@@ -366,7 +394,8 @@ class Engine:
 
     async def _calibrate(self, served: ServedModel) -> None:
         texts = await asyncio.to_thread(quantization.calibration_texts)
-        self._calibration[served.name] = (await self.embed(texts, served.name)).embeddings
+        floats = await self.embed(texts, served.name, output_dtype="float32")
+        self._calibration[served.name] = floats.embeddings
         log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
 
     def _calibrated(self, name: str, done: asyncio.Future[None]) -> None:

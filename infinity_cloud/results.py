@@ -10,8 +10,9 @@ import numpy as np
 @dataclass(frozen=True, slots=True)
 class EmbeddingResult:
     model: str
-    embeddings: np.ndarray  # (inputs, dimensions) float32, in input order
+    embeddings: np.ndarray  # (inputs, dimensions), in input order: float32, or `dtype`'s numbers
     prompt_tokens: int
+    dtype: str = "float32"  # float32, int8, uint8, binary or ubinary (packed bits)
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,3 +79,34 @@ async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
     assert np.array_equal(np.array([d["embedding"] for d in per_request["data"]]), want)
     signs = np.packbits(full.embeddings > 0, axis=-1)
     assert np.array_equal(np.array([d["embedding"] for d in bits["data"]]), signs)
+
+
+async def test_the_models_embedding_dtype_holds_on_every_route_and_the_python_api(
+    tiny_embedder: Path,
+) -> None:
+    """The engine applies --embedding-dtype, not one route: OpenAI's /embeddings, TEI's /embed,
+    Cohere's /v2/embed without embedding_types and Engine.embed all answer the same packed
+    bits; a request (or caller) that asks float32 gets floats; TEI's similarity stays cosine."""
+    texts = ["hello world", "a somewhat longer text about the weather", "x"]
+    spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32", embedding_dtype="ubinary")
+    async with Engine(spec) as engine:
+        python = await engine.embed(texts)
+        floats = await engine.embed(texts, output_dtype="float32")
+    signs = np.packbits(floats.embeddings > 0, axis=-1)
+    assert python.dtype == "ubinary" and np.array_equal(python.embeddings, signs)
+    async with serve_in_process(spec_of(spec.model_copy(update={"served_model_name": "bits"}))) as client:
+        openai = (await client.post("/embeddings", json={"input": texts})).json()
+        tei = (await client.post("/embed", json={"inputs": texts})).json()
+        cohere_body = {"texts": texts, "input_type": "search_document"}
+        cohere = (await client.post("/v2/embed", json=cohere_body)).json()
+        asked = (await client.post("/embeddings", json={"input": texts, "embedding_type": "float32"})).json()
+        assert "data" in asked, asked
+        similar = (await client.post("/similarity", json={"inputs": {
+            "source_sentence": texts[0], "sentences": texts}})).json()
+    assert np.array_equal(np.array([d["embedding"] for d in openai["data"]]), signs)
+    assert np.array_equal(np.array(tei), signs)
+    assert np.array_equal(np.array(cohere["embeddings"]["ubinary"]), signs)
+    asked_vectors = np.array([d["embedding"] for d in asked["data"]])
+    np.testing.assert_allclose(asked_vectors, floats.embeddings, atol=1e-6)
+    unit = floats.embeddings / np.linalg.norm(floats.embeddings, axis=1, keepdims=True)
+    np.testing.assert_allclose(similar, unit @ unit[0], atol=1e-5)

@@ -50,19 +50,14 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
             inputs, model, modality=body.modality, truncate=body.truncates, role=body.input_type,
         ))
         return json_response(multi_vector_body(multi, body.encoding_format))
-    # The request's embedding_type, else the model's --embedding-dtype: float32, or the same
-    # vectors in fewer bits.
-    kind = body.kind or served.spec.embedding_dtype
+    # The request's embedding_type; the engine takes the model's --embedding-dtype otherwise.
     prompt = prompt_for_use(body.input_type, engine.prompts(model)) if body.modality == "text" else None
     result = await answer(request, "embeddings", model, len(inputs), engine.embed(
         inputs, model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
-        openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64" or kind != "float32",
-        prompt_name=prompt,
+        openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
+        prompt_name=prompt, output_dtype=body.kind, wait=False,
     ))
-    vectors = result.embeddings
-    if kind != "float32":
-        vectors = await engine.quantize(result, kind, body.dims, wait=False)
-    return json_response(embeddings_body(result, vectors, body.encoding_format))
+    return json_response(embeddings_body(result, result.embeddings, body.encoding_format))
 
 
 # Infinity's own routes for media (its infinity_client calls them): /embeddings with the modality set.

@@ -31,7 +31,6 @@ from infinity_cloud.server.protocol import (
     TeiTokenizeRequest,
 )
 from infinity_cloud.server.responses import label_rows
-from infinity_cloud.tasks.pooling import l2_normalize
 from infinity_cloud.validation import check_texts
 
 
@@ -67,16 +66,12 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
     served = engine.model(body.model, Capability.EMBED)
-    if not body.normalize and served.loaded.normalize:
-        raise InvalidInputError(
-            f"model {served.name!r} normalises its embeddings; normalize=false cannot undo that",
-            param="normalize",
-        )
+    # TEI normalises unless told not to, whatever the model's own head does.
     result = await answer(request, "embed", served.name, len(texts), engine.embed(
         texts, served.name, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
+        normalize=body.normalize, wait=False,
     ))
-    # TEI normalises unless told not to, whatever the model's own head does.
-    return json_response(l2_normalize(result.embeddings) if body.normalize else result.embeddings)
+    return json_response(result.embeddings)
 
 
 @router.post("/predict", summary="Classify texts (TEI's shape)")
@@ -116,8 +111,9 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     texts = [body.inputs.source_sentence, *body.inputs.sentences]
     result = await answer(request, "embed", model, len(texts), engine.embed(
         texts, model, truncate=body.truncate, prompt_name=body.prompt_name,
+        output_dtype="float32", normalize=True,
     ))
-    vectors = l2_normalize(result.embeddings)
+    vectors = result.embeddings
     return json_response((vectors[1:] @ vectors[0]).tolist())
 
 
