@@ -31,6 +31,7 @@ from infinity_cloud.memory import MemoryBudget
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
+    ModelFacts,
     MultiVectorResult,
     RankedDocument,
     RerankResult,
@@ -163,6 +164,10 @@ class Engine:
             m.healthy and (m.spec.embedding_dtype not in calibrated or m.name in self._calibration)
             for m in self.models.values()
         )
+
+    def facts(self) -> list[ModelFacts]:
+        """What each loaded model is (`ServedModel.facts`), in the spec's order."""
+        return [facts for model in self.models.values() if (facts := model.facts) is not None]
 
     def describe(self) -> list[dict[str, Any]]:
         """Each model's facts (`ServedModel.describe`), with its int8/uint8 ranges' state for a

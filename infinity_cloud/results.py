@@ -80,3 +80,23 @@ class Token:
     special: bool
     start: int | None
     stop: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """What a loaded model is, for the routes that describe it (TEI's /info, /models): typed
+    facts, so no route reads a model's internals or the keys of a dict."""
+
+    name: str
+    capability: str  # Capability's value: embed, rerank, classify, sparse, multi_vector
+    modalities: tuple[str, ...]  # the towers it reads: text, image, audio
+    backend: str
+    device: str
+    dtype: str  # the precision it runs in
+    agreement_with_float32: float | None  # worst cosine to float32 on fixed probes
+    max_input_tokens: int
+    dimensions: int | None
+    labels: tuple[str, ...]  # a classifier's, in id order; else empty
+    pooling: str | None  # an embedder's (mean, cls, lasttoken, ...)
+    normalize: bool  # whether its embeddings are unit length
+

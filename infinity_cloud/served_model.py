@@ -24,6 +24,7 @@ from infinity_cloud.media import MediaPreprocessor, preprocessors
 from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
+from infinity_cloud.results import ModelFacts
 from infinity_cloud.tasks.heads import FINAL
 from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tasks.quantization import calibration_texts
@@ -334,27 +335,43 @@ class ServedModel:
             and all(t.worker.alive for t in self._loaded.towers.values())
         )
 
+    @property
+    def facts(self) -> ModelFacts | None:
+        """What the model is, typed; None until it has loaded."""
+        loaded = self._loaded
+        if loaded is None:
+            return None
+        info = loaded.info
+        return ModelFacts(
+            name=self.name, capability=info.capability.value, modalities=tuple(loaded.towers),
+            backend=loaded.backend.name, device=loaded.backend.device, dtype=loaded.backend.dtype,
+            agreement_with_float32=loaded.backend.agreement, max_input_tokens=loaded.tokenizer.max_length,
+            dimensions=info.dimensions,
+            labels=tuple(info.labels) if info.capability is Capability.CLASSIFY else (),
+            pooling=self.spec.pooling or info.pooling, normalize=loaded.normalize,
+        )
+
     def describe(self) -> dict[str, Any]:
         """Facts for /models and /health."""
         out: dict[str, Any] = {"id": self.name, "aliases": list(self.spec.aliases), "state": self.state,
                                "backend": self.spec.backend}
         if self.error:
             out["error"] = self.error
-        if self._loaded is None:
+        facts = self.facts
+        if self._loaded is None or facts is None:
             return out
-        loaded = self._loaded
-        workers = [t.worker for t in loaded.towers.values()]
+        workers = [t.worker for t in self._loaded.towers.values()]
         out.update(
-            backend=loaded.backend.name,  # `auto` resolved
-            capabilities=[loaded.info.capability.value],
-            dtype=loaded.backend.dtype,
+            backend=facts.backend,  # `auto` resolved
+            capabilities=[facts.capability],
+            dtype=facts.dtype,
             # Worst cosine to float32 on the fidelity probes; None for float32 itself.
-            agreement_with_float32=loaded.backend.agreement,
-            device=loaded.backend.device,
-            max_input_tokens=loaded.tokenizer.max_length,
-            dimensions=loaded.info.dimensions,
-            labels=list(loaded.info.labels) if loaded.info.capability is Capability.CLASSIFY else None,
-            modalities=list(loaded.towers),
+            agreement_with_float32=facts.agreement_with_float32,
+            device=facts.device,
+            max_input_tokens=facts.max_input_tokens,
+            dimensions=facts.dimensions,
+            labels=list(facts.labels) if facts.capability == Capability.CLASSIFY.value else None,
+            modalities=list(facts.modalities),
             stats={
                 "queue_depth": sum(w.queue.depth for w in workers),
                 "batches_done": sum(w.batches_done for w in workers),

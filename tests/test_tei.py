@@ -186,12 +186,13 @@ def test_litellm_huggingface_embedding(minilm_server: str, minilm_reference) -> 
 
 @pytest.mark.parametrize(("family", "options", "pooling"), [
     ("splade", {}, "splade"), ("colbert", {"strategy": "fixed", "attend": False}, "none"),
+    ("bert_embedder", {"pooling": "cls"}, "cls"), ("bert_embedder", {}, "mean"),
 ])
 async def test_info_describes_sparse_and_multi_vector_models_too(
     build_model, family: str, options: dict, pooling: str
 ) -> None:
-    """TEI's /info for every family: SPLADE is its "splade" pooling; a model of per-token
-    vectors has none (it was a 500)."""
+    """TEI's /info for every family: an embedder's own pooling (it said mean for all); SPLADE
+    is its "splade" pooling; a model of per-token vectors has none (it was a 500)."""
     model = ModelSpec(model_id=str(build_model(family, **options)), served_model_name="m", backend="torch")
     spec = spec_of(model)
     async with serve_in_process(spec) as client:

@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from infinity_cloud import __version__
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.errors import InvalidInputError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import TeiErrorBody, error_responses, handled, in_tei_shape
@@ -123,7 +123,7 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     engine, texts = request.app.state.engine, body.texts()
     served = engine.model(body.model, Capability.MULTI_VECTOR)
     if served.capability is not Capability.MULTI_VECTOR:
-        noun = served.loaded.info.capability.noun
+        noun = served.capability.noun
         raise UnsupportedError(
             f"per-token embeddings (/embed_all) are served for multi-vector (ColBERT) models; model "
             f"{served.name!r} is for {noun}: use /embed", param="inputs",
@@ -166,24 +166,30 @@ async def decode(body: TeiDecodeRequest, request: Request) -> Response:
     return json_response(texts)
 
 
+# TEI's names for a pooling where they differ from ours.
+_TEI_POOLING = {"lasttoken": "last_token"}
+
+
 @router.get("/info", summary="The served model (TEI's shape)")
 async def info(request: Request) -> Response:
     state = request.app.state
-    facts = state.engine.describe()[0]  # TEI serves one model; its first here
-    kind = (facts.get("capabilities") or ["embed"])[0]
-    labels = {str(i): label for i, label in enumerate(facts.get("labels") or [])}
+    loaded = state.engine.facts()
+    if not loaded:
+        raise ModelNotReadyError("no model has loaded yet")
+    facts = loaded[0]  # TEI serves one model; its first here
+    labels = {str(i): label for i, label in enumerate(facts.labels)}
     model_type = {  # TEI's kinds; SPLADE is its "splade" pooling, per-token vectors none at all
-        "embed": {"embedding": {"pooling": "mean"}},
+        "embed": {"embedding": {"pooling": _TEI_POOLING.get(facts.pooling or "mean", facts.pooling)}},
         "sparse": {"embedding": {"pooling": "splade"}},
         "multi_vector": {"embedding": {"pooling": "none"}},
         "rerank": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
         "classify": {"classifier": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}},
-    }[kind]
-    spec = next(m for m in state.spec.models if m.name == facts["id"])
+    }[facts.capability]
+    spec = next(m for m in state.spec.models if m.name == facts.name)
     return json_response({
-        "model_id": facts["id"], "model_sha": None, "model_dtype": facts.get("dtype"),
+        "model_id": facts.name, "model_sha": None, "model_dtype": facts.dtype,
         "model_type": model_type, "max_concurrent_requests": spec.queue_size,
-        "max_input_length": facts.get("max_input_tokens"), "max_batch_tokens": spec.batch_tokens,
+        "max_input_length": facts.max_input_tokens, "max_batch_tokens": spec.batch_tokens,
         "max_batch_requests": None, "max_client_batch_size": state.spec.server.limits.max_inputs_per_request,
         "auto_truncate": True, "tokenization_workers": 1, "version": __version__, "sha": None,
         "docker_label": None,
