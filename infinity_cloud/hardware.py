@@ -12,16 +12,26 @@ from pathlib import Path
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo does not exist)."""
+def _cpuinfo(field: str) -> str:
+    """The first `field` line of /proc/cpuinfo ("" where it does not exist)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        if line.startswith(field):
+            return line.partition(":")[2].strip()
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo does not exist)."""
+    return frozenset(_cpuinfo("flags").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as the kernel reports it ("" where it does not)."""
+    return _cpuinfo("model name")
 
 
 def cpu_has_fast_bf16() -> bool:

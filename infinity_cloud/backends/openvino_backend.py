@@ -170,22 +170,24 @@ class OpenVinoBackend(Backend):
         """`config`, or one stream on every core where OpenVINO's kernels for this precision
         kill the process with one thread a stream (seen: SIGFPE, bf16 on AMX); tried in a
         child (`openvino_probe`). Raises PrecisionCrashError where nothing survives."""
-        crash = crash_of(folder / IR_FILE, config, _blob_cache(folder, config))
-        if crash is None:
+        def crash(tried: dict[str, object]) -> str | None:
+            return crash_of(folder / IR_FILE, tried, _blob_cache(folder, tried))
+
+        how = crash(config)
+        if how is None:
             return config
         single = {**config, "NUM_STREAMS": 1}
-        survives = crash_of(folder / IR_FILE, single, _blob_cache(folder, single)) is None
-        if config.get("NUM_STREAMS") != 1 and survives:
+        if config.get("NUM_STREAMS") != 1 and crash(single) is None:
             log.warning(
                 "OpenVINO %s %s crashes on this CPU (%s) on several streams; %s runs as one stream "
                 "on every core instead, which serves many clients more slowly. Fix: --dtype float32 "
                 "for throughput, or an OpenVINO release without the bug",
-                ov.__version__, self.dtype, crash, self.info.path.name,
+                ov.__version__, self.dtype, how, self.info.path.name,
             )
             return single
         raise PrecisionCrashError(
             f"OpenVINO {ov.__version__} in {self.dtype} crashes on this CPU for {self.info.path.name} "
-            f"({crash}); serve it with --dtype float32"
+            f"({how}); serve it with --dtype float32"
         )
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:

@@ -12,6 +12,7 @@ MODEL_XML CONFIG_JSON` compiles, runs every stream at once on small inputs, exit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,23 +22,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.hardware import cpu_flags
+from infinity_cloud.hardware import cpu_flags, cpu_model
 
 # A compilation of a large model (bge-m3 in bf16) takes a minute on 2 cores: well inside.
 PROBE_SECONDS = 900
 
 
+@functools.cache
 def _cpu_key() -> str:
     """The CPU a verdict holds for: a blob folder copied to another machine is probed again."""
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    seen = model + " " + " ".join(sorted(cpu_flags()))
+    seen = cpu_model() + " " + " ".join(sorted(cpu_flags()))
     return hashlib.blake2b(seen.encode(), digest_size=8).hexdigest()
 
 

@@ -22,8 +22,7 @@ router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_r
 
 async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
     engine = request.app.state.engine
-    served = engine.model(body.model, Capability.EMBED)
-    model = served.name
+    model = engine.model(body.model, Capability.EMBED).name
     if body.truncate == "START":
         raise InvalidInputError(
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
@@ -37,14 +36,15 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
         prompt = prompt_for_use(body.input_type, engine.prompts(model))
     result = await answer(request, "embed", model, len(inputs), engine.embed(
         inputs, model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
-        prompt_name=prompt, modality=modality, output_dtype="float32",  # then each type asked (or float)
+        prompt_name=prompt, modality=modality, wait=False,
+        # The types asked are made from floats; without any, the model's --embedding-dtype.
+        output_dtype=None if body.embedding_types is None else "float32",
     ))
     types = body.embedding_types
-    if types is None and served.spec.embedding_dtype != "float32":  # the model's --embedding-dtype
-        types = [served.spec.embedding_dtype]
-    by_type = None if types is None else {
-        t: await engine.quantize(result, t, body.output_dimension, wait=False) for t in types
-    }
+    if types is None:
+        by_type = None if result.dtype == "float32" else {result.dtype: result.embeddings}
+    else:
+        by_type = {t: await engine.quantize(result, t, body.output_dimension, wait=False) for t in types}
     return json_response(cohere_embed_body(result, body.texts or [], by_type, version))
 
 
