@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 from corpus import add_corpus_argument, load_texts
 
-from infinity_cloud.model_files import read_model_info
+from infinity_cloud.families import read_model_info
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

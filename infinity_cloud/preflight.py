@@ -15,8 +15,8 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.registry import auto_backends, backend_entry, installed, is_import_path
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
-from infinity_cloud.model_files import read_model_info
 from infinity_cloud.model_source import already_here
 
 # A tower that reads media -> the modules it needs, the extra that installs them, their names.

@@ -19,9 +19,10 @@ from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.families import read_model_info
 from infinity_cloud.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
-from infinity_cloud.media import MediaPreprocessor, preprocessors
-from infinity_cloud.model_files import GraphOutput, ModelInfo, read_model_info
+from infinity_cloud.media import MediaPreprocessor
+from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.model_source import resolve_model_dir
 from infinity_cloud.results import ModelFacts
@@ -61,18 +62,20 @@ class _Loaded:
         return next(iter(self.towers.values())).worker
 
 
-# The bytes one token may hold in a graph's intermediates before pooling: SPLADE's
+# What a batch's large per-token intermediates may take (`Graph.token_bytes`): SPLADE's
 # vocabulary logits are 4 bytes x vocabulary per token, so its batches hold fewer tokens.
-_SPLADE_BATCH_BYTES = 256 * 1024 * 1024
+_LARGE_INTERMEDIATES_BYTES = 256 * 1024 * 1024
 
 
 def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
     """Padded tokens per batch: the spec's, capped for graphs whose per-token intermediates
     are large (SPLADE: 30,522 floats a token, 2 GB for the default budget)."""
-    if graph.startswith("splade") and info.vocab_size:
-        cap = max(64, _SPLADE_BATCH_BYTES // (4 * int(info.vocab_size)))
+    token_bytes = info.family.graph(graph).token_bytes
+    if token_bytes is not None:
+        cap = max(64, _LARGE_INTERMEDIATES_BYTES // token_bytes(info))
         if spec.batch_tokens > cap:
-            log.info("model %s: SPLADE batches capped at %d tokens (vocabulary logits)", spec.name, cap)
+            log.info("model %s: batches of its %s graph capped at %d tokens (large intermediates per token)",
+                     spec.name, graph, cap)
             return cap
     return spec.batch_tokens
 
@@ -165,7 +168,7 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        media = preprocessors(info, tokenizer)
+        media = info.family.preprocessors(info, tokenizer)
         normalize = info.normalize if spec.normalize is None else spec.normalize
         towers: dict[TowerName, Tower] = {}
         try:

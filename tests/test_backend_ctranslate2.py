@@ -31,7 +31,7 @@ from infinity_cloud import Engine, ModelSpec  # noqa: E402
 from infinity_cloud.backends import exports  # noqa: E402
 from infinity_cloud.backends.ctranslate2_backend import MODEL_FILE, CTranslate2Backend  # noqa: E402
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError  # noqa: E402
-from infinity_cloud.model_files import read_model_info  # noqa: E402
+from infinity_cloud.families import read_model_info  # noqa: E402
 
 FLOAT32_COSINE = 0.9999
 INT8_COSINE = 0.98

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,13 +120,20 @@ def test_what_decoding_is_counted_covers_what_it_takes(fmt: str, mode: str, tmp_
     assert measured["counted"] < 32 * 2048 * 2048, measured  # and not absurdly more
 
 
+def image_preprocessor(path: Path) -> Any:
+    """The preprocessor the model's family gives its image tower, as a server loads it."""
+    from infinity_cloud.families import read_model_info
+    from infinity_cloud.tokenization import TextTokenizer
+
+    info = read_model_info(path)
+    tokenizer = TextTokenizer.load(path, info.max_length, info.vocab_size, info.pad_token)
+    return info.family.preprocessors(info, tokenizer)["image"]
+
+
 async def test_decoding_is_held_from_the_memory_budget(clip: Path) -> None:
     """An image whose decoding is more than the budget has is a 413 that says how much,
     before it is decoded; one that fits decodes."""
-    from infinity_cloud.media.images import ImagePreprocessor
-    from infinity_cloud.model_files import read_model_info
-
-    preprocessor = ImagePreprocessor.load(read_model_info(clip))
+    preprocessor = image_preprocessor(clip)
     idle = 0  # this budget counts only what is held: the test process's own memory is not the point
     budget = MemoryBudget(200 * 2**20, resident=lambda: idle)
     decoder = MediaDecoder(LimitsSpec(), budget, workers=1)
@@ -142,13 +150,12 @@ async def test_decoding_is_held_from_the_memory_budget(clip: Path) -> None:
 async def test_a_large_jpeg_decodes_reduced_and_embeds_as_in_full(clip: Path) -> None:
     """A 12 MP JPEG is decoded at a quarter of its sides (DCT scaling), a fraction of the
     memory; its embedding agrees with transformers' from the full-size decode."""
-    from infinity_cloud.media.images import ImagePreprocessor, decoding_bytes, open_image
-    from infinity_cloud.model_files import read_model_info
+    from infinity_cloud.media.images import decoding_bytes, open_image
 
     big = photo(4032, 3024)
     image = open_image(big, 0)
     assert decoding_bytes(image) < 4032 * 3024  # less than one byte a pixel of the full size
-    preprocessor = ImagePreprocessor.load(read_model_info(clip))
+    preprocessor = image_preprocessor(clip)
     assert preprocessor.prepare(big, 0).array.shape[1:] == (32, 32)
     async with serve_in_process(spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"))) as client:
         response = await embed_images(client, [data_uri(big, "image/jpeg")])
@@ -161,8 +168,8 @@ async def test_a_large_jpeg_decodes_reduced_and_embeds_as_in_full(clip: Path) ->
 def test_long_audio_decodes_only_the_window(build_model: Callable[..., Path]) -> None:
     """An hour of FLAC silence is a few KB: only the model's window of it is decoded, and
     what is counted is the window's, not the hour's."""
+    from infinity_cloud.families import read_model_info
     from infinity_cloud.media.audio import AudioPreprocessor
-    from infinity_cloud.model_files import read_model_info
 
     preprocessor = AudioPreprocessor.load(read_model_info(build_model("clap")))
     hour = encoded(np.zeros(3600 * 48_000, dtype=np.float32), 48_000, "FLAC")
@@ -196,10 +203,7 @@ async def test_decoding_time_counts_toward_the_deadline(clip: Path) -> None:
     """Media whose decoding alone would end past the deadline are a 413 before any decoding;
     behind other requests' decoding, a 429 with Retry-After; nothing stays held after."""
     from infinity_cloud.errors import QueueFullError
-    from infinity_cloud.media.images import ImagePreprocessor
-    from infinity_cloud.model_files import read_model_info
-
-    preprocessor = ImagePreprocessor.load(read_model_info(clip))
+    preprocessor = image_preprocessor(clip)
     budget = MemoryBudget(None)
     decoder = MediaDecoder(LimitsSpec(), budget, workers=1)
     large = flat(4096, "PNG", "RGBA")

@@ -12,7 +12,7 @@ import pytest
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import ModelLoadError, UnsupportedError
-from infinity_cloud.model_files import read_model_info
+from infinity_cloud.families import read_model_info
 
 BERT_CONFIG = {
     "architectures": ["BertModel"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.errors import ModelLoadError
-from infinity_cloud.model_files import read_model_info
+from infinity_cloud.families import read_model_info
 
 TEXTS = [
     "the cat sat on the mat",
@@ -155,12 +156,14 @@ async def test_sparse_mistakes_are_client_errors(splade: Path, tiny_embedder: Pa
             assert words in response.text, (path, body, response.text)
 
 
-def test_splade_batches_hold_fewer_tokens(splade: Path) -> None:
+def test_splade_batches_hold_fewer_tokens(splade: Path, tiny_embedder: Path) -> None:
     """A SPLADE batch's vocabulary logits are 4 bytes x vocabulary per token: the token budget
-    is capped so a batch stays within a few hundred MB."""
+    is capped so a batch stays within a few hundred MB; an encoder's of that vocabulary is not."""
     from infinity_cloud.served_model import batch_tokens
 
-    info = read_model_info(splade)
-    big = info.__class__(**{**info.__dict__, "vocab_size": 30522})
-    assert batch_tokens(ModelSpec(), big, "splade_max") * 30522 * 4 <= 256 * 1024 * 1024
-    assert batch_tokens(ModelSpec(), big, "token_states") == ModelSpec().batch_tokens
+    def wide(path: Path) -> Any:
+        info = read_model_info(path)
+        return info.__class__(**{**info.__dict__, "vocab_size": 30522})
+
+    assert batch_tokens(ModelSpec(), wide(splade), "splade_max") * 30522 * 4 <= 256 * 1024 * 1024
+    assert batch_tokens(ModelSpec(), wide(tiny_embedder), "token_states") == ModelSpec().batch_tokens

@@ -99,15 +99,17 @@ class Calibration:
 class Backend(ABC):
     """Loads a model's weights and runs batches through one of its graphs.
 
-    `forward` returns what the graph returns (`model_files.GraphOutput`): token states for an
+    `forward` returns what the graph returns (its family's `Graph.returns`): token states for an
     encoder, logits for a classifier, pooled term weights for SPLADE, a tower's embeddings
     for CLIP. Pooling, heads, normalisation and scoring are the engine's shared code, never a
-    backend's; the graphs themselves are defined once, in `graphs.py`.
+    backend's; the graphs themselves are defined once, by their families (`families/`).
     """
 
     name: ClassVar[str]
-    # The graphs this backend can run.
-    graphs: ClassVar[frozenset[str]] = frozenset(GraphOutput.__args__)  # type: ignore[attr-defined]
+    # The graphs this backend can run, by name; None: every family's graph.
+    graphs: ClassVar[frozenset[str] | None] = None
+    # Whether it runs a graph's ONNX trace, so only graphs that trace (`Graph.traceable`).
+    traced: ClassVar[bool] = False
     # Where to turn for a graph this backend does not run.
     others: ClassVar[str] = "--backend torch (or auto)"
     # Precisions built by measuring: their __init__ takes `calibration=`, a function that
@@ -118,10 +120,13 @@ class Backend(ABC):
         self.info = info
         self.spec = spec
         self.graph: GraphOutput = graph or info.towers["text"]
-        if self.graph not in self.graphs:
+        runs = "graphs that trace to ONNX" if self.traced else ", ".join(sorted(self.graphs or ()))
+        if (self.graphs is not None and self.graph not in self.graphs) or (
+            self.traced and not info.family.graph(self.graph).traceable
+        ):
             raise ModelLoadError(
                 f"the {self.name} backend cannot run {info.path.name}'s {self.graph} graph "
-                f"({info.model_type}); it runs {', '.join(sorted(self.graphs))}: serve it with {self.others}"
+                f"({info.family.name}); it runs {runs}: serve it with {self.others}"
             )
         self.device = "cpu"
         self.dtype = "float32"

@@ -34,8 +34,7 @@ OPTIMIZED_FILE = "model.onnx"
 
 class OnnxBackend(Backend):
     name = "onnx"
-    # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
-    graphs = Backend.graphs - {"colqwen2_text", "colqwen2_image"}
+    traced = True  # it starts from the ONNX trace; graphs that do not trace are torch's
     calibrated_dtypes = frozenset({"int8"})
 
     def __init__(
@@ -46,7 +45,7 @@ class OnnxBackend(Backend):
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
         source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name)
-        fuse = info.model_type in _BERT_LIKE and self.graph != "image_embeds"
+        fuse = info.model_type in _BERT_LIKE
         # The source by its place in the folder, so a moved folder keeps its exports.
         options: dict[str, Any] = {
             "source": source.label, "dtype": self.dtype, "fuse": fuse,

@@ -24,8 +24,8 @@ EXPORT_MODULES = ("torch", "transformers", "onnx")
 
 def own_onnx(info: ModelInfo, graph: GraphOutput | None = None) -> Path | None:
     """An ONNX file the model folder ships (e.g. made by optimum-cli), used as is. Only for
-    graphs such a file holds: an encoder's states or a classifier's logits."""
-    if (graph or info.towers["text"]) not in ("token_states", "logits"):
+    graphs such a file holds (`Graph.own_onnx`: an encoder's states, a classifier's logits)."""
+    if not info.family.graph(graph or info.towers["text"]).own_onnx:
         return None
     for name in OWN_ONNX_FILES:
         if (info.path / name).is_file():
@@ -63,15 +63,11 @@ class OnnxSource:
         return folder / EXPORT_FILE
 
 
-# Which axes of each graph's output vary: every graph's rows; per-token outputs' positions too.
-_PER_TOKEN = ("token_states", "colpali_text", "colpali_image")
-_OUTPUT_AXES = {name: {0: "batch", 1: "sequence"} for name in _PER_TOKEN}
-
-
 def export_onnx(
     info: ModelInfo, graph: GraphOutput, target: Path, trust_remote_code: bool, backend: str
 ) -> dict[str, Any]:
-    """Trace the graph (`graphs.py`) to ONNX with dynamic batch (and sequence) axes, in float32."""
+    """Trace the graph (its family's, `backends/graphs.py`) to ONNX with dynamic batch (and
+    sequence) axes, in float32, on the family's example inputs."""
     missing = next((name for name in EXPORT_MODULES if importlib.util.find_spec(name) is None), None)
     if missing is not None:
         # Checked before loading any weights, so a missing package costs nothing at each start.
@@ -89,31 +85,8 @@ def export_onnx(
     # Eager attention: SDPA paths branch in Python on the mask, which a trace would freeze.
     model = build_graph(info, spec, graph, torch.float32, attention="eager")
     names = list(model.input_names)
-    if graph == "image_embeds":
-        side = info.image_size or 224
-        example: tuple[torch.Tensor, ...] = (torch.rand(2, 3, side, side),)
-        axes = {"pixel_values": {0: "batch"}}
-    elif graph == "audio_embeds":  # log-mel frames x bins of CLAP's window
-        audio = info.audio_processor
-        frames = int(float(audio.get("max_length_s", 10)) * int(audio.get("sampling_rate", 48_000)))
-        frames = frames // int(audio.get("hop_length", 480)) + 1
-        example = (torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40,)
-        axes = {"input_features": {0: "batch"}}
-    elif graph == "colpali_image":  # a page: its image tokens, then the prompt's text
-        vlm = info.raw.get("vlm_config") or {}
-        side = info.image_size or 448
-        tokens = (side // (info.patch_size or 14)) ** 2
-        ids = torch.tensor([[int(vlm.get("image_token_index", 0))] * tokens + [2, 5, 6, 7]] * 2)
-        example = (ids, torch.ones_like(ids), torch.zeros_like(ids), torch.rand(2, 3, side, side))
-        axes = {name: {0: "batch", 1: "sequence"} for name in names[:3]} | {"pixel_values": {0: "batch"}}
-    else:
-        # Padding and two lengths, so no mask branch is traced as "no padding".
-        ids = torch.full((2, 8), 5, dtype=torch.long)
-        mask = torch.ones_like(ids)
-        mask[1, 5:] = 0
-        example = (ids, mask, torch.zeros_like(ids))[: len(names)]
-        axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[graph] = _OUTPUT_AXES.get(graph, {0: "batch"})
+    example, axes = model.graph.example(info, model.input_names)
+    axes[graph] = {0: "batch", 1: "sequence"} if model.graph.per_token else {0: "batch"}
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer chatter about Python branches on shapes

@@ -69,8 +69,7 @@ def _blob_cache(folder: Path, config: dict[str, object]) -> Path:
 
 class OpenVinoBackend(Backend):
     name = "openvino"
-    # Qwen2-VL's vision tower (patches per image on a grid) is not exported: torch serves it.
-    graphs = Backend.graphs - {"colqwen2_text", "colqwen2_image"}
+    traced = True  # it starts from the ONNX trace; graphs that do not trace are torch's
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         super().__init__(info, spec, graph)

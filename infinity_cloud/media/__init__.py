@@ -1,5 +1,5 @@
 """Images and audio: fetching them for a request (`fetch.py`), turning them into a tower's
-inputs (`images.py`, `audio.py`)."""
+inputs (`images.py`, `audio.py`, `pages.py`; which a model's towers use, its family says)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Any, Protocol
 
 from infinity_cloud.backends.base import ModelInputs
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.model_files import ModelInfo, Tower
-from infinity_cloud.tokenization import TextTokenizer
 
 
 class MediaPreprocessor(Protocol):
@@ -28,28 +26,3 @@ class MediaPreprocessor(Protocol):
     def collate(self, items: Sequence[Any], rows: int | None = None) -> ModelInputs: ...
 
     def probes(self) -> list[Any]: ...
-
-
-def preprocessors(info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
-    """The preprocessor of each tower that reads images or audio (imported only then: Pillow,
-    soundfile)."""
-    media: dict[Tower, MediaPreprocessor] = {}
-    if info.model_type == "colqwen2":  # pages of any shape, each behind its own prompt
-        from infinity_cloud.media.pages import PagePreprocessor
-
-        def tokenize(text: str) -> list[int]:
-            return tokenizer.encode([text], truncate=False, special_tokens=False)[0].ids
-
-        media["image"] = PagePreprocessor(info, tokenize, tokenizer.pad_id)
-    elif "image" in info.towers:
-        from infinity_cloud.media.images import ImagePreprocessor
-
-        # A model that reads each page behind a prompt (ColPali) gets its ids once, here.
-        prompt = info.templates.get("image")
-        ids = tokenizer.encode([prompt], truncate=False, special_tokens=False)[0].ids if prompt else None
-        media["image"] = ImagePreprocessor.load(info, ids)
-    if "audio" in info.towers:
-        from infinity_cloud.media.audio import AudioPreprocessor
-
-        media["audio"] = AudioPreprocessor.load(info)
-    return media

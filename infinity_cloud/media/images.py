@@ -86,9 +86,13 @@ class ImagePreprocessor:
         self.cost = self.tokens
 
     @classmethod
-    def load(cls, info: ModelInfo, prompt_ids: list[int] | None = None) -> ImagePreprocessor:
-        clip = info.model_type == "clip"
-        return cls(info.image_processor, info.image_size or 224, info.patch_size or 32, clip, prompt_ids)
+    def load(
+        cls, info: ModelInfo, prompt_ids: list[int] | None = None, class_token: bool = False
+    ) -> ImagePreprocessor:
+        """The image tower's preprocessor; `class_token`: its tower reads one besides the
+        patches (CLIP), which an image's cost counts."""
+        side, patch = info.image_size or 224, info.patch_size or 32
+        return cls(info.image_processor, side, patch, class_token, prompt_ids)
 
     def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]:
         """One input's picture, its header read, and what decoding it takes at its peak."""

@@ -89,9 +89,9 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     capability = Capability.EMBED
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
-        if graph == "token_states":
+        if info.family.graph(graph).returns == "token_states":
             return Head("pool", pooling, info.dense, normalize)
-        return Head("vectors", normalize=normalize)
+        return Head("vectors", normalize=normalize)  # pooled inside the graph (CLIP's towers)
 
     def check(self, call: EmbedCall, served: Served, limits: LimitsSpec) -> None:
         if served.loaded.info.capability is Capability.SPARSE:

@@ -48,7 +48,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
     capability = Capability.MULTI_VECTOR
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
-        if graph == "token_states":  # ColBERT: the encoder's states through Dense and Normalize
+        if info.family.graph(graph).returns == "token_states":  # ColBERT: states through Dense, Normalize
             return Head("tokens", dense=info.dense, normalize=normalize)
         return FINAL  # ColPali's graph normalises each token and zeroes the padding
 

@@ -1,0 +1,52 @@
+"""Model families: each module says how to recognise one kind of model folder, what it reads
+from it, its graphs and its preprocessors (`base.Family`). `FAMILIES` is the registry, asked
+in order: the first family that recognises a folder reads it. Nothing else branches on a
+family or a graph's name; it asks `ModelInfo.family`.
+
+Adding a family: a module here, and its line in `FAMILIES` (before any family that would
+claim its folders too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.families.base import Family
+from infinity_cloud.families.clap import Clap
+from infinity_cloud.families.classifier import Classifier
+from infinity_cloud.families.clip import Clip
+from infinity_cloud.families.colbert import ColBert
+from infinity_cloud.families.colpali import ColPali
+from infinity_cloud.families.colqwen2 import ColQwen2
+from infinity_cloud.families.cross_encoder import CrossEncoder
+from infinity_cloud.families.folder import ModelFolder
+from infinity_cloud.families.siglip import Siglip
+from infinity_cloud.families.splade import Splade
+from infinity_cloud.families.text_encoder import TextEncoder
+from infinity_cloud.model_files import ModelInfo
+
+FAMILIES: list[Family] = [
+    ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
+    CrossEncoder(), Classifier(),  # *ForSequenceClassification
+    Splade(), ColBert(),  # sentence-transformers heads
+    TextEncoder(),  # any other text folder
+]
+
+
+def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
+    """What the model in `path` is: the first family that recognises its folder reads it.
+    `pooling` is the caller's override; "splade" serves a bare masked-LM folder as SPLADE,
+    as TEI's `--pooling splade` does."""
+    folder = ModelFolder(path, pooling)
+    family = next((f for f in FAMILIES if f.recognises(folder)), None)
+    if family is None:
+        served = sorted(f.name for f in FAMILIES if f.media)
+        raise UnsupportedError(
+            f"{path.name} is a {folder.model_type or 'multimodal'} model; image and audio models served "
+            f"are {', '.join(served)}"
+        )
+    return family.read(folder)
+
+
+__all__ = ["FAMILIES", "Family", "ModelFolder", "read_model_info"]

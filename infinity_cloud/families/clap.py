@@ -1,0 +1,69 @@
+"""CLAP: a RoBERTa text tower and an HTSAT audio tower into one space, normalised. Unfused
+models only: a fused one reads random crops of long audio."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.families.base import AUDIO_INPUTS, TEXT_INPUTS, Family, graphs_of, pooled
+from infinity_cloud.families.folder import ModelFolder
+from infinity_cloud.families.two_tower import text_embeds
+from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+
+if TYPE_CHECKING:
+    from infinity_cloud.media import MediaPreprocessor
+    from infinity_cloud.tokenization import TextTokenizer
+
+
+def _audio_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
+    """Log-mel frames x bins of CLAP's window."""
+    import torch
+
+    audio = info.audio_processor
+    frames = int(float(audio.get("max_length_s", 10)) * int(audio.get("sampling_rate", 48_000)))
+    frames = frames // int(audio.get("hop_length", 480)) + 1
+    example = torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40
+    return (example,), {"input_features": {0: "batch"}}
+
+
+AUDIO_EMBEDS = Graph(  # unfused CLAP: `is_longer` is not read
+    "audio_embeds", "vectors", lambda model, feed: pooled(model.get_audio_features(**feed)),
+    inputs=lambda model: AUDIO_INPUTS, example=_audio_example,
+)
+
+
+class Clap(Family):
+    name = "clap"
+    graphs = graphs_of(text_embeds(TEXT_INPUTS[:2]), AUDIO_EMBEDS)
+    media = ("audio",)
+
+    def recognises(self, folder: ModelFolder) -> bool:
+        return folder.model_type == "clap"
+
+    def read(self, folder: ModelFolder) -> ModelInfo:
+        config = folder.config
+        text, audio = config.get("text_config") or {}, config.get("audio_config") or {}
+        if audio.get("enable_fusion"):
+            raise UnsupportedError(
+                f"{folder.path.name} is a fused CLAP model (random crops of long audio); unfused CLAP "
+                "models are served"
+            )
+        positions = int(text.get("max_position_embeddings") or 514) - 2  # RoBERTa offsets by padding
+        limit = folder.tokenizer_config.get("model_max_length")
+        if isinstance(limit, int | float) and limit < 1e6:  # transformers' sentinel for "no limit" is huge
+            positions = min(positions, int(limit))
+        return ModelInfo(
+            path=folder.path, family=self, capability=Capability.EMBED, model_type="clap",
+            architectures=folder.architectures, max_length=positions,
+            hidden_size=int(config.get("projection_dim") or 512), vocab_size=text.get("vocab_size"),
+            pad_token=folder.pad_token, normalize=True,
+            towers={"text": "text_embeds", "audio": "audio_embeds"},
+            audio_processor=folder.preprocessor("feature_extractor"), raw=config,
+        )
+
+    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+        from infinity_cloud.media.audio import AudioPreprocessor
+
+        return {"audio": AudioPreprocessor.load(info)}

@@ -1,0 +1,62 @@
+"""What CLIP and SigLIP share: a text tower and an image tower into one space, normalised,
+read as transformers' get_text_features / get_image_features of the whole model."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.families.base import IMAGE_INPUTS, Family, max_length, padded_text_example, pooled
+from infinity_cloud.families.folder import ModelFolder
+from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+
+if TYPE_CHECKING:
+    from infinity_cloud.media import MediaPreprocessor
+    from infinity_cloud.tokenization import TextTokenizer
+
+
+def _image_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
+    import torch
+
+    side = info.image_size or 224
+    return (torch.rand(2, 3, side, side),), {"pixel_values": {0: "batch"}}
+
+
+IMAGE_EMBEDS = Graph(
+    "image_embeds", "vectors", lambda model, feed: pooled(model.get_image_features(**feed)),
+    inputs=lambda model: IMAGE_INPUTS, example=_image_example,
+)
+
+
+def text_embeds(inputs: tuple[str, ...]) -> Graph:
+    """The text tower, reading `inputs`."""
+    return Graph("text_embeds", "vectors", lambda model, feed: pooled(model.get_text_features(**feed)),
+                 inputs=lambda model: inputs, example=padded_text_example)
+
+
+class TwoTower(Family):
+    media = ("image",)
+    # Whether the image tower reads a class token besides its patches (what an image costs).
+    class_token = False
+
+    def recognises(self, folder: ModelFolder) -> bool:
+        return folder.model_type == self.name
+
+    def read(self, folder: ModelFolder, **facts: Any) -> ModelInfo:
+        config = folder.config
+        text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
+        # CLIP projects both towers to projection_dim; SigLIP's text head keeps the text width.
+        width = config.get("projection_dim") or text.get("projection_size") or text.get("hidden_size")
+        return ModelInfo(
+            path=folder.path, family=self, capability=Capability.EMBED, model_type=folder.model_type,
+            architectures=folder.architectures, max_length=max_length(folder, text),
+            hidden_size=int(width or 0), vocab_size=text.get("vocab_size"), pad_token=folder.pad_token,
+            normalize=True, towers={"text": "text_embeds", "image": "image_embeds"},
+            image_size=int(vision.get("image_size") or 224), patch_size=int(vision.get("patch_size") or 32),
+            image_processor=folder.preprocessor(), raw=config, **facts,
+        )
+
+    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+        from infinity_cloud.media.images import ImagePreprocessor
+
+        return {"image": ImagePreprocessor.load(info, class_token=self.class_token)}
