@@ -6,10 +6,13 @@ without a line here fails `test_every_field_of_every_request_model_is_walked`.""
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import httpx
@@ -18,7 +21,7 @@ from conftest import fake, post_through_calibration, serve_in_process, spec_of
 from pydantic import BaseModel
 
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.server import protocol
+from infinity_cloud.server import dialects
 
 LONG = "word " * 400  # past every tiny model's limit
 
@@ -35,13 +38,25 @@ class Case(NamedTuple):
 EMB = {"model": "emb", "input": ["hello world", "a b c"]}
 RR = {"model": "rr", "query": "q", "documents": ["a", "b c", "d e f"]}
 TEI_RR = {"model": "rr", "query": "q", "texts": ["a", "b c", "d e f"]}
+VO_RR = {**RR, "truncation": True}  # as the voyageai client sends it
 CL = {"model": "cl", "input": ["hello"]}
 CO = {"model": "emb", "texts": ["hello"], "input_type": "search_document", "embedding_types": ["float"]}
 TEI = {"model": "emb", "inputs": ["hello"]}
 SIM = {"model": "emb", "inputs": {"source_sentence": "a b", "sentences": ["a", "b c"]}}
 SP = {"model": "sp", "inputs": ["hello world"]}
 
-P = protocol
+
+def request_models() -> dict[str, type[BaseModel]]:
+    """The request models of every module of the dialects package (each dialect's, and what
+    they share), by name."""
+    modules = [importlib.import_module(f"{dialects.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(dialects.__path__)]
+    return {name: obj for module in modules for name, obj in vars(module).items()
+            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
+            and not name.startswith("_")}
+
+
+P = SimpleNamespace(**request_models())
 CASES = [
     # OpenAI / Infinity / Jina / Voyage embeddings
     Case(P.EmbeddingRequest, "model", "/v1/embeddings", EMB, {"model": "nope"}, 404),
@@ -62,22 +77,39 @@ CASES = [
          "changes"),
     Case(P.EmbeddingRequest, "truncation", "/v1/embeddings", {**EMB, "input": [LONG]},
          {"truncation": False}, 400),
-    # Infinity / Cohere / Jina / Voyage / TEI / vLLM rerank
+    # Infinity / Cohere / Jina rerank (and vLLM's, on Jina's path)
     Case(P.RerankRequest, "model", "/rerank", RR, {"model": "nope"}, 404),
     Case(P.RerankRequest, "query", "/rerank", RR, {"query": "another query"}, "changes"),
     Case(P.RerankRequest, "documents", "/rerank", RR, {"documents": ["x", "y"]}, "changes"),
-    Case(P.RerankRequest, "texts", "/rerank", RR, {"documents": None, "texts": RR["documents"]}, "changes"),
     Case(P.RerankRequest, "top_n", "/rerank", RR, {"top_n": 1}, "changes"),
-    Case(P.RerankRequest, "top_k", "/rerank", RR, {"top_k": 1}, "changes"),
     Case(P.RerankRequest, "return_documents", "/rerank", RR, {"return_documents": True}, "changes"),
-    Case(P.RerankRequest, "return_text", "/rerank", TEI_RR, {"return_text": True}, "changes"),
     Case(P.RerankRequest, "raw_scores", "/rerank", RR, {"raw_scores": True}, "changes"),
     Case(P.RerankRequest, "truncate", "/rerank", {**RR, "documents": [LONG]}, {"truncate": False}, 400),
-    Case(P.RerankRequest, "truncation", "/rerank", {**RR, "documents": [LONG]}, {"truncation": False},
-         400),
-    Case(P.RerankRequest, "truncation_direction", "/rerank", TEI_RR, {"truncation_direction": "left"},
-         400),
     Case(P.RerankRequest, "modality", "/rerank", RR, {"modality": "image"}, 400),
+    # TEI's rerank, on Infinity's path
+    Case(P.TeiRerankRequest, "model", "/rerank", TEI_RR, {"model": "nope"}, 404),
+    Case(P.TeiRerankRequest, "query", "/rerank", TEI_RR, {"query": "another query"}, "changes"),
+    Case(P.TeiRerankRequest, "texts", "/rerank", RR, {"documents": None, "texts": RR["documents"]},
+         "changes"),
+    Case(P.TeiRerankRequest, "return_text", "/rerank", TEI_RR, {"return_text": True}, "changes"),
+    Case(P.TeiRerankRequest, "raw_scores", "/rerank", TEI_RR, {"raw_scores": True}, "changes"),
+    Case(P.TeiRerankRequest, "truncate", "/rerank", {**TEI_RR, "texts": [LONG]}, {"truncate": False}, 400),
+    Case(P.TeiRerankRequest, "truncation_direction", "/rerank", TEI_RR, {"truncation_direction": "left"},
+         400),
+    # Voyage's rerank, on the rerank paths (its client's is /v1/rerank)
+    Case(P.VoyageRerankRequest, "model", "/v1/rerank", VO_RR, {"model": "nope"}, 404),
+    Case(P.VoyageRerankRequest, "query", "/v1/rerank", VO_RR, {"query": "another query"}, "changes"),
+    Case(P.VoyageRerankRequest, "documents", "/v1/rerank", VO_RR, {"documents": ["x", "y"]}, "changes"),
+    Case(P.VoyageRerankRequest, "top_k", "/v1/rerank", VO_RR, {"top_k": 1}, "changes"),
+    Case(P.VoyageRerankRequest, "top_k", "/rerank", RR, {"top_k": 1}, "changes"),
+    Case(P.VoyageRerankRequest, "return_documents", "/v1/rerank", VO_RR, {"return_documents": True},
+         "changes"),
+    Case(P.VoyageRerankRequest, "raw_scores", "/v1/rerank", VO_RR, {"raw_scores": True}, "changes"),
+    Case(P.VoyageRerankRequest, "truncation", "/v1/rerank", {**VO_RR, "documents": [LONG]},
+         {"truncation": False}, 400),
+    Case(P.VoyageRerankRequest, "truncation", "/rerank", {**RR, "documents": [LONG]}, {"truncation": False},
+         400),
+    Case(P.VoyageRerankRequest, "modality", "/v1/rerank", VO_RR, {"modality": "image"}, 400),
     # classification
     Case(P.ClassifyRequest, "model", "/classify", CL, {"model": "nope"}, 404),
     Case(P.ClassifyRequest, "input", "/classify", CL, {"input": ["another text entirely"]}, "changes"),
@@ -151,9 +183,7 @@ NESTED = {P.TextDocument: "RerankRequest.documents", P.SimilarityInputs: "TeiSim
 
 
 def test_every_field_of_every_request_model_is_walked() -> None:
-    models = {obj for obj in vars(protocol).values()
-              if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == protocol.__name__
-              and not obj.__name__.startswith("_")} - set(NESTED)
+    models = set(request_models().values()) - set(NESTED)
     walked = {(case.model, case.field) for case in CASES}
     missing = sorted(f"{m.__name__}.{f}" for m in models for f in m.model_fields if (m, f) not in walked)
     assert not missing, f"fields no case walks: {missing}"
@@ -228,3 +258,20 @@ async def test_a_dialects_field_no_request_model_serves_is_refused(
     if harmless is not None:
         assert (await client.post(route, json={**body, field: harmless})).status_code == 200
     assert (await client.post(route, json={**body, field: None})).status_code == 200  # null: not sent
+
+
+@pytest.mark.parametrize(("route", "body", "field"), [
+    ("/rerank", {**TEI_RR, "top_n": 1}, "top_n"),  # Infinity's, with TEI's texts
+    ("/rerank", {**TEI_RR, "documents": ["x"]}, "documents"),
+    ("/rerank", {**RR, "return_text": True}, "return_text"),  # TEI's, with Infinity's documents
+    ("/v1/rerank", {**VO_RR, "top_n": 1}, "top_n"),  # Jina's, with Voyage's truncation
+    ("/v2/rerank", {**RR, "top_k": 1, "truncate": False}, "truncate"),
+])
+async def test_another_dialects_field_on_a_shared_path_is_refused(
+    client: httpx.AsyncClient, route: str, body: dict, field: str
+) -> None:
+    """On a path several dialects share, a body is one dialect's: a field only another of
+    them serves is a 400 naming it, not silently dropped."""
+    refused = await client.post(route, json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == field and f"'{field}'" in refused.text

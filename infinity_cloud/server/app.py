@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI, Security
+from fastapi import FastAPI, Security
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,22 +18,15 @@ from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
 from infinity_cloud.server.calls import ClientDisconnected
+from infinity_cloud.server.dialects import DIALECTS, Dialect
+from infinity_cloud.server.dialects.registry import mount
 from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit
 from infinity_cloud.server.openapi import with_limits
-from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.server.request_id import RequestId
-from infinity_cloud.server.routes import (
-    classify,
-    cohere_embed,
-    embeddings,
-    invocations,
-    rerank,
-    status,
-    tei,
-)
+from infinity_cloud.server.routes import status
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +51,14 @@ def create_app(
     *,
     manage_engine: bool = True,
     server: ServerSpec | None = None,
+    dialects: Sequence[Dialect] = DIALECTS,
 ) -> FastAPI:
     """Build the HTTP app around an engine (built from the spec when given a spec).
 
     Models not loaded yet are loaded in the background at start-up, so /health answers 503
     until they are ready. With `manage_engine`, the app stops the engine at shutdown.
     `server` replaces the spec's HTTP settings, for a target that learns them (its API keys)
-    only after the engine was built.
+    only after the engine was built. `dialects` are the wire dialects served (all by default).
     """
     if not isinstance(engine, Engine):
         engine = Engine(engine)
@@ -103,15 +97,14 @@ def create_app(
     app.state.started_at = int(time.time())
 
     protected = [Security(api_key_scheme)]
-    inference = APIRouter(dependencies=protected, route_class=JsonRoute)
-    for router in (embeddings.router, classify.router, status.models_router):
-        inference.include_router(router)
-    app.include_router(inference, prefix=prefix)
+    app.state.bodies = mount(app, dialects, prefix, protected)
+    # Not dialects: what every client and orchestrator asks of the server.
+    app.include_router(status.models_router, prefix=prefix, dependencies=protected)
     app.include_router(
-        inference, prefix=f"{prefix}/v1", generate_unique_id_function=lambda route: f"v1_{route.name}"
+        status.models_router, prefix=f"{prefix}/v1", dependencies=protected,
+        generate_unique_id_function=lambda route: f"v1_{route.name}",
     )
-    for router in (rerank.router, cohere_embed.router, tei.router, invocations.router, status.metrics_router):
-        app.include_router(router, prefix=prefix, dependencies=protected)
+    app.include_router(status.metrics_router, prefix=prefix, dependencies=protected)
     app.include_router(status.health_router, prefix=prefix)
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)

@@ -1,4 +1,5 @@
-"""SageMaker's single entry point: any request body, routed to the matching handler."""
+"""SageMaker's single entry point (`/invocations`): any request body, forwarded to the route
+it is for, which answers it as it answers its own (its dialects told apart as there)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,24 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from infinity_cloud.capability import CALLS, Capability
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.server.dialects.common import RerankRequest
+from infinity_cloud.server.dialects.infinity import ClassifyRequest
+from infinity_cloud.server.dialects.openai import EmbeddingRequest
+from infinity_cloud.server.dialects.registry import Dialect, Mount
+from infinity_cloud.server.errors import ErrorBody, TeiErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
-from infinity_cloud.server.protocol import ClassifyRequest, EmbeddingRequest, RerankRequest
-from infinity_cloud.server.routes.classify import classify
-from infinity_cloud.server.routes.embeddings import embeddings
-from infinity_cloud.server.routes.rerank import TEI_TOO, rerank_infinity
 
-# A TEI rerank body is answered as /rerank answers it.
-router = APIRouter(tags=["sagemaker"], route_class=JsonRoute, responses=TEI_TOO)
+# The routes a body may be for, by the custom attribute's name; their request models.
+_ROUTES = {CALLS[Capability.EMBED]: EmbeddingRequest, CALLS[Capability.RERANK]: RerankRequest,
+           CALLS[Capability.CLASSIFY]: ClassifyRequest}
 
-_HANDLERS: dict[Capability, tuple[type[BaseModel], Any]] = {
-    Capability.EMBED: (EmbeddingRequest, embeddings),
-    Capability.RERANK: (RerankRequest, rerank_infinity),
-    Capability.CLASSIFY: (ClassifyRequest, classify),
-}
-_ROUTES = {CALLS[capability]: handler for capability, handler in _HANDLERS.items()}
+# A TEI rerank body is answered as /rerank answers it: in TEI's shape but for a 422.
+router = APIRouter(tags=["sagemaker"], route_class=JsonRoute,
+                   responses=error_responses(ErrorBody | TeiErrorBody, validation=ErrorBody))
 
 
 def _route_from_header(request: Request) -> str | None:
@@ -61,7 +60,7 @@ _OPENAPI = {
         "schema": {"type": "string"}, "description": f"route=<{'|'.join(_ROUTES)}>; else the body tells",
     }],
     "requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
-        {"$ref": f"#/components/schemas/{schema.__name__}"} for schema, _ in _ROUTES.values()
+        {"$ref": f"#/components/schemas/{schema.__name__}"} for schema in _ROUTES.values()
     ]}}}},
 }
 
@@ -81,11 +80,11 @@ async def invocations(request: Request) -> Response:
             [{"type": "dict_type", "loc": ("body",), "msg": "the body must be a JSON object", "input": None}]
         )
     route = _route_from_header(request) or _route_from_body(request, data)
-    schema, handler = _ROUTES[route]
-    try:
-        body = schema.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
-        ) from None
-    return await handler(body, request)
+    # The app's bodies of that path (dialects.registry.mount): its dialects told apart as there.
+    bodies = request.app.state.bodies.get(f"/{route}")
+    if bodies is None:  # an app built without the dialect that serves it
+        raise UnsupportedError(f"route {route!r} is not served by this app", param="route")
+    return await bodies.answer(data, request)
+
+
+DIALECT = Dialect("SageMaker", mounts=(Mount(router),))

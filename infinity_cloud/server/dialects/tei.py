@@ -1,37 +1,117 @@
 """Hugging Face text-embeddings-inference's API: huggingface_hub's InferenceClient, llama-index's
 TextEmbeddingsInference, chromadb's HuggingFaceEmbeddingServer, litellm's `huggingface/`.
 
-TEI's `/rerank` (with `texts`) shares its path with Infinity's (with `documents`) and lives in
-`rerank.py`; everything else TEI has is here, answering errors in TEI's shape.
+Its routes answer errors in TEI's shape. Its `/rerank` (with `texts`) is a body on Infinity's
+path (with `documents`), which dialects.registry tells apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from infinity_cloud import __version__
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InvalidInputError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.server.calls import answer
-from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import TeiErrorBody, error_responses, handled, in_tei_shape
-from infinity_cloud.server.parsing import JsonRoute
-from infinity_cloud.server.protocol import (
-    SimilarityInputs,
-    TeiAnyRequest,
-    TeiDecodeRequest,
-    TeiEmbedRequest,
-    TeiEmbedSparseRequest,
-    TeiPredictRequest,
-    TeiSimilarityRequest,
-    TeiTokenizeRequest,
+from infinity_cloud.server.dialects.common import (
+    NonNegative,
+    Text,
+    Texts,
+    TokenId,
+    _Request,
+    label_rows,
+    ranked,
 )
-from infinity_cloud.server.responses import label_rows
+from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
+from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.errors import (
+    ErrorBody,
+    TeiErrorBody,
+    error_response,
+    error_responses,
+    handled,
+    in_tei_shape,
+)
+from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.validation import check_texts
+
+# TEI's truncation side (only "right" is served; "left" is refused, not ignored).
+Direction = Literal["right", "left", "Right", "Left"]
+
+
+class _TeiInputs(_Request):
+    inputs: Text | Texts
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+
+
+class _TeiTruncation(_TeiInputs):
+    truncate: bool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
+    truncation_direction: Direction = "right"
+
+
+class TeiEmbedRequest(_TeiTruncation):
+    normalize: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
+    dimensions: NonNegative | None = None
+
+
+class TeiEmbedSparseRequest(_TeiTruncation):
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
+
+
+class TeiPredictRequest(_TeiTruncation):
+    raw_scores: bool = False
+
+
+class SimilarityInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source_sentence: Text
+    sentences: Texts
+
+
+class TeiSimilarityRequest(_TeiTruncation):
+    """TEI's `/similarity` (huggingface_hub's `sentence_similarity`): the cosine of the source
+    sentence's embedding to each sentence's."""
+
+    inputs: SimilarityInputs  # type: ignore[assignment]  # TEI's shape for this route
+    prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
+
+
+class TeiAnyRequest(TeiEmbedRequest):
+    """`POST /`: embed's fields, and predict's for a classifier; a sentence-similarity body
+    (`inputs: {source_sentence, sentences}`) is answered as `/similarity` answers it."""
+
+    inputs: Text | Texts | SimilarityInputs  # type: ignore[assignment]
+    raw_scores: bool = False
+
+
+class TeiTokenizeRequest(_TeiInputs):
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class TeiDecodeRequest(_Request):
+    ids: list[TokenId] | list[list[TokenId]]
+    skip_special_tokens: bool = True
+
+
+class TeiRerankRequest(_Request):
+    """TEI's `/rerank`: `texts`, where Infinity's sends `documents` on the same path."""
+
+    query: Text
+    texts: Texts = Field(..., description="the documents to rank")
+    return_text: bool = Field(False, description="each result's text with it")
+    raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
+    truncate: bool = True
+    truncation_direction: Direction = "right"
+
 
 
 class TeiRoute(JsonRoute):
@@ -194,3 +274,28 @@ async def info(request: Request) -> Response:
         "auto_truncate": True, "tokenization_workers": 1, "version": __version__, "sha": None,
         "docker_label": None,
     })
+
+
+async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
+    """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
+    try:
+        check_direction(body.truncation_direction)
+        result = await ranked(request, body.model, body.query, body.texts, top_n=None,
+                              raw_scores=body.raw_scores, truncate=body.truncate)
+    except InfinityCloudError as exc:  # the path is Infinity's too, so not a TeiRoute
+        return in_tei_shape(error_response(exc))
+    return json_response([
+        {"index": r.index, "score": r.score, **({"text": body.texts[r.index]} if body.return_text else {})}
+        for r in result.results
+    ])
+
+
+def _is_teis(data: dict[str, Any]) -> bool:
+    return data.get("texts") is not None
+
+
+DIALECT = Dialect("TEI", mounts=(Mount(router),), bodies=(
+    # Its errors in TEI's shape, but a 422 in ours: the path's parsing is Infinity's.
+    Body("/rerank", TeiRerankRequest, rerank_tei, _is_teis,
+         responses=error_responses(TeiErrorBody, validation=ErrorBody)),
+))

@@ -1,0 +1,132 @@
+"""What the dialects share: the request base (nulls, other dialects' unserved fields), the
+annotated wire types, the documents rerank three dialects send, and the answer's envelope."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.results import ClassifyResult, RerankResult
+from infinity_cloud.server.calls import answer
+from infinity_cloud.server.openapi import Checked, Limit
+
+# What validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).
+# A text: not empty (400), not longer than the limit (413).
+Text = Annotated[StrictStr, Checked(minLength=1, maxLength=Limit("max_chars_per_text"))]
+# A string that may be a text or a media URL (modality image or audio): not empty; its length
+# is checked only when it is a text.
+Item = Annotated[StrictStr, Checked(minLength=1)]
+# Inputs of one request: at least one (400), no more than the limit (413).
+INPUTS = Checked(minItems=1, maxItems=Limit("max_inputs_per_request"))
+Texts = Annotated[list[Text], INPUTS]
+Items = Annotated[list[Item], INPUTS]
+# A token id outside the vocabulary is a 400; a negative one always is.
+TokenId = Annotated[StrictInt, Checked(minimum=0)]
+TokenIdList = Annotated[list[TokenId], Checked(minItems=1)]
+# dimensions, top_n: 0 means all; a negative one is a 400.
+NonNegative = Annotated[StrictInt, Checked(minimum=0)]
+
+
+def one_list_of(*fields: str) -> dict[str, Any]:
+    """A model's JSON-schema rule for its validator: exactly one of `fields` is a list (null
+    is the same as absent)."""
+    return {"oneOf": [{"required": [field], "properties": {field: {"type": "array"}}} for field in fields]}
+
+
+# Fields of the dialects we speak that no request model serves, the values that mean what
+# the server does anyway, and why any other is refused: a 400 naming the field, never an
+# answer that silently is not what was asked.
+UNSERVED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "max_tokens_per_doc": ((), "Cohere's per-document token cap; documents are cut at the model's own "
+                           "limit (truncate): omit it"),
+    "rank_fields": ((), "Cohere's fields of structured documents; send each document's text"),
+    "task": ((), "Jina's task adapters; say what texts are for with input_type (the model's "
+             "query/document prompts)"),
+    "late_chunking": ((False,), "Jina's late chunking"),
+    "normalized": ((True,), "Jina's normalized=false; embeddings are as the model makes them"),
+    "truncate_prompt_tokens": ((), "vLLM's per-input token cap; inputs are cut at the model's limit "
+                               "(truncate)"),
+}
+
+
+class _Request(BaseModel):
+    # Fields no dialect we speak defines are ignored (clients add their own); those some
+    # dialect defines are served, or refused (UNSERVED_FIELDS; on a path several dialects
+    # share, another dialect's fields: dialects.registry).
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """`null` for a field means its default (litellm sends `encoding_format: null`); a
+        required field sent as null is then reported missing. A dialect's field that is not
+        served is a 400 naming it."""
+        if not isinstance(data, dict):
+            return data
+        for name, (harmless, reason) in UNSERVED_FIELDS.items():
+            value = data.get(name)
+            if value is not None and name not in cls.model_fields and value not in harmless:
+                raise UnsupportedError(f"'{name}' is not served: {reason}", param=name)
+        return {k: v for k, v in data.items() if v is not None}
+
+    model: str | None = Field(None, description="served model name; optional with one model")
+
+
+class TextDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: Item
+
+
+class _DocumentsRerank(_Request):
+    """What every rerank that sends `documents` has (Infinity, Jina, Cohere, Voyage)."""
+
+    query: Text
+    documents: Annotated[list[Item | TextDocument], INPUTS]
+    return_documents: bool = False
+    raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
+    modality: Literal["text", "image"] = Field(
+        "text", description="what the documents are: image URLs or data URIs for a multi-vector model "
+        "(ColPali)"
+    )
+
+    def docs(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class RerankRequest(_DocumentsRerank):
+    """Infinity's, Jina's and Cohere's rerank: the same fields (Jina and Cohere may send each
+    document as `{"text": ...}`); each answers in its own shape."""
+
+    top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all")
+    truncate: bool = True
+
+
+async def ranked(
+    request: Request, model: str | None, query: str, documents: list[str], *, top_n: int | None,
+    raw_scores: bool, truncate: bool, modality: str = "text",
+) -> RerankResult:
+    """Every dialect's ranking: the engine's one call, with the route's metrics."""
+    return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(
+        query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate, modality=modality,
+    ))
+
+
+def envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:
+    """The fields OpenAI's and Infinity's answers carry around their data."""
+    return {
+        "object": kind,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "id": f"infinity-{uuid.uuid4()}",
+        "created": int(time.time()),
+    }
+
+
+def label_rows(result: ClassifyResult) -> list[list[dict[str, Any]]]:
+    """Per input, its labels best first as {label, score}: Infinity's and TEI's row shape."""
+    return [[{"label": label, "score": score} for label, score in row] for row in result.labels]

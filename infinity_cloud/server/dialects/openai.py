@@ -1,0 +1,178 @@
+"""OpenAI's embeddings (`/embeddings`, `/v1/embeddings`): the openai SDK and every client
+built on it (langchain-openai, llama-index, haystack, litellm), with Infinity's extensions
+(modality, embedding_type, truncate) and Voyage's names for three of them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import Field, model_validator
+from starlette.responses import Response
+
+from infinity_cloud.capability import Capability
+from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
+from infinity_cloud.server.calls import answer
+from infinity_cloud.server.dialects.common import (
+    INPUTS,
+    Item,
+    Items,
+    NonNegative,
+    TokenIdList,
+    _Request,
+    envelope,
+)
+from infinity_cloud.server.dialects.registry import Dialect, Mount
+from infinity_cloud.server.encoding import json_response, vector_base64
+from infinity_cloud.server.errors import error_responses
+from infinity_cloud.server.parsing import JsonRoute
+from infinity_cloud.tasks.embed import prompt_for_use
+
+
+class EmbeddingRequest(_Request):
+    input: Item | Items | TokenIdList | Annotated[list[TokenIdList], INPUTS] = Field(
+        ..., description="a text, a list of texts, a list of token ids, or a list of such lists; with "
+        "modality image or audio, URLs or data URIs (fewer per request: the server's media limit)"
+    )
+    encoding_format: Literal["float", "base64", "sparse"] = Field(
+        "float", description="sparse: {indices, values} per input, for SPLADE models"
+    )
+    dimensions: NonNegative | None = Field(None, description="Matryoshka truncation; 0 = full")
+    modality: Literal["text", "image", "audio"] = "text"
+    embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None, description="quantised output for this request; default: the model's --embedding-dtype"
+    )
+    input_type: Literal["query", "document"] | None = Field(
+        None, description="what the texts are for (Voyage): a multi-vector (ColBERT) model reads them as "
+        "queries or documents; an embedder puts its sentence-transformers prompt for that use before "
+        "them, where it declares one (none: the texts as they are)"
+    )
+    truncate: bool = Field(True, description="cut inputs to the model's limit instead of a 400")
+    user: str | None = None
+    # Voyage's names for embedding_type, dimensions and truncate: its answer is OpenAI's, so
+    # its embeddings are this request, not a body of its own.
+    output_dtype: Literal["float", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None, description="Voyage's embedding_type (float: float32)"
+    )
+    output_dimension: NonNegative | None = Field(None, description="Voyage's dimensions")
+    truncation: bool | None = Field(None, description="Voyage's truncate")
+
+    @model_validator(mode="after")
+    def _one_name_each(self) -> EmbeddingRequest:
+        for ours, voyage in (("embedding_type", "output_dtype"), ("dimensions", "output_dimension"),
+                             ("truncate", "truncation")):
+            if voyage in self.model_fields_set and ours in self.model_fields_set:
+                raise ValueError(f"send '{ours}' or Voyage's '{voyage}', not both")
+        return self
+
+    @property
+    def kind(self) -> str | None:
+        """The embedding type asked for (None: the model's --embedding-dtype)."""
+        if self.output_dtype is not None:
+            return "float32" if self.output_dtype == "float" else self.output_dtype
+        return self.embedding_type
+
+    @property
+    def dims(self) -> int | None:
+        return self.output_dimension if self.output_dimension is not None else self.dimensions
+
+    @property
+    def truncates(self) -> bool:
+        return self.truncate if self.truncation is None else self.truncation
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        if isinstance(self.input, str):
+            return [self.input]
+        if self.input and isinstance(self.input[0], int):
+            return [self.input]  # type: ignore[list-item]  # one pre-tokenized input
+        return self.input  # type: ignore[return-value]
+
+
+def embeddings_body(
+    result: EmbeddingResult, vectors: np.ndarray, encoding_format: Literal["float", "base64"]
+) -> dict[str, Any]:
+    """OpenAI's shape; `vectors` are the result's, maybe quantised (then `base64` holds their
+    own bytes: int8, uint8, or packed bits)."""
+    if encoding_format == "base64":
+        data = [{"object": "embedding", "index": i, "embedding": vector_base64(v)}
+                for i, v in enumerate(vectors)]
+    else:
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    return {**envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+def multi_vector_body(
+    result: MultiVectorResult, encoding_format: Literal["float", "base64"]
+) -> dict[str, Any]:
+    """Per input a list of vectors; with base64 the row-major float32 matrix, and its `shape`."""
+    data: list[dict[str, Any]] = []
+    for i, matrix in enumerate(result.embeddings):
+        item: dict[str, Any] = {"object": "embedding", "index": i}
+        if encoding_format == "base64":
+            item.update(embedding=vector_base64(matrix), shape=list(matrix.shape))
+        else:
+            item["embedding"] = matrix
+        data.append(item)
+    return {**envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+def sparse_embeddings_body(result: SparseEmbeddingResult) -> dict[str, Any]:
+    """OpenAI's envelope, each embedding `{"indices": [...], "values": [...]}` (ids ascending)."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": {"indices": v.indices, "values": v.values}}
+        for i, v in enumerate(result.embeddings)
+    ]
+    return {**envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+# What /embeddings serves without `encoding_format: sparse` (which asks a SPLADE model).
+EMBEDDING_CAPABILITIES = (Capability.EMBED, Capability.MULTI_VECTOR)
+
+router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
+
+
+def from_openai_sdk(request: Request) -> bool:
+    """OpenAI's SDKs (Python, Node; langchain-openai, llama-index and haystack use them) name
+    themselves in these headers; their token ids are OpenAI's cl100k_base ids."""
+    headers = request.headers
+    return "x-stainless-lang" in headers or headers.get("user-agent", "").startswith("OpenAI/")
+
+
+@router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    inputs, engine = body.inputs(), request.app.state.engine
+    sparse_asked = body.encoding_format == "sparse"
+    served = engine.model(body.model, *((Capability.SPARSE,) if sparse_asked else EMBEDDING_CAPABILITIES))
+    model = served.name
+    if sparse_asked:
+        if body.modality != "text":
+            raise UnsupportedError("sparse embeddings are of text; send modality 'text'", param="modality")
+        sparse = await answer(request, "embeddings", model, len(inputs), engine.embed_sparse(
+            inputs, model, truncate=body.truncates,
+        ))
+        return json_response(sparse_embeddings_body(sparse))
+    if served.capability is Capability.MULTI_VECTOR:
+        if body.dims:
+            raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
+                                   param="dimensions")
+        if body.kind not in (None, "float32"):
+            raise UnsupportedError("multi-vector embeddings are float32; omit the embedding type",
+                                   param="output_dtype" if body.output_dtype else "embedding_type")
+        multi = await answer(request, "embeddings", model, len(inputs), engine.embed_multi_vector(
+            inputs, model, modality=body.modality, truncate=body.truncates, role=body.input_type,
+        ))
+        return json_response(multi_vector_body(multi, body.encoding_format))
+    # The request's embedding_type; the engine takes the model's --embedding-dtype otherwise.
+    prompt = prompt_for_use(body.input_type, engine.prompts(model)) if body.modality == "text" else None
+    result = await answer(request, "embeddings", model, len(inputs), engine.embed(
+        inputs, model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
+        openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
+        prompt_name=prompt, output_dtype=body.kind, wait=False,
+    ))
+    return json_response(embeddings_body(result, result.embeddings, body.encoding_format))
+
+
+# At the root and under /v1: the OpenAI SDK is given `http://host/v1`, Infinity's clients the host.
+DIALECT = Dialect("OpenAI", mounts=(Mount(router, ("", "/v1")),))
