@@ -14,9 +14,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic.fields import FieldInfo
 
 from infinity_cloud import target_registry
-from infinity_cloud.config import DEFAULT_MODEL_ID, DeploymentSpec, load_spec
+from infinity_cloud.config import (
+    LIMIT_OPTIONS,
+    MODEL_OPTIONS,
+    SERVER_OPTIONS,
+    DeploymentSpec,
+    LimitsSpec,
+    ModelSpec,
+    ServerSpec,
+    load_spec,
+)
 from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, ROUTES, VERBS, Deployment, usage_examples
 
@@ -34,174 +44,68 @@ _M = "Models (repeat --model-id to serve several; give other model options once 
 _S = "Server"
 
 
-def _opt(env: str, help: str, panel: str, *decls: str) -> Any:
-    return typer.Option(
-        *decls, envvar=f"INFINITY_CLOUD_{env}", help=help, rich_help_panel=panel, show_default=False
+def _cli_type(annotation: Any) -> Any:
+    """The type typer parses a field's flag as; pydantic then validates the value."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (tuple, list):
+        return list[str]  # repeatable; each value validated as an item by pydantic
+    if args and origin is not typing.Literal:  # Optional[X] / X | None
+        return _cli_type(args[0])
+    if origin is typing.Literal or annotation not in (bool, int, float):
+        return str
+    return annotation
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def field_option(name: str, info: FieldInfo, env: str, panel: str) -> tuple[Any, Any]:
+    """A spec field as a typer option: (the type typer parses, or None, the option). The flag is
+    `--field-name` (or the field's `flag`), booleans get `--x/--no-x` (or its `off`), the help
+    is the field's description and its default, the variable `env` + the field's name (or its
+    `env`)."""
+    extra: dict[str, Any] = info.json_schema_extra or {}  # type: ignore[assignment]
+    hint = _cli_type(info.annotation)
+    flag = str(extra.get("flag") or f"--{name.replace('_', '-')}")
+    decls = (f"{flag}/{extra.get('off') or '--no-' + flag.removeprefix('--')}",) if hint is bool else (flag,)
+    default = info.get_default(call_default_factory=True)
+    shown = "" if default in (None, (), "") or "(default:" in (info.description or "") else (
+        f" (default: {_shown(default)})"
     )
+    option = typer.Option(
+        *decls, envvar=f"{env}{str(extra.get('env') or name).upper()}", help=(info.description or "") + shown,
+        rich_help_panel=panel, show_default=False,
+    )
+    return hint | None, option
 
 
-# The options every spec-reading command takes; `None` means "not given" so the file wins.
-SPEC_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "config": (Path | None, _opt("CONFIG", "YAML deployment spec (infinity-cloud.yaml).", "Spec")),
-    "model_id": (
-        list[str] | None,
-        _opt("MODEL_ID", f"Hub id or local folder of a model (default: {DEFAULT_MODEL_ID}).", _M),
-    ),
-    "served_model_name": (list[str] | None, _opt("SERVED_MODEL_NAME", "Name clients send as 'model'.", _M)),
-    "revision": (list[str] | None, _opt("REVISION", "Hub revision (branch, tag or commit).", _M)),
-    "backend": (
-        list[str] | None,
-        _opt("BACKEND", "auto (the fastest installed), openvino, onnx, torch, ctranslate2 or neuron.", _M),
-    ),
-    "device": (list[str] | None, _opt("DEVICE", "auto, cpu, cuda or cuda:N (default: auto).", _M)),
-    "dtype": (
-        list[str] | None,
-        _opt("DTYPE", "auto, float32, float16, bfloat16 or int8 (auto: bf16 on AMX if faithful).", _M),
-    ),
-    "batch_tokens": (list[int] | None, _opt("BATCH_TOKENS", "Padded tokens per batch (default: 16384).", _M)),
-    "max_batch_size": (
-        list[int] | None,
-        _opt("MAX_BATCH_SIZE", "Inputs per batch (default: the backend's, 16 openvino, 64 others).", _M),
-    ),
-    "batch_wait_ms": (
-        list[float] | None,
-        _opt("BATCH_WAIT_MS", "Wait for more inputs when a batch would start short (default: 0).", _M),
-    ),
-    "length_buckets": (
-        list[str] | None,
-        _opt("LENGTH_BUCKETS", "Static shapes: pad lengths up to one of e.g. 64,128,256,512.", _M),
-    ),
-    "batch_buckets": (
-        list[str] | None,
-        _opt("BATCH_BUCKETS", "Static shapes: pad batch rows up to one of e.g. 1,8,32.", _M),
-    ),
-    "queue_size": (list[int] | None, _opt("QUEUE_SIZE", "Queued inputs before 429 (default: 16384).", _M)),
-    "deadline_s": (
-        list[float] | None,
-        _opt("DEADLINE_S", "Answer at once when a request's estimated time is longer: 429 with "
-             "Retry-After (its place kept), 413 if its own work alone is (default: 10).", _M),
-    ),
-    "admit_past_deadline": (
-        bool | None,
-        _opt("ADMIT_PAST_DEADLINE", "Admit a request whose own work alone takes past the deadline "
-             "instead of a 413 (default: off).", _M, "--admit-past-deadline/--no-admit-past-deadline"),
-    ),
-    "pooling": (
-        list[str] | None,
-        _opt(
-            "POOLING", "Override pooling: mean, cls, lasttoken, max, mean_sqrt_len; splade serves a "
-            "masked-LM model as SPLADE (sparse).", _M,
-        ),
-    ),
-    "max_length": (list[int] | None, _opt("MAX_LENGTH", "Cap on input tokens.", _M)),
-    "normalize": (
-        bool | None,
-        _opt("NORMALIZE", "Unit-length embeddings or not, whatever the model's own files say "
-             "(default: as they say).", _M, "--normalize/--no-normalize"),
-    ),
-    "trust_remote_code": (
-        bool | None,
-        _opt("TRUST_REMOTE_CODE", "Run the model repository's own Python code (custom architectures); "
-             "off by default: it is code from the internet.", _M,
-             "--trust-remote-code/--no-trust-remote-code"),
-    ),
-    "warmup": (
-        bool | None,
-        _opt("WARMUP", "Run one short batch at load so the first request is fast (default: on).", _M,
-             "--warmup/--no-warmup"),
-    ),
-    "latency": (
-        bool | None,
-        _opt("LATENCY", "Latency mode: every core on each batch, for one request at a time (default: "
-             "throughput; targets whose containers take one request at a time turn it on).", _S,
-             "--latency/--throughput"),
-    ),
-    "token_ids": (
-        list[str] | None,
-        _opt("TOKEN_IDS", "What token-id arrays sent to /embeddings mean: openai (default; OpenAI's "
-             "cl100k_base ids, as langchain-openai sends, decoded and re-tokenized), model (the "
-             "model's own vocabulary; OpenAI SDK clients refused) or refuse.", _M),
-    ),
-    "embedding_dtype": (
-        list[str] | None,
-        _opt("EMBEDDING_DTYPE", "What every embedding route returns: float32 (default), int8 or uint8 "
-             "(calibrated offline), binary or ubinary (packed sign bits).", _M),
-    ),
-    "host": (str | None, _opt("HOST", "Address to bind (default: 127.0.0.1).", _S)),
-    "port": (int | None, _opt("PORT", "Port (default: 7997).", _S)),
-    "api_keys": (
-        list[str] | None,
-        _opt(
-            "API_KEY", "Require 'Authorization: Bearer KEY'; repeat for several keys. A flag shows in "
-            "`ps`: prefer --api-key-file or the variable.", _S, "--api-key",
-        ),
-    ),
-    "api_key_file": (
-        Path | None,
-        _opt("API_KEY_FILE", "Require one of the keys in this file (one per line; # comments).", _S),
-    ),
-    "url_prefix": (str | None, _opt("URL_PREFIX", "Serve every route under this path.", _S)),
-    "cors_origins": (
-        list[str] | None,
-        _opt(
-            "CORS_ORIGIN",
-            "Allow browser calls from this origin ('*' for any); repeatable.",
-            _S,
-            "--cors-origin",
-        ),
-    ),
-    "log_level": (str | None, _opt("LOG_LEVEL", "debug, info, warning or error.", _S)),
-    "log_format": (
-        str | None, _opt("LOG_FORMAT", "text, or json: one object a line, with the request id.", _S),
-    ),
-    "header_timeout_s": (
-        float | None,
-        _opt("HEADER_TIMEOUT_S", "408 for a client slower to send its headers (default: 10).", _S),
-    ),
-    "body_timeout_s": (
-        float | None, _opt("BODY_TIMEOUT_S", "408 for a client slower to send its body (default: 60).", _S),
-    ),
-    "max_inputs_per_request": (
-        int | None,
-        _opt("MAX_INPUTS_PER_REQUEST", "Inputs per request (default: 2048).", _S),
-    ),
-    "max_payload_bytes": (int | None, _opt("MAX_PAYLOAD_BYTES", "Body size limit (default: 16 MiB).", _S)),
-    "max_chars_per_text": (
-        int | None, _opt("MAX_CHARS_PER_TEXT", "Characters per text input (default: 200000).", _S),
-    ),
-    "max_response_bytes": (
-        int | None,
-        _opt("MAX_RESPONSE_BYTES", "The largest answer the platform passes back: a request whose answer "
-             "could be larger is a 413 before any work (default: none; cloud functions set theirs).", _S),
-    ),
-    "memory_budget_mb": (
-        int | None,
-        _opt("MEMORY_BUDGET_MB", "Memory the process may take; requests past it get 429, or 413 if alone "
-             "(default: 90% of the container's limit, else of the machine's memory).", _S),
-    ),
-    "max_media_per_request": (
-        int | None, _opt("MAX_MEDIA_PER_REQUEST", "Image/audio inputs per request (default: 64).", _S),
-    ),
-    "media_max_bytes": (
-        int | None, _opt("MEDIA_MAX_BYTES", "Bytes per image/audio input (default: 20 MiB).", _S),
-    ),
-    "media_max_pixels": (
-        int | None,
-        _opt("MEDIA_MAX_PIXELS", "Pixels per image, read from its header before decoding "
-             "(default: 4096 x 4096).", _S),
-    ),
-    "media_timeout_s": (
-        float | None, _opt("MEDIA_TIMEOUT_S", "Seconds to fetch one media URL (default: 10).", _S),
-    ),
-    "media_allowed_hosts": (
-        list[str] | None,
-        _opt(
-            "MEDIA_ALLOW_HOST", "Let media URLs reach this non-public host, address or network "
-            "(e.g. 10.0.0.0/8); repeatable. Loopback, private and metadata addresses are refused otherwise.",
-            _S, "--media-allow-host",
-        ),
-    ),
-}
+def _spec_options() -> dict[str, tuple[Any, Any]]:
+    """The options every spec-reading command takes, one per field a flat source sets
+    (`None`: not given, so the file wins). A model's option other than a boolean is a list:
+    once for all models, or once per --model-id."""
+    options = {"config": (Path | None, typer.Option(
+        envvar="INFINITY_CLOUD_CONFIG", help="YAML deployment spec (infinity-cloud.yaml).",
+        rich_help_panel="Spec", show_default=False,
+    ))}
+    for name in ("model_id", *MODEL_OPTIONS):
+        info = ModelSpec.model_fields[name]
+        parsed = _cli_type(info.annotation)
+        if parsed is not bool and typing.get_origin(parsed) is not list:
+            parsed = list[parsed]  # type: ignore[valid-type]
+        options[name] = (parsed | None, field_option(name, info, "INFINITY_CLOUD_", _M)[1])
+    for spec, names in ((ServerSpec, SERVER_OPTIONS), (LimitsSpec, LIMIT_OPTIONS)):
+        for name in names:
+            options[name] = field_option(name, spec.model_fields[name], "INFINITY_CLOUD_", _S)
+    return options
+
+
+SPEC_OPTIONS = _spec_options()
 
 
 @contextmanager
@@ -253,48 +157,16 @@ def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None
 
 
 def section_options(target: str) -> dict[str, tuple[str, Any, Any]]:
-    """A target's spec section as CLI options: parameter name -> (field, type, typer option).
-
-    The flag is `--field-name` (or the field's `flag`), booleans get `--x/--no-x`, the help is
-    the field's description and its default, and the variable INFINITY_CLOUD_<TARGET>_<FIELD>.
-    """
+    """A target's spec section as CLI options: parameter name -> (field, type, typer option),
+    made as the serve options are (`field_option`), the variable INFINITY_CLOUD_<TARGET>_<FIELD>."""
     section = target_registry.section_class(target)
     if section is None:
         return {}
-    options = {}
-    for field, info in section.model_fields.items():
-        hint = _cli_type(info.annotation)
-        flag = (info.json_schema_extra or {}).get("flag") or f"--{field.replace('_', '-')}"  # type: ignore[union-attr]
-        decls = (f"{flag}/--no-{flag.removeprefix('--')}",) if hint is bool else (str(flag),)
-        default = info.get_default(call_default_factory=True)
-        shown = "" if default in (None, (), "") else f" (default: {_shown(default)})"
-        option = typer.Option(
-            *decls, envvar=f"INFINITY_CLOUD_{target.upper()}_{field.upper()}",
-            help=(info.description or "") + shown, rich_help_panel=target.capitalize(), show_default=False,
-        )
-        options[f"{target}__{field}"] = (field, hint | None, option)
-    return options
-
-
-def _cli_type(annotation: Any) -> Any:
-    """The type typer parses a field's flag as; pydantic then validates the value."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin in (tuple, list):
-        return list[str]
-    if args and origin is not typing.Literal:  # Optional[X] / X | None
-        return _cli_type(args[0])
-    if origin is typing.Literal or annotation not in (bool, int, float):
-        return str
-    return annotation
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, tuple | list):
-        return ",".join(map(str, value))
-    return str(value)
+    return {
+        f"{target}__{field}": (field, *field_option(field, info, f"INFINITY_CLOUD_{target.upper()}_",
+                                                    target.capitalize()))
+        for field, info in section.model_fields.items()
+    }
 
 
 @_base.command()

@@ -29,74 +29,98 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ModelSpec(_Frozen):
-    """One model to serve."""
+def _flag(flag: str | None = None, env: str | None = None, off: str | None = None) -> dict[str, str]:
+    """A field's CLI flag, variable or boolean off-switch when they are not its name's
+    (`cli.field_option` reads them): `--api-key` for `api_keys`, `--throughput` for `--no-latency`."""
+    return {key: value for key, value in (("flag", flag), ("env", env), ("off", off)) if value}
 
-    model_id: str = DEFAULT_MODEL_ID
-    revision: str | None = None
+
+class ModelSpec(_Frozen):
+    """One model to serve. Each field's description is its flag's help (`infinity-cloud serve
+    --help`), its default shown after it."""
+
+    model_id: str = Field(DEFAULT_MODEL_ID, description="Hub id or local folder of a model.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     served_model_name: str | None = Field(
-        None, description="the name answers carry; a flag or variable may list more, comma-separated: "
-        "the first is the name, the rest aliases"
+        None, description="Name clients send as 'model'; a comma-separated list names aliases after it "
+        "(minilm,text-embedding-3-small)."
     )
     aliases: tuple[str, ...] = Field(
-        (), description="more names clients may send for this model (text-embedding-3-small, tei, ...)"
+        (), description="More names clients may send for this model (text-embedding-3-small, tei, ...)."
     )
     default: bool = Field(
-        False, description="where a request that names no model goes when several served models do its "
-        "task (else the first listed of them)"
+        False, description="Where a request that names no model goes when several served models do its "
+        "task (else the first listed of them)."
     )
-    backend: str = "auto"
-    device: str = "auto"
-    dtype: Dtype = "auto"
-    batch_tokens: int = Field(16384, ge=64, description="padded tokens (longest x count) per batch")
-    max_batch_size: int | None = Field(None, ge=1, description="inputs per batch; default: the backend's")
+    backend: str = Field(
+        "auto", description="auto (the fastest installed), openvino, onnx, torch, ctranslate2 or neuron."
+    )
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or neuron.")
+    dtype: Dtype = Field(
+        "auto", description="auto, float32, float16, bfloat16 or int8 (auto: bfloat16 on a CPU with AMX "
+        "where it agrees with float32)."
+    )
+    batch_tokens: int = Field(16384, ge=64, description="Padded tokens (longest x count) per batch.")
+    max_batch_size: int | None = Field(
+        None, ge=1, description="Inputs per batch (default: the backend's, 16 openvino, 64 others)."
+    )
     batch_wait_ms: float = Field(
         0.0, ge=0, le=1000,
-        description="when the queue holds less than a full batch, wait this long for more inputs",
+        description="When the queue holds less than a full batch, wait this long for more inputs.",
     )
     length_buckets: tuple[int, ...] = Field(
-        (), description="static shapes: pad each batch's length up to the next of these"
+        (), description="Static shapes: pad each batch's length up to the next of these "
+        "(e.g. 64,128,256,512)."
     )
     batch_buckets: tuple[int, ...] = Field(
-        (), description="static shapes: pad each batch's rows up to the next of these"
+        (), description="Static shapes: pad each batch's rows up to the next of these (e.g. 1,8,32)."
     )
-    queue_size: int = Field(16384, ge=1, description="queued inputs before answering 429")
+    queue_size: int = Field(16384, ge=1, description="Queued inputs before answering 429.")
     deadline_s: float | None = Field(
-        10.0, gt=0, description="answer at once when a request's estimated time (its wait on the tokens "
+        10.0, gt=0, description="Answer at once when a request's estimated time (its wait on the tokens "
         "ahead of it and its own, at the model's recent throughput) is longer: 429 with Retry-After, its "
-        "place in line kept; 413 when its own work alone is; none: queue while there is room",
+        "place in line kept; 413 when its own work alone is; null (in a file): queue while there is room.",
     )
     admit_past_deadline: bool = Field(
-        False, description="admit a request whose own work alone takes past the deadline (a batch job's "
-        "client that waits), instead of answering 413",
+        False, description="Admit a request whose own work alone takes past the deadline (a batch job's "
+        "client that waits), instead of answering 413.",
     )
-    pooling: Pooling | None = Field(None, description="override the pooling the model's files name")
-    normalize: bool | None = Field(None, description="override the model's own normalisation")
-    max_length: int | None = Field(None, ge=1, description="cap the model's maximum input tokens")
-    trust_remote_code: bool = False
-    warmup: bool = Field(True, description="run one short batch at load so the first request is fast")
+    pooling: Pooling | None = Field(
+        None, description="Override the pooling the model's files name: mean, cls, lasttoken, max, "
+        "mean_sqrt_len; splade serves a masked-LM model as SPLADE (sparse)."
+    )
+    normalize: bool | None = Field(
+        None, description="Unit-length embeddings or not, whatever the model's own files say "
+        "(default: as they say)."
+    )
+    max_length: int | None = Field(None, ge=1, description="Cap on the model's input tokens.")
+    trust_remote_code: bool = Field(
+        False, description="Run the model repository's own Python code (custom architectures): it is "
+        "code from the internet."
+    )
+    warmup: bool = Field(True, description="Run one short batch at load so the first request is fast.")
     latency: bool = Field(
         False,
-        description="serve one request at a time as fast as possible: every core on each batch "
-        "(OpenVINO's LATENCY hint, one batch in flight) instead of parallel streams for throughput; "
-        "targets whose containers take one request at a time turn it on",
+        description="Latency mode: every core on each batch, for one request at a time (OpenVINO's "
+        "LATENCY hint, one batch in flight), instead of parallel streams for throughput; targets "
+        "whose containers take one request at a time turn it on.",
+        json_schema_extra=_flag(off="--throughput"),
     )
     token_ids: TokenIds = Field(
         "openai",
-        description="what a list of token ids sent to /embeddings means. 'openai' (default): ids of "
-        "OpenAI's cl100k_base vocabulary, which OpenAI clients send (langchain-openai's "
-        "OpenAIEmbeddings does by default), decoded to text and tokenized by the model; 'model': "
-        "ids of the model's own vocabulary (OpenAI SDK clients are then refused, their ids would "
-        "mean other text); 'refuse': a 400",
+        description="What a list of token ids sent to /embeddings means: openai, ids of OpenAI's "
+        "cl100k_base vocabulary, which OpenAI clients send (langchain-openai's OpenAIEmbeddings does "
+        "by default), decoded to text and tokenized by the model; model, ids of the model's own "
+        "vocabulary (OpenAI SDK clients are then refused: their ids would mean other text); refuse, a 400.",
     )
     embedding_dtype: EmbeddingDtype = Field(
         "float32",
-        description="what every embedding route returns: float32, or int8/uint8 (each dimension's range, "
-        "calibrated offline on standard-library docstrings, in 256 steps), binary/ubinary "
-        "(sign bits, packed)",
+        description="What every embedding route returns: float32, int8 or uint8 (each dimension's range, "
+        "calibrated offline on standard-library docstrings, in 256 steps), binary or ubinary "
+        "(sign bits, packed).",
     )
     backend_options: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="settings only one backend reads"
+        default_factory=dict, description="Settings only one backend reads."
     )
 
     @property
@@ -145,39 +169,62 @@ class ModelSpec(_Frozen):
 class LimitsSpec(_Frozen):
     """Limits enforced before any work is queued."""
 
-    max_inputs_per_request: int = Field(2048, ge=128)  # langchain sends batches of 128
-    max_chars_per_text: int = Field(200_000, ge=1)
-    max_payload_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # The largest answer the platform passes back (a cloud function's, often 6 MB); a request whose
-    # answer could be larger is a 413 before any work. None: no limit (a local server).
-    max_response_bytes: int | None = Field(None, ge=64 * 1024)
-    # The process's memory budget; None: 90 % of the container's limit (cgroup), else of the
-    # machine's memory. Requests that would pass it are answered 429 (413 if alone).
-    memory_budget_mb: int | None = Field(None, ge=64)
-    max_media_per_request: int = Field(64, ge=1)
-    media_max_bytes: int = Field(20 * 1024 * 1024, ge=1)
-    # An image's most pixels (width x height, read from its header before decoding): 4096 x
-    # 4096 by default, above a 12 MP photo and a 300 dpi A4 scan (media/images.py says why).
-    media_max_pixels: int = Field(4096 * 4096, ge=64)
-    media_timeout_s: float = Field(10.0, gt=0)
-    # Hosts (names, addresses or networks like 10.0.0.0/8) media URLs may reach although they
-    # are not public; everything else non-public is refused (SSRF).
-    media_allowed_hosts: tuple[str, ...] = ()
+    # langchain sends batches of 128
+    max_inputs_per_request: int = Field(2048, ge=128, description="Inputs per request.")
+    max_chars_per_text: int = Field(200_000, ge=1, description="Characters per text input.")
+    max_payload_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Body size limit, in bytes.")
+    max_response_bytes: int | None = Field(
+        None, ge=64 * 1024, description="The largest answer the platform passes back (a cloud "
+        "function's, often 6 MB): a request whose answer could be larger is a 413 before any work "
+        "(default: none; cloud functions set theirs)."
+    )
+    memory_budget_mb: int | None = Field(
+        None, ge=64, description="Memory the process may take; requests past it get 429, or 413 if "
+        "alone (default: 90% of the container's limit, else of the machine's memory)."
+    )
+    max_media_per_request: int = Field(64, ge=1, description="Image/audio inputs per request.")
+    media_max_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Bytes per image/audio input.")
+    # 4096 x 4096 by default, above a 12 MP photo and a 300 dpi A4 scan (media/images.py says why).
+    media_max_pixels: int = Field(
+        4096 * 4096, ge=64, description="Pixels per image (width x height), read from its header before "
+        "decoding."
+    )
+    media_timeout_s: float = Field(10.0, gt=0, description="Seconds to fetch one media URL.")
+    media_allowed_hosts: tuple[str, ...] = Field(
+        (), description="Let media URLs reach this non-public host, address or network (e.g. "
+        "10.0.0.0/8); repeatable. Loopback, private and metadata addresses are refused otherwise (SSRF).",
+        json_schema_extra=_flag("--media-allow-host", "MEDIA_ALLOW_HOST"),
+    )
 
 
 class ServerSpec(_Frozen):
-    host: str = "127.0.0.1"
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    url_prefix: str = ""
-    api_keys: tuple[str, ...] = ()
-    # Keys one per line, read at start: a file (a mounted secret) keeps them out of `ps`.
-    api_key_file: Path | None = None
-    cors_origins: tuple[str, ...] = ()
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"
-    # A client slower than this to send a request's headers, or its body, gets a 408.
-    header_timeout_s: float = Field(10.0, gt=0)
-    body_timeout_s: float = Field(60.0, gt=0)
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="Port.")
+    url_prefix: str = Field("", description="Serve every route under this path.")
+    api_keys: tuple[str, ...] = Field(
+        (), description="Require 'Authorization: Bearer KEY'; repeat for several keys. A flag shows in "
+        "`ps`: prefer --api-key-file or the variable.", json_schema_extra=_flag("--api-key", "API_KEY"),
+    )
+    # A file (a mounted secret) keeps them out of `ps`.
+    api_key_file: Path | None = Field(
+        None, description="Require one of the keys in this file (one per line; # comments), read at start."
+    )
+    cors_origins: tuple[str, ...] = Field(
+        (), description="Allow browser calls from this origin ('*' for any); repeatable.",
+        json_schema_extra=_flag("--cors-origin", "CORS_ORIGIN"),
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="debug, info, warning or error."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text, or json: one object a line, with the request id."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="408 for a client slower than this to send its headers, in seconds."
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="408 for a client slower than this to send its body, in seconds."
+    )
     limits: LimitsSpec = LimitsSpec()
 
     @field_validator("url_prefix")
