@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.model is None:
-        from infinity_cloud.model_source import packaged_default_model
+        from infinity_cloud.models.model_source import packaged_default_model
 
         args.model = packaged_default_model()
     report = {}

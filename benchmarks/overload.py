@@ -52,7 +52,7 @@ from vs_infinity import (
     tree_rss_mb,
 )
 
-from infinity_cloud.model_source import packaged_default_model
+from infinity_cloud.models.model_source import packaged_default_model
 from infinity_cloud.tasks.quantization import calibration_texts
 
 MODEL = "m"

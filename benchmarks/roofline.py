@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.model_id is None:
-        from infinity_cloud.model_source import packaged_default_model
+        from infinity_cloud.models.model_source import packaged_default_model
 
         args.model_id = packaged_default_model()
     config = json.loads((Path(args.model_id) / "config.json").read_text())

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 import typer
 from pydantic.fields import FieldInfo
 
-from infinity_cloud import target_registry
 from infinity_cloud.config import (
     LIMIT_OPTIONS,
     MODEL_OPTIONS,
@@ -27,6 +26,7 @@ from infinity_cloud.config import (
     ServerSpec,
     load_spec,
 )
+from infinity_cloud.edge import target_registry
 from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, ROUTES, VERBS, Deployment, usage_examples
 
@@ -384,7 +384,7 @@ def download(
 ) -> None:
     """Fetch every model's files and build its backend's exports (ONNX, OpenVINO IR, ...) once,
     so that a server or image started later does neither."""
-    from infinity_cloud.served_model import prepare_model
+    from infinity_cloud.models.served_model import prepare_model
     from infinity_cloud.server.logs import configure_logging
 
     configure_logging(spec.server.log_level, spec.server.log_format)  # each step's progress lines
@@ -398,8 +398,8 @@ def _infinity_v2(**given: Any) -> None:
     (`;` between models); prints the infinity-cloud command that means the same, once."""
     import os
 
-    from infinity_cloud.infinity_compat import translate
-    from infinity_cloud.served_model import prepare_model
+    from infinity_cloud.edge.infinity_compat import translate
+    from infinity_cloud.models.served_model import prepare_model
     from infinity_cloud.targets.local.target import LocalTarget
 
     with reported_errors():
@@ -417,7 +417,7 @@ def _infinity_v2(**given: Any) -> None:
 
 def _infinity_v2_command() -> Callable[..., None]:
     """`_infinity_v2` with one option per Infinity flag (`infinity_compat.FLAGS`)."""
-    from infinity_cloud.infinity_compat import FLAGS
+    from infinity_cloud.edge.infinity_compat import FLAGS
 
     params = []
     for flag in FLAGS:

@@ -267,7 +267,7 @@ class DeploymentSpec(_Frozen):
     def _target_sections(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        from infinity_cloud import target_registry
+        from infinity_cloud.edge import target_registry
 
         data = dict(data)
         for key in set(data) - set(cls.model_fields):
@@ -294,7 +294,7 @@ class DeploymentSpec(_Frozen):
         given = (self.model_extra or {}).get(target)
         if given is not None:
             return given
-        from infinity_cloud import target_registry
+        from infinity_cloud.edge import target_registry
 
         section = target_registry.section_class(target)
         if section is None:

@@ -21,13 +21,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from infinity_cloud import cancellation
+from infinity_cloud.admission import cancellation
+from infinity_cloud.admission.memory import MemoryBudget
+from infinity_cloud.admission.validation import (
+    check_answer_size,
+    check_embedding_types,
+    check_texts,
+    check_top_n,
+)
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.memory import MemoryBudget
+from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
@@ -38,7 +45,6 @@ from infinity_cloud.results import (
     SparseEmbeddingResult,
     Token,
 )
-from infinity_cloud.served_model import ServedModel
 from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
@@ -49,7 +55,6 @@ from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
-from infinity_cloud.validation import check_answer_size, check_embedding_types, check_texts, check_top_n
 
 if TYPE_CHECKING:  # imported on first use: they bring httpx, Pillow
     from infinity_cloud.media.decoding import MediaDecoder

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud.backends.registry import backend_entry, backend_extra, device_kind, resolve_auto
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.model_source import local_model_dir
+from infinity_cloud.models.model_source import local_model_dir
 from infinity_cloud.targets.platforms import ImagePlatform
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ def refuse_spec_keys(spec: DeploymentSpec, instead: str) -> None:
 
 def batch_size(spec: DeploymentSpec, device: str) -> int:
     """The largest batch any model's serving backend cuts."""
-    from infinity_cloud.served_model import max_batch_size
+    from infinity_cloud.models.served_model import max_batch_size
 
     return max(max_batch_size(m, serving_backend(m, device)) for m in spec.models)
 
@@ -337,7 +337,7 @@ def within_platform(spec: DeploymentSpec, timeout_s: float | None, memory_mb: in
     - The memory budget, unless one is declared, 90 % of the platform's memory setting, which
       the container may not see as a cgroup limit.
     """
-    from infinity_cloud.memory import DETECTED_SHARE
+    from infinity_cloud.admission.memory import DETECTED_SHARE
 
     models = spec.models
     if timeout_s is not None:

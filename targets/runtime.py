@@ -38,7 +38,7 @@ def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) 
 
 def bake_models(spec: DeploymentSpec) -> None:
     """The image build step: fetch every model and build its exports on the target's hardware."""
-    from infinity_cloud.served_model import prepare_model
+    from infinity_cloud.models.served_model import prepare_model
 
     configure_logging(spec.server.log_level, spec.server.log_format)
     for model in spec.models:

@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwaited
 
-from infinity_cloud import Engine, ModelSpec, backend_choice, fidelity
+from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
+from infinity_cloud.models import backend_choice, fidelity
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
 TEXTS = [

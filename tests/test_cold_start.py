@@ -89,7 +89,7 @@ def test_a_model_in_the_hub_cache_is_found_as_the_hub_client_finds_it(
 ) -> None:
     from huggingface_hub import constants, snapshot_download
 
-    from infinity_cloud.model_source import _from_hub_cache
+    from infinity_cloud.models.model_source import _from_hub_cache
 
     snapshot = _hub_cache(tmp_path, "org/model", "a" * 40, ref)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
@@ -106,7 +106,7 @@ def test_resolving_a_model_does_not_import_the_hub_client():
     # The client (huggingface_hub.hf_api and its HTTP stack) took 0.45 s of every cold start.
     code = (
         "from infinity_cloud.config import DEFAULT_MODEL_ID\n"
-        "from infinity_cloud.model_source import resolve_model_dir\n"
+        "from infinity_cloud.models.model_source import resolve_model_dir\n"
         "resolve_model_dir(DEFAULT_MODEL_ID)"  # the hub cache, then the installed package
     )
     assert "huggingface_hub.hf_api" not in _imported_after(code)

@@ -15,9 +15,9 @@ import pytest
 from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wait_until
 from tokenizers import Tokenizer
 
+from infinity_cloud.admission.memory import MB, MemoryBudget
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.engine import Engine
-from infinity_cloud.memory import MB, MemoryBudget
 
 MAX_BYTES = 4096
 MAX_INPUTS = 128

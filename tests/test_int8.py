@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from infinity_cloud.backends import onnx_int8  # noqa: E402
 from infinity_cloud.backends.base import Calibration, ModelInputs  # noqa: E402
-from infinity_cloud.fidelity import agreement  # noqa: E402
+from infinity_cloud.models.fidelity import agreement  # noqa: E402
 
 
 def two_layers(path: Path, outlier: float) -> Path:

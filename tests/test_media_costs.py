@@ -21,10 +21,10 @@ from test_audio import clip as audio_clip
 from test_audio import encoded
 from test_images import data_uri, embed_images, reference, unit
 
+from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import PayloadTooLargeError
 from infinity_cloud.media.decoding import MediaDecoder
-from infinity_cloud.memory import MemoryBudget
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_what_decoding_is_counted_covers_what_it_takes(fmt: str, mode: str, tmp_
 def image_preprocessor(path: Path) -> Any:
     """The preprocessor the model's family gives its image tower, as a server loads it."""
     from infinity_cloud.families import read_model_info
-    from infinity_cloud.tokenization import TextTokenizer
+    from infinity_cloud.text.tokenization import TextTokenizer
 
     info = read_model_info(path)
     tokenizer = TextTokenizer.load(path, info.max_length, info.vocab_size, info.pad_token)
@@ -226,7 +226,7 @@ import asyncio, json, sys
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.media.decoding import MediaDecoder
 from infinity_cloud.media.images import ImagePreprocessor
-from infinity_cloud.memory import MemoryBudget
+from infinity_cloud.admission.memory import MemoryBudget
 data, count = open(sys.argv[1], "rb").read(), int(sys.argv[2])
 preprocessor = ImagePreprocessor({}, 224, 32, True)
 decoder = MediaDecoder(LimitsSpec(), MemoryBudget(None), workers=1)

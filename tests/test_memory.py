@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from infinity_cloud import memory
+from infinity_cloud.admission import memory
+from infinity_cloud.admission.memory import MB, MemoryBudget, give_back_freed_memory, resident_bytes
 from infinity_cloud.errors import PayloadTooLargeError, QueueFullError
-from infinity_cloud.memory import MB, MemoryBudget, give_back_freed_memory, resident_bytes
 
 
 def _vm_rss() -> int:

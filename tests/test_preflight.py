@@ -17,9 +17,9 @@ import pytest
 from conftest import free_port, server_process
 from typer.testing import CliRunner
 
-from infinity_cloud import preflight
 from infinity_cloud.cli import app
 from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
+from infinity_cloud.edge import preflight
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import has_nvidia_gpu
 

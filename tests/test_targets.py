@@ -15,9 +15,9 @@ from conftest import ROOT, server_process
 from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
-from infinity_cloud import target_registry
 from infinity_cloud.cli import build_cli
 from infinity_cloud.config import DeploymentSpec, load_spec
+from infinity_cloud.edge import target_registry
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import Target
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
 
-from infinity_cloud import cancellation
+from infinity_cloud.admission import cancellation
 from infinity_cloud.errors import InputTooLongError
-from infinity_cloud.tokenization import CLIP_CHARS_PER_TOKEN, ENCODE_CHUNK, TextTokenizer
+from infinity_cloud.text.tokenization import CLIP_CHARS_PER_TOKEN, ENCODE_CHUNK, TextTokenizer
 
 LIMIT = 32
 WORDS = [

@@ -13,7 +13,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tokenization import Encoded
+from infinity_cloud.text.tokenization import Encoded
 
 # Every array a graph may take, by its conventional name.
 INPUT_NAMES = (

@@ -21,9 +21,9 @@ from infinity_cloud.backends.base import Backend, Calibration, ModelInputs
 from infinity_cloud.backends.onnx_export import OnnxSource
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
-from infinity_cloud.fidelity import MIN_AGREEMENT
 from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.models.fidelity import MIN_AGREEMENT
 
 log = logging.getLogger(__name__)
 

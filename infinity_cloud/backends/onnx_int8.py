@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from infinity_cloud.backends.base import Calibration, ModelInputs
-from infinity_cloud.fidelity import agreement
 from infinity_cloud.hardware import int8_kernels
+from infinity_cloud.models.fidelity import agreement
 from infinity_cloud.tasks.heads import Head
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from infinity_cloud.model_files import Example, Graph, ModelFamily, ModelInfo, R
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor
-    from infinity_cloud.tokenization import TextTokenizer
+    from infinity_cloud.text.tokenization import TextTokenizer
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 IMAGE_INPUTS = ("pixel_values",)

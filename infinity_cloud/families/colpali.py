@@ -12,7 +12,7 @@ from infinity_cloud.model_files import Example, ModelInfo, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor
-    from infinity_cloud.tokenization import TextTokenizer
+    from infinity_cloud.text.tokenization import TextTokenizer
 
 
 def _page_example(info: ModelInfo, names: tuple[str, ...]) -> Example:

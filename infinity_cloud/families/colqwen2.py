@@ -13,7 +13,7 @@ from infinity_cloud.model_files import ModelInfo, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor
-    from infinity_cloud.tokenization import TextTokenizer
+    from infinity_cloud.text.tokenization import TextTokenizer
 
 _GRAPHS = graphs_of(
     token_vectors("colqwen2_text", TEXT_INPUTS[:2], traceable=False),

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import PayloadTooLargeError, QueueFullError
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.media import MediaPreprocessor
-from infinity_cloud.memory import MemoryBudget
 
 # Seconds per byte of decoding before any is measured: a 16 MP RGBA PNG, 184 MB of decoding
 # by `decoding_bytes`, took 0.8 s on one AVX2 core; learned from each decode after that.

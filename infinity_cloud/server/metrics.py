@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.batching import BatchReport
-from infinity_cloud.memory import MemoryBudget
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

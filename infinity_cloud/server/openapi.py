@@ -1,4 +1,4 @@
-"""The OpenAPI document states the checks `validation.py` makes after parsing (an empty text, too
+"""The OpenAPI document states the checks `admission/validation.py` makes after parsing (an empty text, too
 many inputs): the wire schemas carry them as JSON-schema keywords pydantic does not enforce, so
 a broken rule still answers the 400 or 413 the contract names, not pydantic's 422. A keyword
 whose value is one of the server's limits names the `LimitsSpec` field, and the app fills in
@@ -32,7 +32,7 @@ class Limit:
 
 class Checked:
     """`Annotated` metadata: JSON-schema keywords (minLength=1, maxItems=Limit(...)) for a rule
-    validation.py checks; the schema states them, pydantic's validation ignores them."""
+    admission/validation.py checks; the schema states them, pydantic's validation ignores them."""
 
     def __init__(self, **keywords: Any) -> None:
         self.keywords = keywords

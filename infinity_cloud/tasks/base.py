@@ -21,7 +21,7 @@ from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
 from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tokenization import Encoded, TextTokenizer
+from infinity_cloud.text.tokenization import Encoded, TextTokenizer
 
 
 class LoadedModel(Protocol):

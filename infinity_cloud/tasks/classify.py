@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from infinity_cloud.admission.validation import check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
@@ -15,8 +16,7 @@ from infinity_cloud.results import ClassifyResult
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import label_scores, softmax
-from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import check_texts
+from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from infinity_cloud import openai_tokens
+from infinity_cloud.admission.validation import (
+    check_dimensions,
+    check_media,
+    check_texts,
+    check_token_ids,
+    is_token_ids,
+)
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
@@ -25,14 +31,8 @@ from infinity_cloud.tasks.base import (
 )
 from infinity_cloud.tasks.heads import Head
 from infinity_cloud.tasks.pooling import truncate_dimensions
-from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import (
-    check_dimensions,
-    check_media,
-    check_texts,
-    check_token_ids,
-    is_token_ids,
-)
+from infinity_cloud.text import openai_tokens
+from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

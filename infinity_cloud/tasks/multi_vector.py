@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from infinity_cloud.admission.validation import check_media, check_no_token_ids, check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
@@ -17,8 +18,7 @@ from infinity_cloud.results import MultiVectorResult
 from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
 from infinity_cloud.tasks.embed import prompted
 from infinity_cloud.tasks.heads import FINAL, Head
-from infinity_cloud.tokenization import Encoded
-from infinity_cloud.validation import check_media, check_no_token_ids, check_texts
+from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from infinity_cloud.admission.validation import check_texts, check_top_n
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
@@ -15,8 +16,7 @@ from infinity_cloud.results import RankedDocument, RerankResult
 from infinity_cloud.tasks.base import Cost, Task, length_cost, prompt_tokens
 from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import rank, sigmoid
-from infinity_cloud.tokenization import Encoded, TextTokenizer
-from infinity_cloud.validation import check_texts, check_top_n
+from infinity_cloud.text.tokenization import Encoded, TextTokenizer
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

@@ -239,8 +239,8 @@ class LambdaTarget(Target[LambdaSpec]):
         """Copy the model's files (fetched from the hub when needed), build its exports here,
         then leave out its weights, which only building them read: the image holds one copy.
         Loaded again from what is left to be sure; where that fails the weights stay."""
-        from infinity_cloud.model_source import resolve_model_dir
-        from infinity_cloud.served_model import prepare_model
+        from infinity_cloud.models.model_source import resolve_model_dir
+        from infinity_cloud.models.served_model import prepare_model
 
         source = resolve_model_dir(model.model_id, model.revision)
         shutil.copytree(source, folder, ignore=shutil.ignore_patterns(".infinity-cloud"), symlinks=False)

@@ -40,7 +40,7 @@ class LocalTarget(Target[LocalSpec]):
         import uvicorn
         from rich.console import Console
 
-        from infinity_cloud import preflight
+        from infinity_cloud.edge import preflight
         from infinity_cloud.engine import Engine
         from infinity_cloud.server import create_app
         from infinity_cloud.server.read_deadlines import deadline_protocol

@@ -49,7 +49,7 @@ def pack_models(spec: DeploymentSpec, archive: Path) -> Path:
     (from the cache, or the hub when it may be reached)."""
     import tarfile
 
-    from infinity_cloud.model_source import resolve_model_dir
+    from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.targets.sagemaker.serve import model_data_folder
 
     def skip_exports(info: tarfile.TarInfo) -> tarfile.TarInfo | None:

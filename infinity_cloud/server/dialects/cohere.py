@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictStr, model_validator
 from starlette.responses import Response
 
+from infinity_cloud.admission.validation import check_embedding_types
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.results import EmbeddingResult, RerankResult
@@ -32,7 +33,6 @@ from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.tasks.embed import prompt_for_use
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
-from infinity_cloud.validation import check_embedding_types
 
 
 class CohereEmbedRequest(_Request):

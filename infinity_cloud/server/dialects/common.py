@@ -15,7 +15,7 @@ from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.calls import answer
 from infinity_cloud.server.openapi import Checked, Limit
 
-# What validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).
+# What admission/validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).
 # A text: not empty (400), not longer than the limit (413).
 Text = Annotated[StrictStr, Checked(minLength=1, maxLength=Limit("max_chars_per_text"))]
 # A string that may be a text or a media URL (modality image or audio): not empty; its length

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from infinity_cloud import __version__
+from infinity_cloud.admission.validation import check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.server.calls import answer
@@ -38,7 +39,6 @@ from infinity_cloud.server.errors import (
     in_tei_shape,
 )
 from infinity_cloud.server.parsing import JsonRoute
-from infinity_cloud.validation import check_texts
 
 # TEI's truncation side (only "right" is served; "left" is refused, not ignored).
 Direction = Literal["right", "left", "Right", "Left"]

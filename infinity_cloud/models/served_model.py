@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.backend_choice import open_backend
 from infinity_cloud.backends import Backend, ModelInputs
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import default_batch_size
@@ -20,17 +19,18 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
-from infinity_cloud.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
 from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
-from infinity_cloud.model_source import resolve_model_dir
+from infinity_cloud.models.backend_choice import open_backend
+from infinity_cloud.models.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
+from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.results import ModelFacts
 from infinity_cloud.tasks.heads import FINAL
 from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tasks.quantization import calibration_texts
 from infinity_cloud.tasks.registry import task_for
-from infinity_cloud.tokenization import TextTokenizer
+from infinity_cloud.text.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
-from infinity_cloud.model_source import already_here
+from infinity_cloud.models.model_source import already_here
 
 # A tower that reads media -> the modules it needs, the extra that installs them, their names.
 MEDIA_NEEDS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from infinity_cloud import cancellation
+from infinity_cloud.admission import cancellation
 from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
 from infinity_cloud.results import Token
 

@@ -13,9 +13,9 @@ from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
-from infinity_cloud.fidelity import MIN_AGREEMENT, agreement
 from infinity_cloud.hardware import int8_kernels
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.models.fidelity import MIN_AGREEMENT, agreement
 from infinity_cloud.tasks.heads import Head
 
 log = logging.getLogger(__name__)
