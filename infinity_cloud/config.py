@@ -225,6 +225,23 @@ class ServerSpec(_Frozen):
     body_timeout_s: float = Field(
         60.0, gt=0, description="408 for a client slower than this to send its body, in seconds."
     )
+    cache_mb: int = Field(
+        0, ge=0, description="The in-process result cache: the most memory its rows take, held inside "
+        "the memory budget; a repeated input (a re-indexed chunk, a frequent query) is answered from it "
+        "without the model (0: off).",
+    )
+    cache_url: str | None = Field(
+        None, description="The shared result cache: a Redis URL (redis://HOST:6379/0, rediss:// with "
+        "TLS) that every replica naming it reads and writes. Down or slow, requests are served uncached.",
+    )
+    cache_ttl_s: int | None = Field(
+        7 * 24 * 3600, ge=1, description="How long Redis keeps a cached row, in seconds (null in a "
+        "file: until Redis evicts it).",
+    )
+    cache_timeout_ms: float = Field(
+        50.0, gt=0, le=10_000, description="The longest one Redis call may take; past it its rows are "
+        "computed instead.",
+    )
     limits: LimitsSpec = LimitsSpec()
 
     @field_validator("url_prefix")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from infinity_cloud.admission import cancellation
-from infinity_cloud.admission.memory import MemoryBudget
+from infinity_cloud.admission.memory import MB, MemoryBudget
 from infinity_cloud.admission.validation import (
     check_answer_size,
     check_embedding_types,
@@ -30,6 +30,7 @@ from infinity_cloud.admission.validation import (
     check_top_n,
 )
 from infinity_cloud.batching.worker import Observer
+from infinity_cloud.cache.result_cache import ResultCache
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
@@ -100,6 +101,11 @@ class Engine:
         self._media: MediaFetcher | None = None
         self._decoder: MediaDecoder | None = None
         self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
+        server = spec.server
+        self.cache = ResultCache(server.cache_mb * MB, server.cache_url, server.cache_ttl_s,
+                                 server.cache_timeout_ms / 1000)
+        if server.cache_mb:
+            self.memory.set_aside(server.cache_mb * MB)  # the rows live inside the budget
         # Calibration vectors for int8/uint8, per model: made at start for a model served as
         # int8/uint8, else in the background from the first request that asks (a 503 till then).
         self._calibration: dict[str, np.ndarray] = {}
@@ -145,6 +151,7 @@ class Engine:
         return self
 
     async def stop(self) -> None:
+        await self.cache.close()
         if self._media is not None:
             await self._media.close()
             self._media = None
@@ -272,8 +279,13 @@ class Engine:
             finally:
                 queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
             queued_at = time.perf_counter()
-            rows = await served.run(items, tower)
-            if predicted is not None:
+            if self.cache.enabled:  # only the misses go to the model
+                rows, hits = await self.cache.rows(
+                    served.cache_namespace(tower), items, lambda misses: served.run(misses, tower)
+                )
+            else:
+                rows, hits = await served.run(items, tower), 0
+            if predicted is not None and not hits:  # a prediction of the whole request's work
                 queue.calibrate(predicted, time.perf_counter() - queued_at)
             return task.finish(rows, call, served, items)
 

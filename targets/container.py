@@ -83,6 +83,8 @@ def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
     """The package extras the image needs: each model's serving backend's, on its device, and
     the media extras. Each backend's brings what it needs to convert the model at build time too."""
     extras = {backend_extra(serving_backend(m, device), device) for m in spec.models}
+    if spec.server.cache_url:  # the shared result cache's client
+        extras.add("cache")
     return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))
 
 

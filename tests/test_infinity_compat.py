@@ -61,8 +61,11 @@ def test_infinity_variables_with_semicolons_fill_what_flags_do_not_give() -> Non
     assert translation.options["model_id"] == ["a/one", "b/two"]
     assert translation.options["max_batch_size"] == [8, 4]
     assert translation.options["port"] == 7000  # the flag wins
-    assert translation.notes == ("--vector-disk-cache: no counterpart: results are not cached on disk; a "
-                                 "repeated request is computed again",)
+    assert translation.options["cache_mb"] == 1024
+    assert translation.notes[0].startswith("--vector-disk-cache: becomes the in-process result cache "
+                                           "(--cache-mb 1024), not on disk")
+    assert len(translation.notes) == 1
+    assert "cache_mb" not in translate({"vector_disk_cache": [False]}, {}).options
     with pytest.raises(ConfigError, match="INFINITY_BATCH_SIZE='eight' is not a valid int"):
         translate({}, {"INFINITY_BATCH_SIZE": "eight"})
 

@@ -43,6 +43,10 @@ def _dtype(value: str) -> str:
     return value
 
 
+# Infinity's --vector-disk-cache, as an in-process cache of this size (MB).
+VECTOR_CACHE_MB = 1024
+
+
 @dataclass(frozen=True)
 class Flag:
     """One of Infinity's v2 options: its name (`--NAME`, variable INFINITY_NAME), what it takes,
@@ -71,7 +75,9 @@ FLAGS = (
          note="optimum is ONNX Runtime (--backend onnx); not given: auto, the fastest installed"),
     Flag("model_warmup", bool, True, "warmup"),
     Flag("vector_disk_cache", bool, True,
-         note="no counterpart: results are not cached on disk; a repeated request is computed again"),
+         note=f"becomes the in-process result cache (--cache-mb {VECTOR_CACHE_MB}), not on disk: it is "
+              "empty after a restart; --cache-url redis://... keeps rows across restarts and shares "
+              "them between replicas"),
     Flag("device", per_model=True, ours="device", convert=_device),
     Flag("device_id", per_model=True,
          note="becomes --device cuda:N; several ids (one model on several GPUs) have no counterpart: "
@@ -122,6 +128,8 @@ def translate(given: Mapping[str, Any], environ: Mapping[str, str]) -> Translati
     notes = []
     for flag in FLAGS:
         value = values[flag.name]
+        if flag.name == "vector_disk_cache" and any(_as_list(value)):  # one cache for all models
+            options["cache_mb"] = VECTOR_CACHE_MB
         if value is None or value == [] or flag.name in ("device_id", "preload_only"):
             continue
         if flag.ours is None:

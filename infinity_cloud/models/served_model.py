@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from infinity_cloud import __version__
 from infinity_cloud.backends import Backend, ModelInputs
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
+from infinity_cloud.cache.keys import folder_identity, namespace
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
@@ -52,6 +54,8 @@ class _Loaded:
     normalize: bool
     # The preprocessor of each tower that reads media (image, audio), by tower.
     media: dict[TowerName, MediaPreprocessor]
+    # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
+    namespaces: dict[TowerName, str] = field(default_factory=dict)
 
     @property
     def backend(self) -> Backend:
@@ -322,6 +326,20 @@ class ServedModel:
                 param="model",
             )
         return loaded
+
+    def cache_namespace(self, tower: TowerName = "text") -> str:
+        """What the rows of `tower` are cached under: the model's files by their content (not
+        its served name: the same weights under two names share rows, new weights under an old
+        name never do), and what else changes the numbers: its graph, backend, precision,
+        device kind, pooling, normalisation, and this package's version."""
+        loaded = self.loaded
+        if tower not in loaded.namespaces:
+            backend = loaded.towers[tower].backend
+            facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype,
+                     backend.device.partition(":")[0], self.spec.pooling or loaded.info.pooling,
+                     loaded.normalize)
+            loaded.namespaces[tower] = namespace(folder_identity(loaded.info.path), facts)
+        return loaded.namespaces[tower]
 
     def queue(self, tower: TowerName = "text") -> BatchQueue:
         return self.loaded.towers[tower].worker.queue

@@ -23,7 +23,7 @@ from infinity_cloud.server.dialects.registry import mount
 from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
-from infinity_cloud.server.middleware import BodyLimit
+from infinity_cloud.server.middleware import BodyLimit, CacheControl
 from infinity_cloud.server.openapi import with_limits
 from infinity_cloud.server.request_id import RequestId
 from infinity_cloud.server.routes import status
@@ -65,6 +65,8 @@ def create_app(
     spec = engine.spec if server is None else engine.spec.model_copy(update={"server": server})
     metrics = Metrics()
     engine.observers.append(metrics.observe_batch)
+    if engine.cache.enabled:
+        metrics.watch_cache(engine.cache.describe)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -108,6 +110,7 @@ def create_app(
     app.include_router(status.health_router, prefix=prefix)
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
+    app.add_middleware(CacheControl)
     # Outside the body limit: a caller without a key is refused before any byte is read.
     add_docs(app, prefix)
     open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/openapi.json")}

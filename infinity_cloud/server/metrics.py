@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.batching import BatchReport
@@ -56,6 +60,11 @@ class Metrics:
             buckets=_LATENCY, registry=r,
         )
 
+    def watch_cache(self, stats: Callable[[], dict[str, Any]]) -> None:
+        """Export the result cache's counters, read from `stats` (`ResultCache.describe`) at
+        each scrape."""
+        self.registry.register(_CacheCollector(stats))
+
     def observe_batch(self, report: BatchReport) -> None:
         """A batch observer: called from the worker thread after each batch."""
         self.batch_size.labels(report.model).observe(report.size)
@@ -71,3 +80,34 @@ class Metrics:
         self.memory_held.set(memory.held_bytes)
         self.memory_budget.set(memory.limit_bytes or 0)
         return generate_latest(self.registry)
+
+
+class _CacheCollector:
+    """The result cache's counters, as the cache keeps them (no second count here)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        hits = CounterMetricFamily(
+            "infinity_cloud_cache_hits", "inputs answered from the result cache, by store", labels=["store"]
+        )
+        for store, count in stats["hits"].items():
+            hits.add_metric([store], count)
+        yield hits
+        yield CounterMetricFamily(
+            "infinity_cloud_cache_misses", "inputs the cache did not hold, run by the model",
+            value=stats["misses"],
+        )
+        yield CounterMetricFamily(
+            "infinity_cloud_cache_redis_errors", "Redis calls that failed or timed out (their inputs ran)",
+            value=stats["redis_errors"],
+        )
+        yield GaugeMetricFamily(
+            "infinity_cloud_cache_memory_bytes", "what the in-process cache's rows take",
+            value=stats["memory_bytes"],
+        )
+        yield GaugeMetricFamily(
+            "infinity_cloud_cache_entries", "rows in the in-process cache", value=stats["entries"]
+        )

@@ -1,12 +1,14 @@
-"""ASGI middleware of our own: the request body size limit."""
+"""ASGI middleware of our own: the request body size limit, and a request's `Cache-Control`."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from infinity_cloud.cache.result_cache import CACHE_MODE, CacheMode
 from infinity_cloud.errors import PayloadTooLargeError
 from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import error_response
@@ -67,3 +69,17 @@ class _TooLarge(HTTPException):
     """Raised from `receive` once a streamed body passes the limit. An HTTPException, because
     FastAPI re-raises those from body parsing (any other error there becomes a 400); the
     app's HTTPException handler then answers 413 in the error shape."""
+
+
+class CacheControl(HttpMiddleware):
+    """A request's `Cache-Control` as the result cache's mode for its calls: `no-store`, not
+    read and not kept; `no-cache`, computed again (and kept); otherwise, the cache as usual."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        asked = {part.strip().lower() for part in Headers(scope=scope).get("cache-control", "").split(",")}
+        mode: CacheMode = "off" if "no-store" in asked else "refresh" if "no-cache" in asked else "use"
+        token = CACHE_MODE.set(mode)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CACHE_MODE.reset(token)

@@ -1,0 +1,169 @@
+"""A request's inputs split into cached rows and misses: only the misses go to the model, and
+what it answers is kept for the next request (in process, and in Redis when configured). A
+hit is the very row the model answered before, so an answer is the same with the cache as
+without it; options applied after the model (dimensions, output dtype, top_n) are not in the
+key, so they share rows.
+
+Per request, `CACHE_MODE` (the HTTP app sets it from `Cache-Control`): "use", "refresh" (do
+not read, but store what is computed: `no-cache`) or "off" (neither: `no-store`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from infinity_cloud.cache.codec import decode_row, encode_row
+from infinity_cloud.cache.keys import fingerprint
+from infinity_cloud.cache.memory_store import MemoryStore
+from infinity_cloud.cache.redis_store import RedisStore
+from infinity_cloud.results import SparseVector
+
+log = logging.getLogger(__name__)
+
+CacheMode = Literal["use", "refresh", "off"]
+CACHE_MODE: ContextVar[CacheMode] = ContextVar("infinity_cloud_cache_mode", default="use")
+KEY_PREFIX = b"infinity-cloud:"  # every key, so a shared Redis may hold other things too
+
+
+@contextmanager
+def cache_mode(mode: CacheMode) -> Iterator[None]:
+    """Calls inside the block use the cache as `mode` says (the Python API's opt-out)."""
+    token = CACHE_MODE.set(mode)
+    try:
+        yield
+    finally:
+        CACHE_MODE.reset(token)
+
+
+@dataclass
+class CacheStats:
+    hits: dict[str, int] = field(default_factory=lambda: {"memory": 0, "redis": 0})
+    misses: int = 0
+    # Inputs that are never cached (a caller's own task whose inputs are not plain data).
+    uncached: int = 0
+
+
+def _frozen(row: Any) -> Any:
+    """A row as the store keeps it: its own memory (a row of a batch is a view that would keep
+    the whole batch alive), read-only (a hit handed to a caller must not be changed in place)."""
+    if isinstance(row, np.ndarray):
+        row = row.copy()
+        row.setflags(write=False)
+    elif isinstance(row, SparseVector):
+        row = SparseVector(_frozen(row.indices), _frozen(row.values))
+    return row
+
+
+class ResultCache:
+    """`memory_bytes` 0 and no `redis_url`: off, and `rows` is the model's call itself."""
+
+    def __init__(self, memory_bytes: int = 0, redis_url: str | None = None, ttl_s: int | None = None,
+                 redis_timeout_s: float = 0.05) -> None:
+        self.memory = MemoryStore(memory_bytes) if memory_bytes > 0 else None
+        self.redis = RedisStore(redis_url, ttl_s, redis_timeout_s) if redis_url else None
+        self.stats = CacheStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.memory is not None or self.redis is not None
+
+    async def rows(
+        self, namespace: str, items: Sequence[Any], compute: Callable[[list[Any]], Awaitable[Sequence[Any]]]
+    ) -> tuple[list[Any], int]:
+        """Each item's row, in order, and how many came from the cache. `namespace`: the
+        model and tower the rows are of (`ServedModel.cache_namespace`)."""
+        mode = CACHE_MODE.get()
+        if not self.enabled or mode == "off":
+            return list(await compute(list(items))), 0
+        prefix = KEY_PREFIX + namespace.encode() + b":"
+        prints = [fingerprint(item) for item in items]
+        keys = [None if p is None else prefix + p.hex().encode() for p in prints]
+        found: list[Any] = [None] * len(items)
+        hits = 0
+        if mode == "use":
+            hits = await self._look_up(keys, found)
+        # The misses, each distinct input once: a request that repeats a text runs it once.
+        first: dict[bytes, int] = {}
+        run: list[int] = []
+        for i, key in enumerate(keys):
+            if found[i] is not None:
+                continue
+            if key is None:
+                run.append(i)
+            elif key not in first:
+                first[key] = i
+                run.append(i)
+        computed = list(await compute([items[i] for i in run])) if run else []
+        for i, row in zip(run, computed, strict=True):
+            found[i] = row
+        for i, key in enumerate(keys):
+            if found[i] is None and key is not None:
+                found[i] = found[first[key]]
+        self.stats.misses += len(run)
+        self.stats.uncached += sum(key is None for key in keys)
+        self._store([(keys[i], found[i]) for i in run if keys[i] is not None])
+        return found, hits
+
+    async def _look_up(self, keys: list[bytes | None], found: list[Any]) -> int:
+        asked = [i for i, key in enumerate(keys) if key is not None]
+        hits = 0
+        if self.memory is not None and asked:
+            for i, row in zip(asked, self.memory.get([keys[i] for i in asked]), strict=True):  # type: ignore[misc]
+                if row is not None:
+                    found[i] = row
+            memory_hits = sum(found[i] is not None for i in asked)
+            self.stats.hits["memory"] += memory_hits
+            hits += memory_hits
+            asked = [i for i in asked if found[i] is None]
+        if self.redis is not None and asked:
+            shared = await self.redis.get([keys[i] for i in asked])  # type: ignore[misc]
+            promoted = []
+            for i, data in zip(asked, shared, strict=True):
+                if data is None:
+                    continue
+                try:
+                    found[i] = decode_row(data)
+                except ValueError:  # not ours (another program's key under our prefix): a miss
+                    continue
+                promoted.append((keys[i], found[i]))
+            self.stats.hits["redis"] += len(promoted)
+            hits += len(promoted)
+            if self.memory is not None:
+                self.memory.put(promoted)  # type: ignore[arg-type]
+        return hits
+
+    def _store(self, pairs: list[tuple[bytes, Any]]) -> None:
+        if not pairs:
+            return
+        if self.memory is not None:
+            self.memory.put([(key, _frozen(row)) for key, row in pairs])
+        if self.redis is not None:
+            encoded = [(key, data) for key, row in pairs if (data := encode_row(row)) is not None]
+            self.redis.put_later(encoded)
+
+    def forget(self, namespace: str) -> None:
+        """Drop one model tower's rows from memory (a model unloaded); Redis keeps them for
+        the same model elsewhere, or here again later."""
+        prefix = KEY_PREFIX + namespace.encode() + b":"
+        if self.memory is not None:
+            self.memory.clear(prefix)
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            await self.redis.close()
+
+    def describe(self) -> dict[str, Any]:
+        """For /metrics and the models' facts."""
+        return {
+            "hits": dict(self.stats.hits), "misses": self.stats.misses, "uncached": self.stats.uncached,
+            "memory_bytes": 0 if self.memory is None else self.memory.bytes,
+            "memory_capacity_bytes": 0 if self.memory is None else self.memory.capacity_bytes,
+            "entries": 0 if self.memory is None else len(self.memory),
+            "redis_errors": 0 if self.redis is None else self.redis.errors,
+        }

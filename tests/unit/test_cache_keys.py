@@ -1,0 +1,55 @@
+"""What the result cache keys rows by, and how it stores them: exact inputs, a model's
+identity by its files' content, rows as numpy's own format (never a pickle)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infinity_cloud.cache.codec import decode_row, encode_row
+from infinity_cloud.cache.keys import fingerprint, folder_identity, namespace
+from infinity_cloud.results import SparseVector
+from infinity_cloud.text.tokenization import Encoded
+
+
+def test_an_input_is_known_by_exactly_what_the_model_reads() -> None:
+    one = fingerprint(Encoded([101, 7, 102], [0, 0, 0]))
+    assert one == fingerprint(Encoded([101, 7, 102], [0, 0, 0]))
+    assert one != fingerprint(Encoded([101, 8, 102], [0, 0, 0]))
+    assert one != fingerprint(Encoded([101, 7, 102], [0, 0, 1]))
+    assert one != fingerprint(Encoded([101, 7, 102], [0, 0, 0], attended=2))  # a ColBERT query's expansion
+    assert fingerprint("not a model input") is None
+
+
+def test_a_model_is_known_by_its_files_not_its_place(tmp_path: Path) -> None:
+    model = tmp_path / "a"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 20_000)  # past the ends read
+    shutil.copytree(model, tmp_path / "b")
+    assert folder_identity(model) == folder_identity(tmp_path / "b")
+    weights = bytearray((model / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
+    assert folder_identity(model) != folder_identity(tmp_path / "b")
+    assert namespace("x", ("openvino", "bfloat16")) != namespace("x", ("openvino", "float32"))
+
+
+def test_rows_round_trip_and_nothing_else_decodes() -> None:
+    row = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(decode_row(encode_row(row)), row)
+    sparse = SparseVector(np.array([3, 9]), np.array([0.5, 1.25], dtype=np.float32))
+    back = decode_row(encode_row(sparse))
+    assert np.array_equal(back.indices, sparse.indices) and np.array_equal(back.values, sparse.values)
+    assert encode_row({"not": "a row"}) is None
+    with pytest.raises(ValueError):
+        decode_row(pickle.dumps(row))
+    stream = io.BytesIO()
+    np.save(stream, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError):  # numpy refuses an object array without allow_pickle
+        decode_row(b"a" + stream.getvalue())
