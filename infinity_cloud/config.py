@@ -209,6 +209,15 @@ class ServerSpec(_Frozen):
     api_key_file: Path | None = Field(
         None, description="Require one of the keys in this file (one per line; # comments), read at start."
     )
+    admin_keys: tuple[str, ...] = Field(
+        (), description="Open the admin API (load and unload models while serving: /admin/models) to "
+        "'Authorization: Bearer KEY'; repeatable. Without an admin key there is no admin API. An API "
+        "key does not open it. Prefer --admin-key-file or the variable.",
+        json_schema_extra=_flag("--admin-key", "ADMIN_KEY"),
+    )
+    admin_key_file: Path | None = Field(
+        None, description="Admin keys, one per line (# comments), read at start."
+    )
     cors_origins: tuple[str, ...] = Field(
         (), description="Allow browser calls from this origin ('*' for any); repeatable.",
         json_schema_extra=_flag("--cors-origin", "CORS_ORIGIN"),
@@ -255,16 +264,25 @@ class ServerSpec(_Frozen):
     @property
     def keys(self) -> tuple[str, ...]:
         """Every accepted API key: those given, and those in `api_key_file`."""
-        if self.api_key_file is None:
-            return self.api_keys
-        try:
-            lines = self.api_key_file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the API key file {self.api_key_file}: {exc.strerror}") from exc
-        from_file = tuple(k for k in (line.strip() for line in lines) if k and not k.startswith("#"))
-        if not from_file:
-            raise ConfigError(f"the API key file {self.api_key_file} holds no key")
-        return (*self.api_keys, *from_file)
+        return _keys(self.api_keys, self.api_key_file, "API key")
+
+    @property
+    def admin(self) -> tuple[str, ...]:
+        """Every admin key: those given, and those in `admin_key_file`."""
+        return _keys(self.admin_keys, self.admin_key_file, "admin key")
+
+
+def _keys(given: tuple[str, ...], file: Path | None, what: str) -> tuple[str, ...]:
+    if file is None:
+        return given
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {file}: {exc.strerror}") from exc
+    from_file = tuple(k for k in (line.strip() for line in lines) if k and not k.startswith("#"))
+    if not from_file:
+        raise ConfigError(f"the {what} file {file} holds no key")
+    return (*given, *from_file)
 
 
 class DeploymentSpec(_Frozen):

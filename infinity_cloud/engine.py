@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from infinity_cloud.admission import cancellation
-from infinity_cloud.admission.memory import MB, MemoryBudget
+from infinity_cloud.admission.memory import (
+    MB,
+    MemoryBudget,
+    give_back_freed_memory,
+    resident_bytes,
+    weights_bytes,
+)
 from infinity_cloud.admission.validation import (
     check_answer_size,
     check_embedding_types,
@@ -30,11 +36,19 @@ from infinity_cloud.admission.validation import (
     check_top_n,
 )
 from infinity_cloud.batching.worker import Observer
-from infinity_cloud.cache.result_cache import ResultCache
+from infinity_cloud.cache.result_cache import ResultCache, cache_mode
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import InvalidInputError, ModelNotFoundError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.errors import (
+    InvalidInputError,
+    ModelConflictError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    ModelTooLargeError,
+    UnsupportedError,
+)
 from infinity_cloud.hardware import usable_cores
+from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.results import (
     ClassifyResult,
@@ -76,6 +90,15 @@ def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
     return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
+def _collect_and_trim() -> None:
+    """Free an unloaded model's memory now: its weights are in cycles (modules and their
+    parents) that only the collector frees, and the heap keeps what was freed until trimmed."""
+    import gc
+
+    gc.collect()
+    give_back_freed_memory()
+
+
 class Engine:
     def __init__(
         self,
@@ -102,27 +125,109 @@ class Engine:
         self._decoder: MediaDecoder | None = None
         self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
         server = spec.server
-        self.cache = ResultCache(server.cache_mb * MB, server.cache_url, server.cache_ttl_s,
-                                 server.cache_timeout_ms / 1000)
-        if server.cache_mb:
-            self.memory.set_aside(server.cache_mb * MB)  # the rows live inside the budget
+        self.cache = ResultCache(self._cache_bytes(server.cache_mb * MB), server.cache_url,
+                                 server.cache_ttl_s, server.cache_timeout_ms / 1000)
         # Calibration vectors for int8/uint8, per model: made at start for a model served as
         # int8/uint8, else in the background from the first request that asks (a 503 till then).
         self._calibration: dict[str, np.ndarray] = {}
         self._calibrating: dict[str, asyncio.Future[None]] = {}
+        self._loading: set[asyncio.Future[None]] = set()  # models added while serving
+        self._unloaded: set[str] = set()  # names of models unloaded while serving: a 404, not another model
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def _cache_bytes(self, asked: int) -> int:
+        """The in-process cache's bound, inside the memory budget: its rows are resident memory,
+        which the budget counts as it fills, so it may take at most a quarter of it."""
+        limit = self.memory.limit_bytes
+        if not asked or limit is None or asked <= limit // 4:
+            return asked
+        log.warning("the result cache is held to %d MB, a quarter of the memory budget (%d MB), not the "
+                    "%d MB asked: raise --memory-budget-mb or lower --cache-mb",
+                    limit // 4 // MB, limit // MB, asked // MB)
+        return limit // 4
+
     def load(self) -> None:
         """Blocking: load every model, one after the other; the first failure raises."""
-        for model in self.models.values():
-            if model.state == "loading":
-                model.load()
-                if self.memory.limit_bytes is not None:  # a budget counts what is built after load
-                    model.settle()
-                self.memory.trim()
-                model.fit_batches(self.memory.room_for_batches())
-                self.memory.set_aside(model.working_set_bytes)
+        for model in list(self.models.values()):
+            if model.state == "loading" and not model.hot:
+                self._load_one(model)
+
+    def _load_one(self, model: ServedModel) -> None:
+        model.load()
+        if self.memory.limit_bytes is not None:  # a budget counts what is built after load
+            model.settle()
+        self.memory.trim()
+        model.fit_batches(self.memory.room_for_batches())
+        self.memory.set_aside(model.working_set_bytes)
+        if self.cache.enabled:  # its files are read for their identity here, not in a request
+            for tower in model.towers:
+                model.cache_namespace(tower)
+
+    # -- models loaded and unloaded while serving ------------------------------------
+
+    async def add_model(self, spec: ModelSpec) -> ServedModel:
+        """Serve one more model without a restart: refused at once when a name it takes is
+        served (409) or its weights would not fit the memory budget beside what is loaded
+        (413); else it loads off the event loop, answering 503 with Retry-After until ready
+        (its state in `describe`). Returns it while it loads."""
+        taken = [n for n in spec.names if any(n in m.spec.names for m in self.models.values())]
+        if taken:
+            raise ModelConflictError(f"model name {', '.join(taken)} is already served; unload it first",
+                                     param="served_model_name")
+        path = await asyncio.to_thread(resolve_model_dir, spec.model_id, spec.revision)
+        need = weights_bytes(path)
+        room = self.memory.room_for_model()
+        if room is not None and need > room:
+            raise ModelTooLargeError(
+                f"model {spec.name!r} needs about {need // MB} MB for its weights, and the memory budget "
+                f"has {room // MB} MB beside what is loaded: unload a model, or raise --memory-budget-mb"
+            )
+        model = ServedModel(spec, self.observers, hot=True)
+        self.models[model.name] = model
+        self._unloaded.difference_update(spec.names)
+
+        def load() -> None:
+            try:
+                self._load_one(model)
+            except Exception as exc:  # its state says why; the server serves on
+                log.error("loading model %s failed: %s", model.name, exc)
+
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(load))
+        self._loading.add(task)
+        task.add_done_callback(self._loading.discard)
+        return model
+
+    async def remove_model(self, name: str, drain_timeout_s: float = 120.0) -> dict[str, Any]:
+        """Stop serving `name`: new calls get 503 at once, the calls already admitted finish
+        (up to `drain_timeout_s`), then its workers stop and its memory is given back.
+        Returns what was drained and freed."""
+        model = self.models.get(name) or next((m for m in self.models.values() if name in m.spec.names), None)
+        if model is None:
+            raise ModelNotFoundError(
+                f"model {name!r} is not served here; served models: {self._known_names()}", param="name"
+            )
+        if model.state == "loading":
+            raise ModelConflictError(f"model {model.name!r} is still loading: unload it once it is ready",
+                                     param="name")
+        model.state = "draining"
+        drained, waited = model.in_flight, time.monotonic() + drain_timeout_s
+        while model.in_flight and time.monotonic() < waited:
+            await asyncio.sleep(0.01)
+        before = resident_bytes()
+        working_set = model.working_set_bytes
+        namespaces = model.cache_namespaces()
+        await asyncio.to_thread(model.stop)
+        del self.models[model.name]
+        self._unloaded.update(model.spec.names)
+        for namespace in namespaces:
+            self.cache.forget(namespace)
+        self._calibration.pop(model.name, None)
+        self.memory.set_aside(-working_set)
+        await asyncio.to_thread(_collect_and_trim)
+        self.memory.trim()
+        return {"id": model.name, "drained": drained, "unfinished": model.in_flight,
+                "freed_bytes": max(0, before - resident_bytes())}
 
     @classmethod
     def loaded(cls, spec: DeploymentSpec) -> Engine:
@@ -144,6 +249,7 @@ class Engine:
             self._decoder.close()
 
     async def start(self) -> Engine:
+        self.cache.start()
         await asyncio.to_thread(self.load)
         for model in self.models.values():  # calibrated now, not in a caller's first request
             if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES:
@@ -151,6 +257,8 @@ class Engine:
         return self
 
     async def stop(self) -> None:
+        if self._loading:  # a model still loading finishes, then stops with the rest
+            await asyncio.gather(*self._loading, return_exceptions=True)
         await self.cache.close()
         if self._media is not None:
             await self._media.close()
@@ -170,11 +278,12 @@ class Engine:
     @property
     def healthy(self) -> bool:
         """Every model loaded and working, and those served as int8/uint8 calibrated (at
-        start: their every answer needs the ranges)."""
+        start: their every answer needs the ranges). A model loaded while serving counts once
+        it is ready: its loading, failing or draining is the admin API's to report."""
         calibrated = quantization.CALIBRATED_TYPES
         return all(
             m.healthy and (m.spec.embedding_dtype not in calibrated or m.name in self._calibration)
-            for m in self.models.values()
+            for m in list(self.models.values()) if not (m.hot and m.state != "ready")
         )
 
     def facts(self) -> list[ModelFacts]:
@@ -204,6 +313,9 @@ class Engine:
         several: its name or an alias; no name: the one served model that does one of
         `capabilities` (the request's task), or where several do, the one marked `default`,
         else the first listed of them. An unknown name is a 404 naming what is served."""
+        if name in self._unloaded:
+            raise ModelNotFoundError(f"model {name!r} was unloaded; served models: {self._known_names()}",
+                                     param="model")
         if len(self.models) == 1:
             return next(iter(self.models.values()))
         if name:
@@ -258,6 +370,10 @@ class Engine:
         then the task's own finish. The capabilities below are tasks; so can a caller's own be
         (tasks/base.py)."""
         served = self.model(model, task.capability)
+        with served.admitted():
+            return await self._run_admitted(task, call, served)
+
+    async def _run_admitted(self, task: Task[Call, Result], call: Call, served: ServedModel) -> Result:
         task.check(call, served, self.limits)
         tower = task.tower(call)
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
@@ -280,12 +396,12 @@ class Engine:
                 queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
             queued_at = time.perf_counter()
             if self.cache.enabled:  # only the misses go to the model
-                rows, hits = await self.cache.rows(
+                rows, ran = await self.cache.rows(
                     served.cache_namespace(tower), items, lambda misses: served.run(misses, tower)
                 )
             else:
-                rows, hits = await served.run(items, tower), 0
-            if predicted is not None and not hits:  # a prediction of the whole request's work
+                rows, ran = await served.run(items, tower), len(items)
+            if predicted is not None and ran == len(items):  # a prediction of the whole request's work
                 queue.calibrate(predicted, time.perf_counter() - queued_at)
             return task.finish(rows, call, served, items)
 
@@ -416,7 +532,8 @@ class Engine:
 
     async def _calibrate(self, served: ServedModel) -> None:
         texts = await asyncio.to_thread(quantization.calibration_texts)
-        floats = await self.embed(texts, served.name, output_dtype="float32")
+        with cache_mode("off"):  # fixed texts: no caller's rows, and none to keep
+            floats = await self.embed(texts, served.name, output_dtype="float32")
         self._calibration[served.name] = floats.embeddings
         log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
 

@@ -33,6 +33,14 @@ class ModelNotFoundError(InfinityCloudError):
     """No served model has the requested name."""
 
 
+class ModelConflictError(InfinityCloudError):
+    """A model to load takes a name (or alias) another served model has."""
+
+
+class ModelTooLargeError(PayloadTooLargeError):
+    """A model to load would not fit the memory budget beside what is loaded."""
+
+
 class QueueFullError(InfinityCloudError):
     """The model's queue is at its bound; the caller should retry later."""
 

@@ -24,6 +24,13 @@ def _cpuinfo(field: str) -> str:
     return ""
 
 
+# The flags whose presence changes which kernels a CPU backend runs, and so the last digits
+# of its numbers.
+KERNEL_FLAGS = frozenset({
+    "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8", "amx_fp16",
+})
+
+
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags the kernel reports (empty where /proc/cpuinfo does not exist)."""
     return frozenset(_cpuinfo("flags").split())

@@ -83,6 +83,21 @@ def give_back_freed_memory() -> bool:
     return True
 
 
+# A model folder's weights in the formats a backend starts from, best first: the first found
+# is what loading reads (the others are copies: ONNX or OpenVINO exports shipped beside it).
+_WEIGHT_FORMATS = ("*.safetensors", "pytorch_model*.bin", "*.onnx", "onnx/*.onnx")
+
+
+def weights_bytes(folder: Path) -> int:
+    """About what loading the model in `folder` takes: its weights as stored, in the format
+    loading reads (an estimate: a float16 file served in float32 takes twice that)."""
+    for pattern in _WEIGHT_FORMATS:
+        files = [p for p in folder.glob(pattern) if p.is_file()]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return 0
+
+
 class MemoryBudget:
     """Admission by memory, and trimming the heap once the admitted work is done.
 
@@ -127,6 +142,13 @@ class MemoryBudget:
         if self.limit_bytes is None:
             return 1 << 62
         return max(0, self.limit_bytes - self._resident() - self._aside) // 2
+
+    def room_for_model(self) -> int | None:
+        """What one more model may take: the budget less what the process holds and the
+        loaded models' batches; None without a budget."""
+        if self.limit_bytes is None:
+            return None
+        return max(0, self.limit_bytes - self._resident() - self._aside - self._held)
 
     def trim(self) -> None:
         """Give freed memory back now (after loading: exports and precision checks leave

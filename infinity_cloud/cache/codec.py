@@ -27,14 +27,21 @@ def encode_row(row: Any) -> bytes | None:
     return None
 
 
+def _load(body: Any) -> np.ndarray:
+    """One array in numpy's format; anything else (an archive, an object array) is refused."""
+    array = np.load(io.BytesIO(body), allow_pickle=False)
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiub":
+        raise ValueError("not a cached row's array")
+    return array
+
+
 def decode_row(data: bytes) -> Any:
     kind, body = data[:1], memoryview(data)[1:]
     if kind == b"a":
-        return np.load(io.BytesIO(body), allow_pickle=False)
+        return _load(body)
     if kind == b"s":
         size = int.from_bytes(body[:8], "little")
-        indices = np.load(io.BytesIO(body[8 : 8 + size]), allow_pickle=False)
-        return SparseVector(indices, np.load(io.BytesIO(body[8 + size :]), allow_pickle=False))
+        return SparseVector(_load(body[8 : 8 + size]), _load(body[8 + size :]))
     raise ValueError(f"not a cached row (kind {bytes(kind)!r})")
 
 

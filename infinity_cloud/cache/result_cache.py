@@ -53,7 +53,7 @@ def _frozen(row: Any) -> Any:
     """A row as the store keeps it: its own memory (a row of a batch is a view that would keep
     the whole batch alive), read-only (a hit handed to a caller must not be changed in place)."""
     if isinstance(row, np.ndarray):
-        row = row.copy()
+        row = row.copy() if row.base is not None or row.flags.writeable else row
         row.setflags(write=False)
     elif isinstance(row, SparseVector):
         row = SparseVector(_frozen(row.indices), _frozen(row.values))
@@ -76,18 +76,18 @@ class ResultCache:
     async def rows(
         self, namespace: str, items: Sequence[Any], compute: Callable[[list[Any]], Awaitable[Sequence[Any]]]
     ) -> tuple[list[Any], int]:
-        """Each item's row, in order, and how many came from the cache. `namespace`: the
-        model and tower the rows are of (`ServedModel.cache_namespace`)."""
+        """Each item's row, in order, and how many of them the model ran (fewer than the items
+        when some were hits, or repeats of another). `namespace`: the model and tower the rows
+        are of (`ServedModel.cache_namespace`)."""
         mode = CACHE_MODE.get()
         if not self.enabled or mode == "off":
-            return list(await compute(list(items))), 0
+            return list(await compute(list(items))), len(items)
         prefix = KEY_PREFIX + namespace.encode() + b":"
         prints = [fingerprint(item) for item in items]
         keys = [None if p is None else prefix + p.hex().encode() for p in prints]
         found: list[Any] = [None] * len(items)
-        hits = 0
         if mode == "use":
-            hits = await self._look_up(keys, found)
+            await self._look_up(keys, found)
         # The misses, each distinct input once: a request that repeats a text runs it once.
         first: dict[bytes, int] = {}
         run: list[int] = []
@@ -108,7 +108,7 @@ class ResultCache:
         self.stats.misses += len(run)
         self.stats.uncached += sum(key is None for key in keys)
         self._store([(keys[i], found[i]) for i in run if keys[i] is not None])
-        return found, hits
+        return found, len(run)
 
     async def _look_up(self, keys: list[bytes | None], found: list[Any]) -> int:
         asked = [i for i, key in enumerate(keys) if key is not None]
@@ -128,8 +128,8 @@ class ResultCache:
                 if data is None:
                     continue
                 try:
-                    found[i] = decode_row(data)
-                except ValueError:  # not ours (another program's key under our prefix): a miss
+                    found[i] = _frozen(decode_row(data))
+                except Exception:  # not ours (another program's value under our prefix): a miss
                     continue
                 promoted.append((keys[i], found[i]))
             self.stats.hits["redis"] += len(promoted)
@@ -154,6 +154,11 @@ class ResultCache:
         if self.memory is not None:
             self.memory.clear(prefix)
 
+    def start(self) -> None:
+        """Connect to Redis now, in the background, rather than at the first request."""
+        if self.redis is not None:
+            _ = self.redis.available
+
     async def close(self) -> None:
         if self.redis is not None:
             await self.redis.close()
@@ -161,9 +166,10 @@ class ResultCache:
     def describe(self) -> dict[str, Any]:
         """For /metrics and the models' facts."""
         return {
-            "hits": dict(self.stats.hits), "misses": self.stats.misses, "uncached": self.stats.uncached,
+            "hits": dict(self.stats.hits), "misses": self.stats.misses,
             "memory_bytes": 0 if self.memory is None else self.memory.bytes,
             "memory_capacity_bytes": 0 if self.memory is None else self.memory.capacity_bytes,
+            "uncached": self.stats.uncached,
             "entries": 0 if self.memory is None else len(self.memory),
             "redis_errors": 0 if self.redis is None else self.redis.errors,
         }

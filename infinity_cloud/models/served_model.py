@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
+from infinity_cloud.hardware import KERNEL_FLAGS, cpu_flags, cpu_model
 from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
@@ -132,11 +134,15 @@ def fit_device_memory(
 
 
 class ServedModel:
-    """States: loading -> ready -> stopped, or failed with a reason."""
+    """States: loading -> ready -> (draining ->) stopped, or failed with a reason. `hot`: loaded
+    while serving (the admin API), so its loading, failing or draining is not the server's
+    health."""
 
-    def __init__(self, spec: ModelSpec, observers: Sequence[Observer] = ()) -> None:
+    def __init__(self, spec: ModelSpec, observers: Sequence[Observer] = (), hot: bool = False) -> None:
         self.spec = spec
         self.name = spec.name
+        self.hot = hot
+        self.in_flight = 0  # calls admitted and not yet answered (`admitted`)
         self._observers = observers
         self._loaded: _Loaded | None = None
         self.state = "loading"
@@ -302,13 +308,30 @@ class ServedModel:
 
     # -- serving ---------------------------------------------------------------------
 
+    def _not_ready(self) -> ModelNotReadyError:
+        reason = {
+            "loading": "is still loading", "stopped": "is shutting down",
+            "draining": "is being unloaded: it finishes what it was given and takes nothing new",
+        }.get(self.state, f"failed to load: {self.error}")
+        return ModelNotReadyError(f"model {self.name!r} {reason}")
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """A call on this model: refused (503) unless it is ready; counted while it runs, so
+        unloading waits for it."""
+        if self.state != "ready":
+            raise self._not_ready()
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
     @property
     def loaded(self) -> _Loaded:
-        if self._loaded is None or self.state != "ready":
-            reason = {"loading": "is still loading", "stopped": "is shutting down"}.get(
-                self.state, f"failed to load: {self.error}"
-            )
-            raise ModelNotReadyError(f"model {self.name!r} {reason}")
+        # Draining: the calls admitted before it began still finish.
+        if self._loaded is None or self.state not in ("ready", "draining"):
+            raise self._not_ready()
         dead = next((t.worker for t in self._loaded.towers.values() if not t.worker.alive), None)
         if dead is not None:
             raise ModelNotReadyError(f"model {self.name!r} is not serving: {dead.death}")
@@ -335,11 +358,26 @@ class ServedModel:
         loaded = self.loaded
         if tower not in loaded.namespaces:
             backend = loaded.towers[tower].backend
-            facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype,
-                     backend.device.partition(":")[0], self.spec.pooling or loaded.info.pooling,
-                     loaded.normalize)
+            spec = self.spec
+            # The device by its model (a GPU's name; a CPU's, and the flags its kernels pick):
+            # replicas on other hardware compute other last digits, so they keep rows apart.
+            device = type(backend).device_name(spec)
+            if backend.device.startswith("cpu"):
+                device = f"{cpu_model()} {sorted(cpu_flags() & KERNEL_FLAGS)}"
+            facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
+                     spec.pooling or loaded.info.pooling, loaded.normalize, spec.trust_remote_code,
+                     sorted(spec.backend_options.items()))
             loaded.namespaces[tower] = namespace(folder_identity(loaded.info.path), facts)
         return loaded.namespaces[tower]
+
+    @property
+    def towers(self) -> tuple[TowerName, ...]:
+        """The towers it loaded (text; and image or audio)."""
+        return () if self._loaded is None else tuple(self._loaded.towers)
+
+    def cache_namespaces(self) -> list[str]:
+        """The namespaces its rows were cached under so far (to forget them when unloaded)."""
+        return [] if self._loaded is None else list(self._loaded.namespaces.values())
 
     def queue(self, tower: TowerName = "text") -> BatchQueue:
         return self.loaded.towers[tower].worker.queue

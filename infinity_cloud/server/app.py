@@ -26,7 +26,7 @@ from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit, CacheControl
 from infinity_cloud.server.openapi import with_limits
 from infinity_cloud.server.request_id import RequestId
-from infinity_cloud.server.routes import status
+from infinity_cloud.server.routes import admin, status
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        engine.cache.start()  # an engine loaded before the loop ran (Engine.loaded) connects here
         loader = None
         if any(m.state == "loading" for m in engine.models.values()):
             loader = _load_in_background(engine)
@@ -108,6 +109,9 @@ def create_app(
     )
     app.include_router(status.metrics_router, prefix=prefix, dependencies=protected)
     app.include_router(status.health_router, prefix=prefix)
+    admin_keys = spec.server.admin
+    if admin_keys:  # no admin API without its own keys
+        app.include_router(admin.router, prefix=prefix, dependencies=protected)
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
     app.add_middleware(CacheControl)
@@ -115,7 +119,8 @@ def create_app(
     add_docs(app, prefix)
     open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/openapi.json")}
     app.add_middleware(
-        ApiKeyGate, keys=spec.server.keys, open_paths=open_paths, open_prefix=f"{prefix}{DOCS_ASSETS}/"
+        ApiKeyGate, keys=spec.server.keys, open_paths=open_paths, open_prefix=f"{prefix}{DOCS_ASSETS}/",
+        admin_keys=admin_keys, admin_prefix=f"{prefix}{admin.PREFIX}" if admin_keys else None,
     )
     app.add_middleware(CatchBugs)
     app.add_middleware(RequestId)  # outermost but CORS: every answer, 401s and 500s too, carries it

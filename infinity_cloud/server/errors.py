@@ -52,6 +52,7 @@ _STATUSES = {
     400: "invalid input: empty, unsupported for the model, a refused or undecodable media input",
     401: "missing or wrong API key (when the server has keys); answered before the body is read",
     404: "no such model",
+    409: "a model of that name is served, or is still loading (the admin API)",
     408: "the client took too long to send its headers or body",
     413: "too many inputs, too long a text, too large a body, more memory than the budget holds, or more "
          "work than the model's deadline allows even alone",
@@ -64,8 +65,12 @@ _STATUSES = {
 }
 
 
+# What an inference route may answer; 409 is the admin API's.
+_INFERENCE = tuple(status for status in _STATUSES if status != 409)
+
+
 def error_responses(
-    shape: Any = ErrorBody, *, validation: Any = None, statuses: Collection[int] = tuple(_STATUSES)
+    shape: Any = ErrorBody, *, validation: Any = None, statuses: Collection[int] = _INFERENCE
 ) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI `responses` of a route: each error status of `statuses` with the shape it is
     answered in: `shape` (a model or a union) for the route's own errors, `validation` (default
@@ -89,6 +94,7 @@ _TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
     errors.InvalidInputError: (400, "invalid_request_error"),
     UnauthorizedError: (401, "authentication_error"),
     errors.ModelNotFoundError: (404, "model_not_found"),
+    errors.ModelConflictError: (409, "model_conflict"),
     errors.PayloadTooLargeError: (413, "payload_too_large"),
     errors.QueueFullError: (429, "rate_limit_exceeded"),
     errors.ModelNotReadyError: (503, "model_not_ready"),

@@ -109,5 +109,9 @@ class _CacheCollector:
             value=stats["memory_bytes"],
         )
         yield GaugeMetricFamily(
+            "infinity_cloud_cache_memory_capacity_bytes", "the in-process cache's bound",
+            value=stats["memory_capacity_bytes"],
+        )
+        yield GaugeMetricFamily(
             "infinity_cloud_cache_entries", "rows in the in-process cache", value=stats["entries"]
         )

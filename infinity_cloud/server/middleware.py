@@ -76,7 +76,11 @@ class CacheControl(HttpMiddleware):
     read and not kept; `no-cache`, computed again (and kept); otherwise, the cache as usual."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        asked = {part.strip().lower() for part in Headers(scope=scope).get("cache-control", "").split(",")}
+        headers = Headers(scope=scope)
+        asked = {part.strip().lower() for value in headers.getlist("cache-control")
+                 for part in value.split(",")}
+        if headers.get("pragma", "").strip().lower() == "no-cache":  # HTTP/1.0's, which some clients send
+            asked.add("no-cache")
         mode: CacheMode = "off" if "no-store" in asked else "refresh" if "no-cache" in asked else "use"
         token = CACHE_MODE.set(mode)
         try:

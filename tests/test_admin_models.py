@@ -1,0 +1,152 @@
+"""Models loaded and unloaded while serving (the admin API, `infinity-cloud models`): its own
+keys, load and unload under steady traffic with no failure but the documented 503s, what was
+admitted finishing before a model is freed, and the refusals (409, 413)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from conftest import fake, serve_in_process, server_process, spec_of
+
+from infinity_cloud.config import ModelSpec
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+
+
+def embedder(path: Path) -> ModelSpec:
+    return ModelSpec(model_id=str(path), served_model_name="embedder", backend="torch")
+
+
+async def test_no_admin_api_without_admin_keys_and_each_key_opens_only_its_own(tiny_embedder: Path) -> None:
+    async with serve_in_process(spec_of(embedder(tiny_embedder))) as client:
+        assert (await client.get("/admin/models", headers=ADMIN)).status_code == 404
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"], api_keys=["api-secret"])
+    async with serve_in_process(spec, headers={}) as client:
+        assert (await client.get("/admin/models")).status_code == 401
+        api = {"Authorization": "Bearer api-secret"}
+        refused = await client.get("/admin/models", headers=api)
+        assert refused.status_code == 401 and "invalid admin key" in refused.text
+        listed = await client.get("/admin/models", headers=ADMIN)
+        assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == ["embedder"]
+        body = {"model": "embedder", "input": ["x"]}
+        assert (await client.post("/v1/embeddings", json=body, headers=ADMIN)).status_code == 401
+        assert (await client.post("/v1/embeddings", json=body, headers=api)).status_code == 200
+
+
+async def traffic(client: httpx.AsyncClient, route: str, body: dict[str, Any], stop: asyncio.Event,
+                  statuses: list[int]) -> None:
+    """Requests one after another until `stop`, each status kept; a 503 must say when to retry."""
+    while not stop.is_set():
+        response = await client.post(route, json=body)
+        statuses.append(response.status_code)
+        if response.status_code == 503:
+            assert response.headers.get("Retry-After"), response.text
+        await asyncio.sleep(0.005)
+
+
+async def test_load_and_unload_under_steady_traffic(tiny_embedder: Path, tiny_reranker: Path) -> None:
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"])
+    async with serve_in_process(spec) as client:
+        stop = asyncio.Event()
+        embeds: list[int] = []
+        reranks: list[int] = []
+        rerank = {"model": "reranker", "query": "q", "documents": ["a", "b"]}
+        embed = {"model": "embedder", "input": ["x"]}
+        steady = asyncio.ensure_future(traffic(client, "/v1/embeddings", embed, stop, embeds))
+        loaded = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "reranker", "backend": "torch"})
+        assert loaded.status_code == 202 and loaded.json()["state"] == "loading", loaded.text
+        asked = asyncio.ensure_future(traffic(client, "/rerank", rerank, stop, reranks))
+        for _ in range(600):
+            listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+            states = {m["id"]: m["state"] for m in listed}
+            if states["reranker"] != "loading":
+                break
+            await asyncio.sleep(0.05)
+        assert states == {"embedder": "ready", "reranker": "ready"}
+        assert (await client.get("/health")).status_code == 200
+        await asyncio.sleep(0.3)  # served for a while
+        unloaded = await client.delete("/admin/models/reranker", headers=ADMIN)
+        assert unloaded.status_code == 200, unloaded.text
+        assert unloaded.json()["id"] == "reranker" and unloaded.json()["freed_bytes"] >= 0
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(steady, asked)
+        gone = await client.post("/rerank", json=rerank)
+        assert gone.status_code == 404 and "was unloaded" in gone.text
+        listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+    assert set(embeds) == {200} and len(embeds) > 10, "the model already served never failed"
+    assert 200 in reranks and set(reranks) <= {200, 503, 404}, sorted(set(reranks))
+    first_ok = reranks.index(200)
+    assert set(reranks[:first_ok]) <= {503}, "before it was ready: 503 with Retry-After, nothing else"
+    assert [m["id"] for m in listed] == ["embedder"]
+
+
+async def test_what_was_admitted_finishes_before_the_model_is_freed(tiny_embedder: Path) -> None:
+    slow = fake(tiny_embedder, "slow", backend_options={"delay_s": 0.4})
+    spec = spec_of(embedder(tiny_embedder), slow, admin_keys=["admin-secret"])
+    async with serve_in_process(spec) as client:
+        body = {"model": "slow", "input": ["one", "two"]}
+        in_flight = asyncio.ensure_future(client.post("/v1/embeddings", json=body))
+        await asyncio.sleep(0.1)  # admitted, in its batch
+        unloading = asyncio.ensure_future(client.delete("/admin/models/slow", headers=ADMIN))
+        await asyncio.sleep(0.05)
+        refused = await client.post("/v1/embeddings", json=body)
+        answered, unloaded = await asyncio.gather(in_flight, unloading)
+    assert answered.status_code == 200 and len(answered.json()["data"]) == 2, answered.text
+    assert refused.status_code == 503 and "being unloaded" in refused.text and refused.headers["Retry-After"]
+    assert unloaded.status_code == 200 and unloaded.json()["drained"] == 1, unloaded.text
+
+
+async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(tiny_embedder: Path,
+                                                                     tiny_reranker: Path) -> None:
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"])
+    async with serve_in_process(spec) as client:
+        taken = await client.post("/admin/models", headers=ADMIN,
+                                  json={"model_id": str(tiny_reranker), "served_model_name": "embedder"})
+        assert taken.status_code == 409 and "already served" in taken.text
+        bad = await client.post("/admin/models", headers=ADMIN,
+                                json={"model_id": str(tiny_reranker), "dtype": "f8"})
+        assert bad.status_code == 400 and "dtype" in bad.text
+        missing = await client.delete("/admin/models/nothing", headers=ADMIN)
+        assert missing.status_code == 404
+    tight = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"], limits={"memory_budget_mb": 64})
+    async with serve_in_process(tight) as client:  # this process alone holds more than 64 MB
+        refused = await client.post("/admin/models", headers=ADMIN,
+                                    json={"model_id": str(tiny_reranker), "served_model_name": "reranker"})
+        assert refused.status_code == 413 and "--memory-budget-mb" in refused.text, refused.text
+
+
+def test_the_models_command_loads_lists_and_unloads(tiny_embedder: Path, tiny_reranker: Path,
+                                                     tmp_path: Path) -> None:
+    keys = tmp_path / "admin-keys"
+    keys.write_text("# the admin's\nadmin-secret\n", encoding="utf-8")
+    env = {**os.environ, "INFINITY_CLOUD_ADMIN_KEY": "admin-secret", "HF_HUB_OFFLINE": "1"}
+
+    def models(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "infinity_cloud", "models", *args], env=env,
+                              capture_output=True, text=True, encoding="utf-8", timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    with server_process("--model-id", str(tiny_embedder), "--served-model-name", "embedder",
+                        "--admin-key-file", str(keys)) as url:
+        assert "reranker: ready" in models("load", str(tiny_reranker), "--url", url,
+                                           "--served-model-name", "reranker", "--backend", "torch")
+        listed = models("list", "--url", url)
+        assert "embedder" in listed and "reranker" in listed and "ready" in listed
+        answer = httpx.post(f"{url}/rerank", json={"model": "reranker", "query": "q", "documents": ["a"]})
+        assert answer.status_code == 200, answer.text
+        assert "reranker: unloaded" in models("unload", "reranker", "--url", url)
+        assert "reranker" not in models("list", "--url", url)
+    refused = subprocess.run(
+        [sys.executable, "-m", "infinity_cloud", "models", "list", "--url", "http://127.0.0.1:9"],
+        env=env, capture_output=True, text=True, encoding="utf-8", timeout=60,
+    )
+    assert refused.returncode == 2 and "cannot reach" in refused.stderr
