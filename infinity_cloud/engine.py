@@ -42,11 +42,13 @@ from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import (
     InvalidInputError,
     ModelConflictError,
+    ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
     ModelTooLargeError,
     UnsupportedError,
 )
+from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.models.served_model import ServedModel
@@ -175,7 +177,11 @@ class Engine:
         if taken:
             raise ModelConflictError(f"model name {', '.join(taken)} is already served; unload it first",
                                      param="served_model_name")
-        path = await asyncio.to_thread(resolve_model_dir, spec.model_id, spec.revision)
+        try:  # a folder that is not there, or not a model served here: the caller's to fix, now
+            path = await asyncio.to_thread(resolve_model_dir, spec.model_id, spec.revision)
+            await asyncio.to_thread(read_model_info, path, spec.pooling)
+        except ModelLoadError as exc:
+            raise InvalidInputError(exc.message, param="model_id") from None
         need = weights_bytes(path)
         room = self.memory.room_for_model()
         if room is not None and need > room:
@@ -397,7 +403,8 @@ class Engine:
             queued_at = time.perf_counter()
             if self.cache.enabled:  # only the misses go to the model
                 rows, ran = await self.cache.rows(
-                    served.cache_namespace(tower), items, lambda misses: served.run(misses, tower)
+                    served.cache_namespace(tower), items, lambda misses: served.run(misses, tower),
+                    offload=self._tokenize,
                 )
             else:
                 rows, ran = await served.run(items, tower), len(items)

@@ -104,8 +104,9 @@ async def test_what_was_admitted_finishes_before_the_model_is_freed(tiny_embedde
     assert unloaded.status_code == 200 and unloaded.json()["drained"] == 1, unloaded.text
 
 
-async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(tiny_embedder: Path,
-                                                                     tiny_reranker: Path) -> None:
+async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
+    tiny_embedder: Path, tiny_reranker: Path, tmp_path: Path
+) -> None:
     spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"])
     async with serve_in_process(spec) as client:
         taken = await client.post("/admin/models", headers=ADMIN,
@@ -116,6 +117,16 @@ async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(tiny_embedder
         assert bad.status_code == 400 and "dtype" in bad.text
         missing = await client.delete("/admin/models/nothing", headers=ADMIN)
         assert missing.status_code == 404
+        nowhere = await client.post("/admin/models", headers=ADMIN, json={"model_id": "/no/such/model"})
+        assert nowhere.status_code == 400 and "does not exist" in nowhere.text, nowhere.text
+        unserved = tmp_path / "unserved"
+        unserved.mkdir()
+        (unserved / "config.json").write_text('{"model_type": "llava", "vision_config": {}}',
+                                              encoding="utf-8")
+        refused = await client.post("/admin/models", headers=ADMIN, json={"model_id": str(unserved)})
+        assert refused.status_code == 400 and "image and audio models served" in refused.text, refused.text
+        listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+        assert [m["id"] for m in listed] == ["embedder"], "nothing refused was added"
     tight = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"], limits={"memory_budget_mb": 64})
     async with serve_in_process(tight) as client:  # this process alone holds more than 64 MB
         refused = await client.post("/admin/models", headers=ADMIN,

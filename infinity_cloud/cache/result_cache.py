@@ -49,6 +49,10 @@ class CacheStats:
     uncached: int = 0
 
 
+def _fingerprints(items: Sequence[Any]) -> list[bytes | None]:
+    return [fingerprint(item) for item in items]
+
+
 def _frozen(row: Any) -> Any:
     """A row as the store keeps it: its own memory (a row of a batch is a view that would keep
     the whole batch alive), read-only (a hit handed to a caller must not be changed in place)."""
@@ -74,16 +78,18 @@ class ResultCache:
         return self.memory is not None or self.redis is not None
 
     async def rows(
-        self, namespace: str, items: Sequence[Any], compute: Callable[[list[Any]], Awaitable[Sequence[Any]]]
+        self, namespace: str, items: Sequence[Any], compute: Callable[[list[Any]], Awaitable[Sequence[Any]]],
+        offload: Callable[..., Awaitable[Any]] | None = None,
     ) -> tuple[list[Any], int]:
         """Each item's row, in order, and how many of them the model ran (fewer than the items
         when some were hits, or repeats of another). `namespace`: the model and tower the rows
-        are of (`ServedModel.cache_namespace`)."""
+        are of (`ServedModel.cache_namespace`); `offload(fn, *args)` runs the inputs' hashing
+        off the event loop (a request's images are tens of MB)."""
         mode = CACHE_MODE.get()
         if not self.enabled or mode == "off":
             return list(await compute(list(items))), len(items)
         prefix = KEY_PREFIX + namespace.encode() + b":"
-        prints = [fingerprint(item) for item in items]
+        prints = await offload(_fingerprints, items) if offload else _fingerprints(items)
         keys = [None if p is None else prefix + p.hex().encode() for p in prints]
         found: list[Any] = [None] * len(items)
         if mode == "use":
