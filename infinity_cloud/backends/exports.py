@@ -5,7 +5,7 @@ folder copied into an image carries it; where that folder is read-only it goes t
 `$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files (names,
 sizes, checksums; not their path, so a copied folder keeps its exports) and the export options, so a
 new revision or option builds a new export. A manifest, written last, records each file's
-size and a checksum of its ends: a missing manifest (an interrupted build) or a mismatch
+size and a checksum of its content (`_file_record`): a missing manifest (an interrupted build) or a mismatch
 (a truncated or overwritten file) makes the export rebuild.
 """
 
@@ -34,7 +34,11 @@ CACHE_ENV = "INFINITY_CLOUD_CACHE"
 MANIFEST = "manifest.json"
 _FORMAT = 1  # bump when the layout of an export changes
 _SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
-_CHECKSUM_SPAN = 1 << 20  # bytes hashed at each end of a file: fast even for GBs
+# A file up to this size is hashed whole; a larger one by slices spread evenly through it,
+# its ends included (4 MB in all: fast even for GBs), so that new weights of the same size (a
+# fine-tune changes every layer's bytes, not only the ends) are told apart.
+_WHOLE_FILE = 8 << 20
+_SLICES, _SLICE = 256, 16 << 10
 PINNED_FINGERPRINT = "infinity-cloud-fingerprint.json"
 # Inside an export: what a runtime compiled from it for this machine's CPU (OpenVINO's blobs).
 MACHINE_CACHE = "compiled"
@@ -46,7 +50,8 @@ T = TypeVar("T")
 
 
 def model_fingerprint(model_path: Path) -> str:
-    """A digest of the model folder's own files: names, sizes and checksums of their ends.
+    """A digest of the model folder's own files: names, sizes and checksums of their content
+    (`_file_record`). The result cache keys a model's rows by it too.
 
     Content, not paths or times, so a folder copied or moved elsewhere keeps its exports.
     One load asks several times (each export, the fidelity verdict); the content is read
@@ -328,10 +333,10 @@ def _file_record(file: Path) -> dict[str, Any]:
     size = file.stat().st_size
     digest = hashlib.blake2b(digest_size=16)
     with file.open("rb") as handle:
-        digest.update(handle.read(_CHECKSUM_SPAN))
-        if size > 2 * _CHECKSUM_SPAN:
-            handle.seek(size - _CHECKSUM_SPAN)
-            digest.update(handle.read(_CHECKSUM_SPAN))
-        elif size > _CHECKSUM_SPAN:
+        if size <= _WHOLE_FILE:
             digest.update(handle.read())
-    return {"size": size, "ends": digest.hexdigest()}
+        else:
+            for i in range(_SLICES + 1):
+                handle.seek(i * (size - _SLICE) // _SLICES)
+                digest.update(handle.read(_SLICE))
+    return {"size": size, "sampled": digest.hexdigest()}

@@ -1,60 +1,20 @@
-"""What a cached row is keyed by: the model's identity (its files' content, not its served
-name, and everything that changes its numbers: backend, precision, device, pooling,
-normalisation) and the exact model input (token ids, or the preprocessed image or audio)."""
+"""What a cached row is keyed by: the model's identity (its files' content, as the export
+cache knows it, `exports.model_fingerprint`, not its served name; and everything that changes
+its numbers: backend, precision, device, pooling, normalisation) and the exact model input
+(token ids, or the preprocessed image or audio)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-# A file larger than this is read in samples: its ends and `_SAMPLES` slices spread evenly
-# through it (4 MB in all), so that gigabytes are not hashed at each start, while new weights
-# of the same size (a fine-tune changes every layer's bytes) are told apart. A hub blob is
-# named by its content's hash, which is used as is.
-_WHOLE = 8 << 20
-_SAMPLES, _SLICE = 256, 16 << 10
-
-
-def _file_digest(path: Path) -> bytes:
-    resolved = path.resolve()
-    if resolved.parent.name == "blobs":  # the hub cache names a blob by its content's hash
-        return resolved.name.encode()
-    size = resolved.stat().st_size
-    digest = hashlib.blake2b(str(size).encode(), digest_size=16)
-    with resolved.open("rb") as file:
-        if size <= _WHOLE:
-            digest.update(file.read())
-            return digest.digest()
-        for i in range(_SAMPLES + 1):
-            file.seek(min(size - _SLICE, i * (size - _SLICE) // _SAMPLES))
-            digest.update(file.read(_SLICE))
-    return digest.digest()
-
-
-def folder_identity(folder: Path) -> str:
-    """A digest of a model folder's files: their names and content (weights by size and
-    ends), so the same weights under another name or path share entries, and new weights
-    under the same name never do."""
-    digest = hashlib.blake2b(digest_size=16)
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not _derived(p, folder)):
-        digest.update(path.relative_to(folder).as_posix().encode())
-        digest.update(_file_digest(path))
-    return digest.hexdigest()
-
-
-def _derived(path: Path, folder: Path) -> bool:
-    """Files that are not the model's own: exports and caches written beside it."""
-    parts = path.relative_to(folder).parts
-    return any(part.startswith(".") or part in ("compiled", "__pycache__") for part in parts)
-
 
 def namespace(identity: str, facts: Iterable[Any]) -> str:
-    """A model's key prefix: its folder's identity and what else changes its rows."""
+    """A model's key prefix: its files' digest and what else changes its rows."""
     digest = hashlib.blake2b(identity.encode(), digest_size=12)
     for fact in facts:
         digest.update(b"\0" + repr(fact).encode())

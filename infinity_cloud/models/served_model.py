@@ -14,10 +14,11 @@ import numpy as np
 from infinity_cloud import __version__
 from infinity_cloud.backends import Backend, ModelInputs
 from infinity_cloud.backends.base import Calibration
+from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
-from infinity_cloud.cache.keys import folder_identity, namespace
+from infinity_cloud.cache.keys import namespace
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
@@ -367,7 +368,7 @@ class ServedModel:
             facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
                      spec.pooling or loaded.info.pooling, loaded.normalize, spec.trust_remote_code,
                      sorted(spec.backend_options.items()))
-            loaded.namespaces[tower] = namespace(folder_identity(loaded.info.path), facts)
+            loaded.namespaces[tower] = namespace(model_fingerprint(loaded.info.path), facts)
         return loaded.namespaces[tower]
 
     @property

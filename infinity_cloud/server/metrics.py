@@ -82,6 +82,16 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+# (kind, the cache's stat, help) of each metric but the hits.
+_CACHE_METRICS = (
+    (CounterMetricFamily, "misses", "inputs the cache did not hold, run by the model"),
+    (CounterMetricFamily, "redis_errors", "Redis calls that failed or timed out (their inputs ran)"),
+    (GaugeMetricFamily, "memory_bytes", "what the in-process cache's rows take"),
+    (GaugeMetricFamily, "memory_capacity_bytes", "the in-process cache's bound"),
+    (GaugeMetricFamily, "entries", "rows in the in-process cache"),
+)
+
+
 class _CacheCollector:
     """The result cache's counters, as the cache keeps them (no second count here)."""
 
@@ -96,22 +106,5 @@ class _CacheCollector:
         for store, count in stats["hits"].items():
             hits.add_metric([store], count)
         yield hits
-        yield CounterMetricFamily(
-            "infinity_cloud_cache_misses", "inputs the cache did not hold, run by the model",
-            value=stats["misses"],
-        )
-        yield CounterMetricFamily(
-            "infinity_cloud_cache_redis_errors", "Redis calls that failed or timed out (their inputs ran)",
-            value=stats["redis_errors"],
-        )
-        yield GaugeMetricFamily(
-            "infinity_cloud_cache_memory_bytes", "what the in-process cache's rows take",
-            value=stats["memory_bytes"],
-        )
-        yield GaugeMetricFamily(
-            "infinity_cloud_cache_memory_capacity_bytes", "the in-process cache's bound",
-            value=stats["memory_capacity_bytes"],
-        )
-        yield GaugeMetricFamily(
-            "infinity_cloud_cache_entries", "rows in the in-process cache", value=stats["entries"]
-        )
+        for family, stat, text in _CACHE_METRICS:
+            yield family(f"infinity_cloud_cache_{stat}", text, value=stats[stat])

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.cache.codec import decode_row, encode_row
-from infinity_cloud.cache.keys import fingerprint, folder_identity, namespace
+from infinity_cloud.cache.keys import fingerprint, namespace
 from infinity_cloud.results import SparseVector
 from infinity_cloud.text.tokenization import Encoded
 
@@ -32,11 +33,12 @@ def test_a_model_is_known_by_its_files_not_its_place(tmp_path: Path) -> None:
     (model / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
     (model / "model.safetensors").write_bytes(bytes(range(256)) * 20_000)  # past the ends read
     shutil.copytree(model, tmp_path / "b")
-    assert folder_identity(model) == folder_identity(tmp_path / "b")
-    weights = bytearray((model / "model.safetensors").read_bytes())
-    weights[-1] ^= 1
-    (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
-    assert folder_identity(model) != folder_identity(tmp_path / "b")
+    assert model_fingerprint(model) == model_fingerprint(tmp_path / "b")
+    for where in (-1, len(bytes(range(256)) * 20_000) // 2):  # an end, and the middle (a fine-tune)
+        weights = bytearray((model / "model.safetensors").read_bytes())
+        weights[where] ^= 1
+        (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
+        assert model_fingerprint(model) != model_fingerprint(tmp_path / "b"), where
     assert namespace("x", ("openvino", "bfloat16")) != namespace("x", ("openvino", "float32"))
 
 
