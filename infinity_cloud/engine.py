@@ -9,6 +9,7 @@ Knows nothing of HTTP; the HTTP app and every target drive it through these meth
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
 import math
@@ -25,7 +26,6 @@ from infinity_cloud.admission import cancellation
 from infinity_cloud.admission.memory import (
     MB,
     MemoryBudget,
-    give_back_freed_memory,
     resident_bytes,
     weights_bytes,
 )
@@ -90,15 +90,6 @@ def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
     except Exception:  # a caller's own call that does not pickle: no place kept, nothing else lost
         return None
     return hashlib.blake2b(body, digest_size=16).hexdigest()
-
-
-def _collect_and_trim() -> None:
-    """Free an unloaded model's memory now: its weights are in cycles (modules and their
-    parents) that only the collector frees, and the heap keeps what was freed until trimmed."""
-    import gc
-
-    gc.collect()
-    give_back_freed_memory()
 
 
 class Engine:
@@ -230,8 +221,9 @@ class Engine:
             self.cache.forget(namespace)
         self._calibration.pop(model.name, None)
         self.memory.set_aside(-working_set)
-        await asyncio.to_thread(_collect_and_trim)
-        self.memory.trim()
+        # Its weights are in cycles (modules and their parents) that only the collector frees;
+        # trimming then gives the heap's freed pages back.
+        await asyncio.to_thread(lambda: (gc.collect(), self.memory.trim()))
         return {"id": model.name, "drained": drained, "unfinished": model.in_flight,
                 "freed_bytes": max(0, before - resident_bytes())}
 

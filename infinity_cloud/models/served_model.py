@@ -355,7 +355,7 @@ class ServedModel:
         """What the rows of `tower` are cached under: the model's files by their content (not
         its served name: the same weights under two names share rows, new weights under an old
         name never do), and what else changes the numbers: its graph, backend, precision,
-        device kind, pooling, normalisation, and this package's version."""
+        device model, backend options, pooling, normalisation, and this package's version."""
         loaded = self.loaded
         if tower not in loaded.namespaces:
             backend = loaded.towers[tower].backend
