@@ -167,6 +167,8 @@ def main() -> None:
                 str(port),
                 "--admin-key-file",
                 str(keys),
+                "--admin-model-root",  # where the second model's folder lies, if it is one
+                str(Path(args.second_model_id).expanduser().resolve().parent),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,

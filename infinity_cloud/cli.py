@@ -198,9 +198,16 @@ def config_show(
     spec: DeploymentSpec,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.yaml,
 ) -> None:
-    """Print the merged deployment spec (file, then environment, then flags); API keys masked."""
+    """Print the merged deployment spec (file, then environment, then flags); keys and the
+    cache's password masked."""
+    from infinity_cloud.cache.redis_store import redacted
+
     data = spec.model_dump(mode="json")
-    data["server"]["api_keys"] = ["***"] * len(data["server"]["api_keys"])
+    server = data["server"]
+    for keys in ("api_keys", "admin_keys"):
+        server[keys] = ["***"] * len(server[keys])
+    if server["cache_url"]:
+        server["cache_url"] = redacted(server["cache_url"])
     if format is Format.json:
         import json
 

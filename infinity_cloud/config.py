@@ -39,7 +39,7 @@ class ModelSpec(_Frozen):
     """One model to serve. Each field's description is its flag's help (`infinity-cloud serve
     --help`), its default shown after it."""
 
-    model_id: str = Field(DEFAULT_MODEL_ID, description="Hub id or local folder of a model.")
+    model_id: str = Field(DEFAULT_MODEL_ID, max_length=4096, description="Hub id or local folder of a model.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     served_model_name: str | None = Field(
         None, description="Name clients send as 'model'; a comma-separated list names aliases after it "
@@ -77,13 +77,15 @@ class ModelSpec(_Frozen):
     )
     queue_size: int = Field(16384, ge=1, description="Queued inputs before answering 429.")
     deadline_s: float | None = Field(
-        10.0, gt=0, description="Answer at once when a request's estimated time (its wait on the tokens "
-        "ahead of it and its own, at the model's recent throughput) is longer: 429 with Retry-After, its "
-        "place in line kept; 413 when its own work alone is; null (in a file): queue while there is room.",
+        10.0, gt=0, description="The longest a request may wait for the work ahead of it (taking turns, at "
+        "the model's recent throughput): past it, 429 at once with a Retry-After for when it would fit, its "
+        "place in line kept. A request's own work does not count: a large one is batched and takes turns. "
+        "null (in a file): queue while there is room.",
     )
-    admit_past_deadline: bool = Field(
-        False, description="Admit a request whose own work alone takes past the deadline (a batch job's "
-        "client that waits), instead of answering 413.",
+    request_limit_s: float | None = Field(
+        None, gt=0, description="The platform's own limit on one request, in seconds (each cloud target sets "
+        "its own; none locally): a request whose own work alone would pass it on an idle server is a 413 "
+        "naming what fits; one that would pass it behind others, a 429.",
     )
     pooling: Pooling | None = Field(
         None, description="Override the pooling the model's files name: mean, cls, lasttoken, max, "
@@ -149,6 +151,21 @@ class ModelSpec(_Frozen):
             first, *more = [n.strip() for n in data["served_model_name"].split(",") if n.strip()] or [None]
             data = {**data, "served_model_name": first, "aliases": (*more, *data.get("aliases", ()))}
         return data
+
+    @field_validator("served_model_name", "aliases")
+    @classmethod
+    def _addressable_names(cls, value: Any) -> Any:
+        """A name is a path segment of /models/NAME and /admin/models/NAME: one that a URL
+        cannot carry as sent ("../x", "a//b", control characters) could never be unloaded."""
+        for name in [value] if isinstance(value, str) else value or ():
+            parts = name.split("/")
+            if (len(name) > 256 or any(part in ("", ".", "..") for part in parts)
+                    or any(ch.isspace() or not ch.isprintable() for ch in name)):
+                raise ValueError(
+                    f"model name {name[:80]!r} cannot be addressed in a URL: use up to 256 printable "
+                    "characters without spaces, in '/'-separated parts that are not empty, '.' or '..'"
+                )
+        return value
 
     @field_validator("length_buckets", "batch_buckets", mode="before")
     @classmethod
@@ -218,6 +235,15 @@ class ServerSpec(_Frozen):
     admin_key_file: Path | None = Field(
         None, description="Admin keys, one per line (# comments), read at start."
     )
+    admin_model_roots: tuple[Path, ...] = Field(
+        (), description="A folder the admin API may load local model folders from (repeatable); a path "
+        "outside every such folder is refused with one answer, whether it exists or not. Hub ids need none.",
+        json_schema_extra=_flag("--admin-model-root", "ADMIN_MODEL_ROOT"),
+    )
+    admin_trust_remote_code: bool = Field(
+        False, description="Let the admin API load models with trust_remote_code (their repository's own "
+        "Python runs inside this server); without it such a load is refused."
+    )
     cors_origins: tuple[str, ...] = Field(
         (), description="Allow browser calls from this origin ('*' for any); repeatable.",
         json_schema_extra=_flag("--cors-origin", "CORS_ORIGIN"),
@@ -247,6 +273,11 @@ class ServerSpec(_Frozen):
         7 * 24 * 3600, ge=1, description="How long Redis keeps a cached row, in seconds (null in a "
         "file: until Redis evicts it).",
     )
+    cache_secret_file: Path | None = Field(
+        None, description="A secret every replica sharing --cache-url holds (a file, its first line): rows "
+        "are stored with a tag keyed by it, and a row read back without the right tag is recomputed, so "
+        "that nobody else who can write to the Redis can change an answer.",
+    )
     cache_timeout_ms: float = Field(
         50.0, gt=0, le=10_000, description="The longest one Redis call may take; past it its rows are "
         "computed instead.",
@@ -270,6 +301,13 @@ class ServerSpec(_Frozen):
     def admin(self) -> tuple[str, ...]:
         """Every admin key: those given, and those in `admin_key_file`."""
         return _keys(self.admin_keys, self.admin_key_file, "admin key")
+
+    @property
+    def cache_secret(self) -> bytes | None:
+        """The shared result cache's secret, read from `cache_secret_file`."""
+        if self.cache_secret_file is None:
+            return None
+        return _keys((), self.cache_secret_file, "cache secret")[0].encode()
 
 
 def _keys(given: tuple[str, ...], file: Path | None, what: str) -> tuple[str, ...]:

@@ -50,7 +50,7 @@ from infinity_cloud.errors import (
 )
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.models.model_source import resolve_model_dir
+from infinity_cloud.models.model_source import model_dir_within
 from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.results import (
     ClassifyResult,
@@ -80,6 +80,12 @@ if TYPE_CHECKING:  # imported on first use: they bring httpx, Pillow
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# What a hot load is refused at first sight for: its weights times this (86 MB of MiniLM took
+# 250 MB to load with its exports and compilations, measured); its real cost is measured after.
+LOAD_COST_PER_WEIGHT_BYTE = 3
+# The least room for requests a hot load must leave in the memory budget.
+MIN_REQUEST_ROOM = 64 * 2**20
 
 
 def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
@@ -119,7 +125,7 @@ class Engine:
         self.memory = MemoryBudget.declared(self.limits.memory_budget_mb)
         server = spec.server
         self.cache = ResultCache(self._cache_bytes(server.cache_mb * MB), server.cache_url,
-                                 server.cache_ttl_s, server.cache_timeout_ms / 1000)
+                                 server.cache_ttl_s, server.cache_timeout_ms / 1000, server.cache_secret)
         # Calibration vectors for int8/uint8, per model: made at start for a model served as
         # int8/uint8, else in the background from the first request that asks (a 503 till then).
         self._calibration: dict[str, np.ndarray] = {}
@@ -147,15 +153,40 @@ class Engine:
                 self._load_one(model)
 
     def _load_one(self, model: ServedModel) -> None:
+        before = resident_bytes()
         model.load()
         if self.memory.limit_bytes is not None:  # a budget counts what is built after load
             model.settle()
         self.memory.trim()
         model.fit_batches(self.memory.room_for_batches())
         self.memory.set_aside(model.working_set_bytes)
+        if model.hot:
+            self._keep_room_for_requests(model, resident_bytes() - before)
         if self.cache.enabled:  # its files are read for their identity here, not in a request
             for tower in model.towers:
-                model.cache_namespace(tower)
+                self.cache.expect(model.cache_namespace(tower), model.row_form(tower))
+
+    def _keep_room_for_requests(self, model: ServedModel, cost: int) -> None:
+        """A model loaded while serving stays only if, measured after its load, the budget
+        still holds what requests took before (the largest one so far, at least
+        `MIN_REQUEST_ROOM`): else it is stopped again and fails with the numbers, and the
+        models loaded before serve as they did."""
+        room = self.memory.room_for_requests()
+        needed = max(MIN_REQUEST_ROOM, self.memory.largest_request_bytes)
+        if room is None or room >= needed:
+            return
+        working_set, limit = model.working_set_bytes, self.memory.limit_bytes or 0
+        model.error = (
+            f"loading it took {cost // MB} MB (measured) and left {room // MB} MB of the {limit // MB} MB "
+            f"memory budget for requests, less than the {needed // MB} MB they need here: it was unloaded, "
+            "so the models loaded before serve as they did; unload a model, or raise --memory-budget-mb"
+        )
+        model.state = "failed"  # from now on: its requests get the reason
+        model.stop()
+        self.memory.set_aside(-working_set)
+        gc.collect()
+        self.memory.trim()
+        raise ModelLoadError(f"model {model.name!r}: {model.error}")
 
     # -- models loaded and unloaded while serving ------------------------------------
 
@@ -164,21 +195,39 @@ class Engine:
         served (409) or its weights would not fit the memory budget beside what is loaded
         (413); else it loads off the event loop, answering 503 with Retry-After until ready
         (its state in `describe`). Returns it while it loads."""
+        server = self.spec.server
+        if spec.trust_remote_code and not server.admin_trust_remote_code:
+            raise InvalidInputError(
+                "trust_remote_code runs the model repository's own Python inside this server, and this "
+                "server was started without --admin-trust-remote-code: the admin API does not load such "
+                "models", param="trust_remote_code",
+            )
         taken = [n for n in spec.names if any(n in m.spec.names for m in self.models.values())]
         if taken:
             raise ModelConflictError(f"model name {', '.join(taken)} is already served; unload it first",
                                      param="served_model_name")
+        default = next((m.name for m in self.models.values() if m.spec.default), None)
+        if spec.default and default is not None:
+            raise ModelConflictError(
+                f"model {default!r} is the default for requests that name no model; load this one without "
+                "'default', or unload that one first", param="default",
+            )
         try:  # a folder that is not there, or not a model served here: the caller's to fix, now
-            path = await asyncio.to_thread(resolve_model_dir, spec.model_id, spec.revision)
+            path = await asyncio.to_thread(model_dir_within, spec.model_id, spec.revision,
+                                           server.admin_model_roots)
             await asyncio.to_thread(read_model_info, path, spec.pooling)
         except ModelLoadError as exc:
             raise InvalidInputError(exc.message, param="model_id") from None
-        need = weights_bytes(path)
+        # What was checked is what loads: the folder itself, under the name the caller gave.
+        spec = spec.model_copy(update={"model_id": str(path), "revision": None,
+                                       "served_model_name": spec.name})
+        need = weights_bytes(path) * LOAD_COST_PER_WEIGHT_BYTE
         room = self.memory.room_for_model()
         if room is not None and need > room:
             raise ModelTooLargeError(
-                f"model {spec.name!r} needs about {need // MB} MB for its weights, and the memory budget "
-                f"has {room // MB} MB beside what is loaded: unload a model, or raise --memory-budget-mb"
+                f"model {spec.name!r} needs about {need // MB} MB to load ({LOAD_COST_PER_WEIGHT_BYTE} times "
+                f"its weights, as measured), and the memory budget has {room // MB} MB beside what is "
+                "loaded: unload a model, or raise --memory-budget-mb"
             )
         model = ServedModel(spec, self.observers, hot=True)
         self.models[model.name] = model
@@ -207,6 +256,11 @@ class Engine:
         if model.state == "loading":
             raise ModelConflictError(f"model {model.name!r} is still loading: unload it once it is ready",
                                      param="name")
+        if model.state in ("draining", "stopped"):  # a second DELETE while the first drains
+            raise ModelConflictError(f"model {model.name!r} is already being unloaded", param="name")
+        if model.state == "failed":  # nothing of it serves or holds memory: only its entry goes
+            del self.models[model.name]
+            return {"id": model.name, "drained": 0, "unfinished": 0, "freed_bytes": 0}
         model.state = "draining"
         drained, waited = model.in_flight, time.monotonic() + drain_timeout_s
         while model.in_flight and time.monotonic() < waited:
@@ -362,16 +416,21 @@ class Engine:
             self._media = MediaFetcher(self.limits)
         return self._media
 
-    async def run_task(self, task: Task[Call, Result], call: Call, model: str | None = None) -> Result:
+    async def run_task(
+        self, task: Task[Call, Result], call: Call, model: str | None = None, *, background: bool = False
+    ) -> Result:
         """Any task the same way: checks on the loop, its media fetched and decoded in the
         decoding pool, or its text encoded in the tokenizer pool, the tower's batch worker,
         then the task's own finish. The capabilities below are tasks; so can a caller's own be
-        (tasks/base.py)."""
+        (tasks/base.py). `background`: the engine's own work that callers wait for (int8
+        calibration): never refused for load, and ahead of the requests in the model's queue."""
         served = self.model(model, task.capability)
         with served.admitted():
-            return await self._run_admitted(task, call, served)
+            return await self._run_admitted(task, call, served, background)
 
-    async def _run_admitted(self, task: Task[Call, Result], call: Call, served: ServedModel) -> Result:
+    async def _run_admitted(
+        self, task: Task[Call, Result], call: Call, served: ServedModel, background: bool = False
+    ) -> Result:
         task.check(call, served, self.limits)
         tower = task.tower(call)
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
@@ -379,15 +438,17 @@ class Engine:
         queue, cost = served.queue(tower), task.cost(call, served)
         check_answer_size(cost.answer_bytes, self.limits)
         with self.memory.reserved(cost.memory):  # held until the answer is made
-            key = request_key(task, call, served.name) if queue.contended else None
-            predicted = queue.admit(cost.tokens, key, cost.inputs)
+            key = request_key(task, call, served.name) if queue.contended and not background else None
+            predicted = queue.admit(cost.tokens, key, cost.inputs, background)
             try:
                 uris = task.media(call)
                 if uris:
-                    fetched = await self.media.fetch_all(uris)
-                    items = await self.decoder.prepare_all(
-                        served.loaded.media[tower], fetched, served.spec.deadline_s
-                    )
+                    with self.memory.growing() as hold:  # the fetched bytes, held till decoded
+                        fetched = await self.media.fetch_all(uris, hold)
+                        items = await self.decoder.prepare_all(
+                            served.loaded.media[tower], fetched, served.spec.deadline_s,
+                            served.spec.request_limit_s,
+                        )
                 else:
                     items = await self._tokenize(task.encode, call, served, self.limits)
             finally:
@@ -395,11 +456,12 @@ class Engine:
             queued_at = time.perf_counter()
             if self.cache.enabled:  # only the misses go to the model
                 rows, ran = await self.cache.rows(
-                    served.cache_namespace(tower), items, lambda misses: served.run(misses, tower),
+                    served.cache_namespace(tower), items,
+                    lambda misses: served.run(misses, tower, background),
                     offload=self._tokenize,
                 )
             else:
-                rows, ran = await served.run(items, tower), len(items)
+                rows, ran = await served.run(items, tower, background), len(items)
             if predicted is not None and ran == len(items):  # a prediction of the whole request's work
                 queue.calibrate(predicted, time.perf_counter() - queued_at)
             return task.finish(rows, call, served, items)
@@ -507,14 +569,20 @@ class Engine:
     ) -> np.ndarray:
         """(2, d) per-dimension ranges of the model's embeddings (Matryoshka-truncated to
         `dimensions`) over the calibration texts, for int8/uint8: embedded once, in the
-        background (a task of their own in the model's fair queue, so requests take turns with
-        them). `wait` False: a 503 with Retry-After until they are ready: calibration is never
-        inside a request (the HTTP app's)."""
+        background (the engine's own work, ahead of the requests in the model's queue and never
+        refused for load). `wait` False: a 503 with Retry-After until they are ready:
+        calibration is never inside a request (the HTTP app's)."""
         served = self.model(model)
         if served.name not in self._calibration:
             task = self._start_calibrating(served)
             if not wait:
-                raise self._calibrating_now(served)
+                queue = served.queue("text")
+                for _ in range(100):  # their texts queued (tokenized in ~50 ms): Retry-After from them
+                    if task.done() or queue.urgent_s():
+                        break
+                    await asyncio.sleep(0.01)
+                if not task.done():
+                    raise self._calibrating_now(served)
             await asyncio.shield(task)
         vectors = truncate_dimensions(
             self._calibration[served.name], dimensions, renormalize=served.loaded.normalize
@@ -531,8 +599,9 @@ class Engine:
 
     async def _calibrate(self, served: ServedModel) -> None:
         texts = await asyncio.to_thread(quantization.calibration_texts)
+        call = EmbedCall(texts)
         with cache_mode("off"):  # fixed texts: no caller's rows, and none to keep
-            floats = await self.embed(texts, served.name, output_dtype="float32")
+            floats = await self.run_task(TASKS[Capability.EMBED], call, served.name, background=True)
         self._calibration[served.name] = floats.embeddings
         log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
 
@@ -543,10 +612,16 @@ class Engine:
                 log.warning("model %s: calibrating int8/uint8 ranges failed: %s", name, done.exception())
 
     def _calibrating_now(self, served: ServedModel) -> ModelNotReadyError:
-        """The 503 while a model's ranges are calibrated, with when they should be ready."""
-        rate = served.queue("text").rate
-        tokens = quantization.CALIBRATION_SIZE * 64  # paragraphs of 60-600 characters
-        seconds = max(1, math.ceil(tokens / rate)) if rate else 10
+        """The 503 while a model's ranges are calibrated, with when they will be ready: their
+        texts go before every request in the model's queue, so that is their own work's time
+        at the model's pace (all of it while they are still being tokenized)."""
+        queue = served.queue("text")
+        left = queue.urgent_s()
+        if not left:
+            rate = queue.rate or queue.prior_rate
+            tokens = quantization.CALIBRATION_SIZE * 64  # paragraphs of 60-600 characters
+            left = tokens / rate if rate else 10.0
+        seconds = max(1, math.ceil(left + 0.5))  # and the batch running now
         error = ModelNotReadyError(
             f"model {served.name!r} is calibrating its int8/uint8 ranges (once, in the background, "
             f"on {quantization.CALIBRATION_SIZE} texts); retry in about {seconds} s, or ask for float "

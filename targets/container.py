@@ -330,10 +330,16 @@ def queue_sized_for(spec: DeploymentSpec, max_requests: int) -> DeploymentSpec:
     return spec.model_copy(update={"models": models})
 
 
-def within_platform(spec: DeploymentSpec, timeout_s: float | None, memory_mb: int | None) -> DeploymentSpec:
+def within_platform(
+    spec: DeploymentSpec, request_limit_s: float | None, memory_mb: int | None
+) -> DeploymentSpec:
     """The spec fitted to the platform's own limits.
 
-    - Each model's deadline at most half the platform's time-out: a request admitted to wait
+    - `request_limit_s`, the platform's limit on one request (SageMaker's 60 s, a Lambda
+      function's time-out, Modal's 150 s for a web request), becomes each model's: a request
+      whose own work alone passes it on an idle server is a 413 naming what fits (the
+      platform would cut it off anyway), one that would pass it behind others a 429.
+    - Each model's deadline (for waiting) at most half of it: a request admitted to wait
       longer would be answered after the platform gave up on it (a 429 at once lets the
       client retry, another container or later); the other half is for serving it.
     - The memory budget, unless one is declared, 90 % of the platform's memory setting, which
@@ -342,10 +348,13 @@ def within_platform(spec: DeploymentSpec, timeout_s: float | None, memory_mb: in
     from infinity_cloud.admission.memory import DETECTED_SHARE
 
     models = spec.models
-    if timeout_s is not None:
-        cap = timeout_s / 2
+    if request_limit_s is not None:
+        half = request_limit_s / 2
         models = tuple(
-            m.model_copy(update={"deadline_s": cap}) if m.deadline_s is None or m.deadline_s > cap else m
+            m.model_copy(update={
+                "request_limit_s": min(request_limit_s, m.request_limit_s or request_limit_s),
+                "deadline_s": half if m.deadline_s is None or m.deadline_s > half else m.deadline_s,
+            })
             for m in models
         )
     limits = spec.server.limits

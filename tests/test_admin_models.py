@@ -51,7 +51,8 @@ async def traffic(client: httpx.AsyncClient, route: str, body: dict[str, Any], s
 
 
 async def test_load_and_unload_under_steady_traffic(tiny_embedder: Path, tiny_reranker: Path) -> None:
-    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"])
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_reranker.parent])
     async with serve_in_process(spec) as client:
         stop = asyncio.Event()
         embeds: list[int] = []
@@ -107,7 +108,8 @@ async def test_what_was_admitted_finishes_before_the_model_is_freed(tiny_embedde
 async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
     tiny_embedder: Path, tiny_reranker: Path, tmp_path: Path
 ) -> None:
-    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"])
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_reranker.parent, tmp_path])
     async with serve_in_process(spec) as client:
         taken = await client.post("/admin/models", headers=ADMIN,
                                   json={"model_id": str(tiny_reranker), "served_model_name": "embedder"})
@@ -117,7 +119,7 @@ async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
         assert bad.status_code == 400 and "dtype" in bad.text
         missing = await client.delete("/admin/models/nothing", headers=ADMIN)
         assert missing.status_code == 404
-        nowhere = await client.post("/admin/models", headers=ADMIN, json={"model_id": "/no/such/model"})
+        nowhere = await client.post("/admin/models", headers=ADMIN, json={"model_id": str(tmp_path / "none")})
         assert nowhere.status_code == 400 and "does not exist" in nowhere.text, nowhere.text
         unserved = tmp_path / "unserved"
         unserved.mkdir()
@@ -127,7 +129,8 @@ async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
         assert refused.status_code == 400 and "image and audio models served" in refused.text, refused.text
         listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
         assert [m["id"] for m in listed] == ["embedder"], "nothing refused was added"
-    tight = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"], limits={"memory_budget_mb": 64})
+    tight = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"], limits={"memory_budget_mb": 64},
+                    admin_model_roots=[tiny_reranker.parent])
     async with serve_in_process(tight) as client:  # this process alone holds more than 64 MB
         refused = await client.post("/admin/models", headers=ADMIN,
                                     json={"model_id": str(tiny_reranker), "served_model_name": "reranker"})
@@ -147,7 +150,8 @@ def test_the_models_command_loads_lists_and_unloads(tiny_embedder: Path, tiny_re
         return done.stdout
 
     with server_process("--model-id", str(tiny_embedder), "--served-model-name", "embedder",
-                        "--admin-key-file", str(keys)) as url:
+                        "--admin-key-file", str(keys),
+                        "--admin-model-root", str(tiny_reranker.parent)) as url:
         assert "reranker: ready" in models("load", str(tiny_reranker), "--url", url,
                                            "--served-model-name", "reranker", "--backend", "torch")
         listed = models("list", "--url", url)
@@ -161,3 +165,90 @@ def test_the_models_command_loads_lists_and_unloads(tiny_embedder: Path, tiny_re
         env=env, capture_output=True, text=True, encoding="utf-8", timeout=60,
     )
     assert refused.returncode == 2 and "cannot reach" in refused.stderr
+
+
+async def test_paths_outside_the_model_roots_get_one_answer_and_remote_code_needs_the_servers_leave(
+    tiny_embedder: Path, tiny_reranker: Path
+) -> None:
+    """A local folder is loaded only from under --admin-model-root: any other path, whether
+    it exists, is a folder or a file, is refused with the same words (an error must not map
+    the machine). trust_remote_code runs the folder's Python in the server: refused unless the
+    server was started with --admin-trust-remote-code. A model_id past any path's length and
+    a name no URL can carry are 400s, not 500s."""
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_reranker.parent])
+    async with serve_in_process(spec) as client:
+        answers = []
+        for path in ("/root/.ssh", "/proc/self", "/etc/passwd", "/no/such/folder", f"{tiny_reranker}/../..",
+                     "../../etc"):
+            refused = await client.post("/admin/models", headers=ADMIN, json={"model_id": path})
+            assert refused.status_code == 400, refused.text
+            answers.append(refused.json()["error"]["message"].replace(repr(path), "PATH"))
+        assert len(set(answers)) == 1 and "not under a folder the admin API loads models from" in answers[0]
+        remote = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "remote", "trust_remote_code": True})
+        assert remote.status_code == 400 and "--admin-trust-remote-code" in remote.text, remote.text
+        long = await client.post("/admin/models", headers=ADMIN, json={"model_id": "a" * 5000})
+        assert long.status_code == 400 and "model_id" in long.text, long.text
+        unaddressable = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "../x"})
+        assert unaddressable.status_code == 400 and "cannot be addressed" in unaddressable.text
+        listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+        assert [m["id"] for m in listed] == ["embedder"], "nothing refused was added"
+    trusting = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                       admin_model_roots=[tiny_reranker.parent], admin_trust_remote_code=True)
+    async with serve_in_process(trusting) as client:
+        remote = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "remote", "trust_remote_code": True,
+            "backend": "torch"})
+        assert remote.status_code == 202, remote.text
+
+
+async def test_a_second_default_a_second_delete_and_a_load_that_leaves_no_room_are_refused(
+    tiny_embedder: Path, tiny_reranker: Path
+) -> None:
+    """A load marked default while another default is served is a 409 (it would silently take
+    requests that name no model); two DELETEs of one model: the second is a 409, not a 500;
+    and a load whose measured cost leaves the memory budget no room for requests is unloaded
+    again with the numbers, while the model served before still answers."""
+    first = embedder(tiny_embedder).model_copy(update={"default": True})
+    spec = spec_of(first, fake(tiny_embedder, "slow", backend_options={"delay_s": 0.3}),
+                   admin_keys=["admin-secret"], admin_model_roots=[tiny_reranker.parent])
+    async with serve_in_process(spec) as client:
+        second = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "other", "default": True})
+        assert second.status_code == 409 and "'embedder' is the default" in second.text, second.text
+        busy = asyncio.ensure_future(client.post("/v1/embeddings", json={"model": "slow", "input": ["x"]}))
+        await asyncio.sleep(0.05)
+        deletes = await asyncio.gather(client.delete("/admin/models/slow", headers=ADMIN),
+                                       client.delete("/admin/models/slow", headers=ADMIN))
+        assert sorted(d.status_code for d in deletes) == [200, 409], [d.text for d in deletes]
+        assert (await busy).status_code == 200
+    from infinity_cloud.admission.memory import MB, MemoryBudget
+    from infinity_cloud.engine import Engine
+
+    # The process as the budget sees it: 400 MB idle, and 250 MB more while the reranker is
+    # loaded (what MiniLM's load was measured to add, where its weights said 86 MB).
+    engine = Engine(spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                            admin_model_roots=[tiny_reranker.parent]))
+
+    def resident() -> int:
+        loaded = engine.models.get("reranker")
+        return (400 + (250 if loaded is not None and loaded.state == "ready" else 0)) * MB
+
+    async with serve_in_process(engine) as client:
+        engine.memory = MemoryBudget(700 * MB, resident=resident)
+        body = {"model": "embedder", "input": ["before the load"] * 8}
+        assert (await client.post("/v1/embeddings", json=body)).status_code == 200
+        loaded = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "reranker", "backend": "torch"})
+        assert loaded.status_code == 202, loaded.text
+        for _ in range(600):
+            state = {m["id"]: m for m in (await client.get("/admin/models", headers=ADMIN)).json()["data"]}
+            if state["reranker"]["state"] != "loading":
+                break
+            await asyncio.sleep(0.05)
+        reranker = state["reranker"]
+        assert reranker["state"] == "failed" and "it was unloaded" in reranker["error"], reranker
+        assert (await client.post("/v1/embeddings", json=body)).status_code == 200
+        assert (await client.delete("/admin/models/reranker", headers=ADMIN)).status_code == 200

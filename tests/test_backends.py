@@ -726,3 +726,34 @@ def test_concurrent_first_starts_build_an_export_once(
         start.join()
     assert len(builds) == 1 and len(results) == 2 and results[0] == results[1]
     assert exports.export_metadata(results[0]) == {"built": 1}
+
+
+async def test_openvino_meets_a_bounded_set_of_shapes_and_bounds_its_shape_caches(models) -> None:
+    """OpenVINO keeps what it compiles per input shape: a shape per input length made memory
+    grow with every new input (issue 34). Every batch of texts of 1 to 128 tokens reaches
+    its inference requests padded to a multiple of 8 tokens (or the model's length), oneDNN's
+    cache is bounded (OpenVINO's own is set at compilation, which does not read it back); the
+    answers are the same as unpadded ones."""
+    from infinity_cloud.text.tokenization import TextTokenizer
+
+    spec = ModelSpec(model_id=str(models["bert"]), backend="openvino", dtype="float32")
+    rng = np.random.default_rng(34)
+    words = LONG.split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 120)))) for _ in range(48)]
+    async with Engine(spec) as engine:
+        served = engine.models[spec.name]
+        backend = served.loaded.backend
+        assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(openvino_backend.SHAPE_CACHE_ENTRIES)
+        widths = set()
+        for start in range(0, len(texts), 6):
+            await engine.embed(texts[start : start + 6])
+            for requests in list(backend._free.queue):
+                widths.update(r.get_input_tensor(0).shape[1] for r in requests)
+        got = (await engine.embed(texts)).embeddings
+        max_length = served.loaded.tokenizer.max_length
+    assert widths and all(w % openvino_backend.LENGTH_GRAIN == 0 or w == max_length for w in widths), widths
+    tokenizer = TextTokenizer.load(models["bert"], max_length)
+    assert len({len(e) for e in tokenizer.encode(texts)}) > len(widths)  # more lengths than shapes
+    async with Engine(spec.model_copy(update={"backend": "torch"})) as engine:
+        want = (await engine.embed(texts)).embeddings
+    assert cosines(got, want).min() > 0.9999

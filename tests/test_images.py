@@ -108,6 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, PICTURES["wide.png"], "image/png")
         if name == "big.png":
             return self._send(200, b"\0" * 300_000, "image/png")
+        if name.startswith("huge"):
+            return self._send(200, b"\0" * 8_000_000, "image/png")
         if name == "text.png":
             return self._send(200, b"this is not a picture", "image/png")
         if name == "tiny.png":
@@ -277,6 +279,10 @@ EMBEDDED = [
     ("::169.254.169.254", False),
     ("::8.8.8.8", True),
     ("::ffff:10.0.0.1", False),  # IPv4-mapped
+    ("::ffff:0:127.0.0.1", False),  # SIIT IPv4-translated (::ffff:0:0:0/96)
+    ("::ffff:0:169.254.169.254", False),
+    ("::ffff:0:10.0.0.1", False),
+    ("::ffff:0:8.8.8.8", True),
     ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
     ("fec0::1", False),  # site-local (deprecated)
     ("2606:4700:4700::1111", True),  # a public IPv6 address
@@ -309,6 +315,26 @@ def test_the_allow_list_takes_names_addresses_and_networks() -> None:
     policy.check("example.com", [ipaddress.ip_address("93.184.215.14")])
     with pytest.raises(MediaRefused, match=r"192\.168\.0\.5"):
         policy.check("files", [ipaddress.ip_address("10.9.8.7"), ipaddress.ip_address("192.168.0.5")])
+
+
+async def test_fetched_media_bytes_are_held_from_the_memory_budget(clip: Path, pictures_host: str) -> None:
+    """A small request naming many large URLs holds their bytes as they arrive: past the memory
+    budget it is refused (it used to download them all, 1.85 GB for 64 URLs of 20 MiB, while
+    the budget saw nothing), and what it held is given back."""
+    from infinity_cloud.admission.memory import MB, resident_bytes
+
+    budget = resident_bytes() // MB + 160
+    spec = spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"),
+                   limits=LimitsSpec(media_allowed_hosts=("127.0.0.1",), memory_budget_mb=budget))
+    async with serve_in_process(spec) as client:
+        urls = [f"http://{pictures_host}/huge-{i}.png" for i in range(48)]  # 384 MB for a 2 KB body
+        response = await embed_images(client, urls)
+        assert response.status_code in (413, 429), response.text
+        assert "memory budget" in response.text, response.text
+        one = await embed_images(client, urls[:1])  # fetched, then not a picture: a 400 naming it
+        assert one.status_code == 400 and "input 0" in one.text, one.text
+        metrics = (await client.get("/metrics")).text
+        assert "infinity_cloud_memory_held_bytes 0.0" in metrics
 
 
 async def test_ssrf_is_refused_unless_allow_listed(clip: Path, pictures_host: str) -> None:

@@ -199,9 +199,10 @@ async def test_text_is_not_stuck_behind_decoding(clip: Path) -> None:
             assert answer.status_code == 200, answer.text
 
 
-async def test_decoding_time_counts_toward_the_deadline(clip: Path) -> None:
-    """Media whose decoding alone would end past the deadline are a 413 before any decoding;
-    behind other requests' decoding, a 429 with Retry-After; nothing stays held after."""
+async def test_decoding_time_is_judged_like_the_models_queue(clip: Path) -> None:
+    """Media whose decoding alone would pass the platform's limit on one request are a 413
+    before any decoding; alone past the deadline (which bounds waiting), they are decoded;
+    behind other requests' decoding past it, a 429 with Retry-After; nothing stays held after."""
     from infinity_cloud.errors import QueueFullError
     preprocessor = image_preprocessor(clip)
     budget = MemoryBudget(None)
@@ -209,12 +210,13 @@ async def test_decoding_time_counts_toward_the_deadline(clip: Path) -> None:
     large = flat(4096, "PNG", "RGBA")
     try:
         seconds = decoder.estimated_s(preprocessor.open(large, 0, LimitsSpec())[1])
-        with pytest.raises(PayloadTooLargeError, match="decoding these media would take about"):
-            await decoder.prepare_all(preprocessor, [large], deadline_s=seconds / 2)
+        with pytest.raises(PayloadTooLargeError, match=r"decoding these media would take about .* limit"):
+            await decoder.prepare_all(preprocessor, [large], deadline_s=None, request_limit_s=seconds / 2)
+        assert len(await decoder.prepare_all(preprocessor, [large], deadline_s=seconds / 2)) == 1
         busy = asyncio.ensure_future(decoder.prepare_all(preprocessor, [large] * 3, deadline_s=None))
         await asyncio.sleep(0.2)  # its three are counted as queued
         with pytest.raises(QueueFullError, match="decoding other requests' media") as refused:
-            await decoder.prepare_all(preprocessor, [large], deadline_s=seconds * 2)
+            await decoder.prepare_all(preprocessor, [large], deadline_s=seconds / 2)
         assert refused.value.retry_after_s >= 1
         assert len(await busy) == 3 and decoder._queued_bytes == 0 and budget.held_bytes == 0
     finally:

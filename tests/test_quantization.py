@@ -3,6 +3,7 @@ numbers as sentence-transformers' `quantize_embeddings`, served per model on /em
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, post_through_calibration, serve_in_process, spec_of
+from conftest import ROOT, fake, post_through_calibration, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.tasks import quantization
@@ -110,3 +111,34 @@ async def test_the_models_embedding_dtype_holds_on_every_route_and_the_python_ap
     np.testing.assert_allclose(asked_vectors, floats.embeddings, atol=1e-6)
     unit = floats.embeddings / np.linalg.norm(floats.embeddings, axis=1, keepdims=True)
     np.testing.assert_allclose(similar, unit @ unit[0], atol=1e-5)
+
+
+async def test_int8_calibration_finishes_under_load_and_keeps_its_retry_after(tiny_embedder: Path) -> None:
+    """A busy server whose deadline sheds large requests still calibrates int8 ranges: their
+    512 texts are the engine's own background work, never refused for load, and go before the
+    requests waiting; so a client that comes back after the 503's Retry-After is answered
+    (its 512-text job used to be refused by the deadline, over and over, under load)."""
+    spec = fake(tiny_embedder, "m", max_batch_size=16, deadline_s=0.1, backend_options={"delay_s": 0.01})
+    busy = [f"a busy server's text number {i}, one of many sent again and again" for i in range(32)]
+    async with serve_in_process(spec_of(spec)) as client:
+        stop = asyncio.Event()
+
+        async def load() -> None:  # about 0.16 s of work always waiting: past the deadline
+            while not stop.is_set():
+                response = await client.post("/embeddings", json={"input": busy})
+                assert response.status_code in (200, 429), response.text
+                if response.status_code == 429:
+                    await asyncio.sleep(0.05)
+
+        loaders = [asyncio.ensure_future(load()) for _ in range(8)]
+        try:
+            await asyncio.sleep(1.0)  # the pace is measured under load
+            asked = {"input": ["hello", "world"], "embedding_type": "int8"}
+            first = await client.post("/embeddings", json=asked)
+            assert first.status_code == 503 and "calibrating" in first.text, first.text
+            await asyncio.sleep(int(first.headers["retry-after"]))
+            again = await client.post("/embeddings", json=asked)
+            assert again.status_code == 200, again.text
+        finally:
+            stop.set()
+            await asyncio.gather(*loaders)

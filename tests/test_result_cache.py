@@ -5,6 +5,7 @@ answered, uncached."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shutil
@@ -247,3 +248,102 @@ async def test_redis_down_serves_uncached_within_the_deadline(
     assert stats["infinity_cloud_cache_redis_errors_total"] >= 1, stats
     warned = [r for r in caplog.records if "shared result cache" in r.getMessage()]
     assert len(warned) == 1, "logged once"
+
+
+def _cached_keys(redis_url: str) -> list[bytes]:
+    import redis
+
+    return sorted(redis.Redis.from_url(redis_url).keys(b"infinity-cloud:*"))
+
+
+async def _embed_with(spec: Any, texts: list[str]) -> tuple[list[Any], dict[str, float]]:
+    """The texts' vectors from a fresh in-process server, its writes to Redis flushed."""
+    from infinity_cloud.engine import Engine
+
+    engine = Engine(spec)
+    async with serve_in_process(engine) as client:
+        for _ in range(500):  # connected (in the background) before the request, on a busy machine too
+            if engine.cache.redis.available:
+                break
+            await asyncio.sleep(0.01)
+        response = await client.post("/v1/embeddings", json={"model": "m", "input": texts})
+        assert response.status_code == 200, response.text
+        stats = cache_stats((await client.get("/metrics")).text)
+        await engine.cache.redis.flushed()
+    return [row["embedding"] for row in response.json()["data"]], stats
+
+
+async def test_rows_in_redis_that_are_not_the_models_are_recomputed(
+    tiny_embedder: Path, redis_url: str
+) -> None:
+    """Rows overwritten in Redis with arrays of another shape, dtype or non-finite numbers
+    (each a valid .npy) are not served: each is recomputed and counted as rejected, and the
+    answer is the model's own (it used to be whatever was written, with a 200)."""
+    import redis
+
+    from infinity_cloud.cache.codec import encode_row
+
+    redis.Redis.from_url(redis_url).flushdb()
+    texts = [f"a tampered chunk {i}" for i in range(6)]
+    spec = spec_of(ModelSpec(model_id=str(tiny_embedder), served_model_name="m", backend="torch"),
+                   cache_url=redis_url, cache_timeout_ms=2000)  # a busy machine's Redis is slow too
+    computed, _ = await _embed_with(spec, texts)
+    keys = _cached_keys(redis_url)
+    width = len(computed[0])
+    forged = [np.zeros(10, np.float32), np.ones((width, width), np.float32), np.ones(width, np.float16),
+              np.ones(width, bool), np.full(width, np.nan, np.float32), np.ones(width, np.float64)]
+    client = redis.Redis.from_url(redis_url)
+    for key, row in zip(keys, forged, strict=True):
+        client.set(key, encode_row(row))
+    served, stats = await _embed_with(spec, texts)
+    assert_same(served, computed)
+    assert hits(stats, "redis") == 0 and stats["infinity_cloud_cache_rejected_total"] == 6, stats
+    client.flushdb()
+
+
+async def test_with_a_shared_secret_only_rows_tagged_by_it_are_served(
+    tiny_embedder: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """Replicas that share --cache-secret-file read each other's rows; a row written without
+    the secret (by hand, or a replica without it), or a tagged row moved to another key, is
+    recomputed."""
+    import redis
+
+    from infinity_cloud.cache.codec import encode_row
+
+    redis.Redis.from_url(redis_url).flushdb()
+    secret = tmp_path / "cache-secret"
+    secret.write_text("one secret for every replica\n", encoding="utf-8")
+    model = ModelSpec(model_id=str(tiny_embedder), served_model_name="m", backend="torch")
+    sealed = spec_of(model, cache_url=redis_url, cache_secret_file=secret, cache_timeout_ms=2000)
+    texts = ["a sealed chunk", "another sealed chunk", "a third"]
+    computed, _ = await _embed_with(sealed, texts)
+    shared, stats = await _embed_with(sealed, texts)
+    assert shared == computed and hits(stats, "redis") == 3, stats
+    client = redis.Redis.from_url(redis_url)
+    keys = _cached_keys(redis_url)
+    client.set(keys[0], encode_row(np.asarray(computed[0], np.float32) * -1))  # well formed, untagged
+    client.set(keys[1], client.get(keys[2]))  # tagged, but another key's row
+    served, stats = await _embed_with(sealed, texts)
+    assert_same(served, computed)
+    assert hits(stats, "redis") == 1 and stats["infinity_cloud_cache_rejected_total"] == 2, stats
+    _, unsealed = await _embed_with(spec_of(model, cache_url=redis_url, cache_timeout_ms=2000), texts)
+    assert hits(unsealed, "redis") == 0 and unsealed["infinity_cloud_cache_rejected_total"] == 3, unsealed
+    client.flushdb()
+
+
+async def test_the_redis_password_is_never_logged_or_shown(
+    tiny_embedder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from typer.testing import CliRunner
+
+    from infinity_cloud.cli import app
+
+    url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"  # nothing listens there
+    spec = spec_of(ModelSpec(model_id=str(tiny_embedder), served_model_name="m"), cache_url=url)
+    async with serve_in_process(spec) as client:
+        assert (await client.post("/v1/embeddings", json={"model": "m", "input": ["x"]})).status_code == 200
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "shared result cache at redis://:***@127.0.0.1" in logged and "hunter2" not in logged
+    shown = CliRunner().invoke(app, ["config", "show", "--cache-url", url, "--admin-key", "adm1n"])
+    assert shown.exit_code == 0 and "hunter2" not in shown.output and "adm1n" not in shown.output

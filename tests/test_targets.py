@@ -163,13 +163,16 @@ def test_delete_asks_no_one_when_not_interactive(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize(("deadline", "capped"), [(10.0, 10.0), (100.0, 30.0), (None, 30.0)])
-def test_a_platform_time_out_caps_the_deadline_and_its_memory_sets_the_budget(deadline, capped) -> None:
+def test_a_platform_time_out_is_the_request_limit_caps_the_deadline_and_its_memory_sets_the_budget(
+    deadline, capped
+) -> None:
     from infinity_cloud.config import ModelSpec
     from infinity_cloud.targets.container import within_platform
 
     spec = DeploymentSpec(models=(ModelSpec(deadline_s=deadline),))
-    fitted = within_platform(spec, timeout_s=60, memory_mb=3000)
+    fitted = within_platform(spec, request_limit_s=60, memory_mb=3000)
     assert fitted.models[0].deadline_s == capped
+    assert fitted.models[0].request_limit_s == 60  # a 413 only for what could not finish within it
     assert fitted.server.limits.memory_budget_mb == 2700
     declared = DeploymentSpec(models=spec.models, server={"limits": {"memory_budget_mb": 1000}})
     assert within_platform(declared, None, 3000).server.limits.memory_budget_mb == 1000

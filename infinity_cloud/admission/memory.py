@@ -118,6 +118,7 @@ class MemoryBudget:
         self._held = 0
         self._holders = 0
         self._aside = 0  # the models' full-batch working sets (`set_aside`)
+        self._largest = 0  # the most one admitted request held: what a model loaded later must leave
         # Resident memory when last idle (loaded, or just trimmed): what a request must fit
         # beside to fit at all. Resident memory now may hold other requests' bodies.
         self._idle_resident = resident()
@@ -150,6 +151,18 @@ class MemoryBudget:
             return None
         return max(0, self.limit_bytes - self._resident() - self._aside - self._held)
 
+    def room_for_requests(self) -> int | None:
+        """What requests may take on an idle server: the budget less what the process holds
+        idle and the models' batches; None without a budget."""
+        if self.limit_bytes is None:
+            return None
+        return max(0, self.limit_bytes - self._idle_resident - self._aside)
+
+    @property
+    def largest_request_bytes(self) -> int:
+        """The most one admitted request held so far."""
+        return self._largest
+
     def trim(self) -> None:
         """Give freed memory back now (after loading: exports and precision checks leave
         hundreds of MB freed but resident)."""
@@ -181,13 +194,35 @@ class MemoryBudget:
         finally:
             self._release(need)
 
-    def _reserve(self, need: int) -> None:
+    @contextmanager
+    def growing(self) -> Iterator[Callable[[int], None]]:
+        """A reservation that grows as the block learns what it takes (a download's bytes as
+        they arrive): each `grow(n)` holds n bytes more or refuses at once, as `reserved`
+        does; all of it is released at the end."""
+        held = 0
+
+        def grow(more: int) -> None:
+            nonlocal held
+            self._reserve(more, holder=False, whole=held + more)
+            held += more
+
+        with self.reserved(0):  # one holder for the block: the heap is trimmed after it
+            try:
+                yield grow
+            finally:
+                with self._lock:
+                    self._held -= held
+
+    def _reserve(self, need: int, holder: bool = True, whole: int | None = None) -> None:
+        """Hold `need` bytes more; `whole`: what the holder holds with them (for the refusal)."""
         with self._lock:
             limit = self.limit_bytes
             if limit is not None and self._resident() + self._aside + self._held + need > limit:
-                raise self._refusal(need)
+                raise self._refusal(need if whole is None else whole)
             self._held += need
-            self._holders += 1
+            self._largest = max(self._largest, need if whole is None else whole)
+            if holder:
+                self._holders += 1
 
     def _refusal(self, need: int) -> Exception:
         assert self.limit_bytes is not None

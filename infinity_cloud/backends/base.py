@@ -115,6 +115,10 @@ class Backend(ABC):
     # Precisions built by measuring: their __init__ takes `calibration=`, a function that
     # makes the `Calibration` (only a build calls it).
     calibrated_dtypes: ClassVar[frozenset[str]] = frozenset()
+    # Token inputs are padded to a multiple of this (never past the model's length): a backend
+    # that keeps compiled kernels per input shape meets a bounded set of shapes, not one new
+    # shape per new input length.
+    length_grain: ClassVar[int] = 1
 
     def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
         self.info = info

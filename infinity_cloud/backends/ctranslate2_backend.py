@@ -50,7 +50,8 @@ class CTranslate2Backend(Backend):
         # Weights stay float32 on disk whatever the dtype: CTranslate2 converts (or quantises)
         # them at load, so float32 and int8 share one cached conversion. The format is stable
         # within a major version, so a patch upgrade does not force a re-conversion (and torch).
-        options = {"quantization": "float32", "ctranslate2": ctranslate2.__version__.split(".")[0]}
+        options = {"quantization": "float32", "ctranslate2": ctranslate2.__version__.split(".")[0],
+                   **({"trust_remote_code": True} if spec.trust_remote_code else {})}  # kept apart
 
         def converted() -> Path:
             return exports.cached_export(

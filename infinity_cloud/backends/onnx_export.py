@@ -44,7 +44,10 @@ class OnnxSource:
 
         self._info, self._graph, self._trust, self._backend = info, graph, trust_remote_code, backend
         self.own = own_onnx(info, graph)
-        self._options = {"opset": _OPSET, "output": graph}
+        # A trusted export (the repository's own code ran to make it) is kept apart from one made
+        # without: a server that does not trust remote code never serves what such code built.
+        trusted = {"trust_remote_code": True} if trust_remote_code else {}
+        self._options = {"opset": _OPSET, "output": graph, **trusted}
         self.label = (self.own.relative_to(info.path).as_posix() if self.own is not None
                       else export_dir(info.path, "onnx", self._options).name)
 

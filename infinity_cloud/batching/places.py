@@ -6,8 +6,9 @@ again and again: under a steady storm a large request could be shed on every try
 request keeps its place: known by a key (a digest of what it asks), it is weighed against the
 queue and the places kept before its own, while every newcomer is weighed against all of them.
 The oldest shed request is admitted first, as in a line. A place lapses when its request does
-not come back within twice its Retry-After plus `grace_s`: a client that gave up holds nobody
-back.
+not come back within its Retry-After and half as long again (at least `grace_s` more): a
+client that gave up soon holds nobody back, and so does not make the Retry-After of the
+requests behind it a promise the server cannot keep.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class Places:
     def __len__(self) -> int:
         return len(self._places)
 
-    def ahead_of(self, key: str | None, now: float | None = None) -> tuple[int, int]:
+    def ahead_of(self, key: str | None, most: int | None = None, now: float | None = None) -> tuple[int, int]:
         """(tokens, requests) of the places kept before `key`'s (all of them for a newcomer),
-        lapsed ones dropped first."""
+        lapsed ones dropped first; the tokens counted up to `most`."""
         now = time.monotonic() if now is None else now
         for stale in [k for k, place in self._places.items() if place.expires < now]:
             del self._places[stale]
@@ -46,12 +47,12 @@ class Places:
                 break
             tokens += place.tokens
             requests += 1
-        return tokens, requests
+        return (tokens if most is None else min(tokens, most)), requests
 
     def keep(self, key: str, tokens: int, retry_after_s: float, now: float | None = None) -> None:
         """`key`'s request was shed: keep (or extend) its place until it is due back."""
         now = time.monotonic() if now is None else now
-        expires = now + 2 * retry_after_s + self.grace_s
+        expires = now + retry_after_s + max(self.grace_s, retry_after_s / 2)
         place = self._places.get(key)
         if place is not None:
             place.expires = expires

@@ -35,6 +35,10 @@ class Batch(list[WorkItem]):
     saturated = False
 
 
+class _Urgent(deque[WorkItem]):
+    """The inputs of a request that goes before the others (`BatchQueue.put`)."""
+
+
 class BatchQueue:
     """Bounded queue of requests' inputs whose `take` cuts the next batch.
 
@@ -52,11 +56,18 @@ class BatchQueue:
     pass; under load the queue is long and nobody waits. `padded_length` maps a batch's
     longest input to the length it is padded to (static-shape buckets); identity otherwise.
 
-    `deadline_s`: a request whose time, estimated from what is queued or coming (taking
-    turns), its own tokens and the model's recent throughput under load (`observe`),
-    corrected by how long admitted requests really stayed (`calibrate`), would pass this is
-    refused at `admit` (429 with Retry-After, its place kept; 413 when its own work alone
-    would) instead of queued to wait past its client's patience.
+    `deadline_s` bounds a request's *wait*: one whose wait on the work ahead of it (what is
+    queued or coming, taking turns, and the places kept for requests shed before it), at the
+    model's recent throughput under load (`observe`), corrected by how long admitted requests
+    really stayed (`calibrate`), would pass it is refused at `admit` with a 429 whose
+    Retry-After is when that wait will have drained, its place kept. Its own work is not held
+    against the deadline: a large request is batched and takes turns with the others.
+    `request_limit_s` is the platform's own limit on one request (SageMaker's 60 s, an API
+    Gateway's 29 s; None locally): a request whose own work alone would pass it on an idle
+    server is a 413 that names what fits, and one whose wait and work together would is a 429.
+
+    An `urgent` request (the model's own background work that callers wait for, such as
+    int8 calibration) goes first: every batch is anchored on it until it is done.
     """
 
     def __init__(
@@ -67,14 +78,14 @@ class BatchQueue:
         fill_wait_s: float = 0.0,
         padded_length: Callable[[int], int] | None = None,
         deadline_s: float | None = None,
-        admit_past_deadline: bool = False,
+        request_limit_s: float | None = None,
     ) -> None:
         self.capacity = capacity
         self.batch_tokens = batch_tokens
         self.max_batch_size = max_batch_size
         self.fill_wait_s = fill_wait_s
         self.deadline_s = deadline_s
-        self.admit_past_deadline = admit_past_deadline
+        self.request_limit_s = request_limit_s
         self._places = Places()
         self._padded = padded_length or (lambda n: n)
         self._window = max(8 * max_batch_size, 256)
@@ -121,6 +132,11 @@ class BatchQueue:
             self._prior_rate = tokens / seconds
 
     @property
+    def prior_rate(self) -> float | None:
+        """The pace of the warm batch timed at load (`prior`)."""
+        return self._prior_rate
+
+    @property
     def rate(self) -> float | None:
         """Tokens per second under load, recently; None before a saturated batch finished."""
         return self._done_tokens / self._done_seconds if self._done_seconds > 0 else None
@@ -143,22 +159,34 @@ class BatchQueue:
         plain = self._plain_wait_s(tokens)
         return None if plain is None else plain * self._slack
 
+    def urgent_s(self) -> float | None:
+        """How long the urgent work queued will take, at the model's pace; None before one."""
+        rate = self.rate or self._prior_rate
+        with self._cond:
+            urgent = [r for r in self._requests if isinstance(r, _Urgent)]
+            tokens = sum(item.length for request in urgent for item in request if not item.cancelled)
+        return None if rate is None else tokens / rate
+
     @property
     def contended(self) -> bool:
         """Whether a request could be shed now (anything queued, coming, or a place kept): only
         then does `admit` need its key."""
         return bool(self._depth or self._pending_requests or self._places)
 
-    def admit(self, tokens: int, key: str | None = None, inputs: int = 0) -> float | None:
-        """Before a request is tokenized: refuse it when it cannot be served within the
-        deadline, else count its estimated `tokens` as coming, until `settle`. Deciding here,
-        not at `put`, keeps a flood of requests from waiting in the tokenizer pool unseen.
+    def admit(
+        self, tokens: int, key: str | None = None, inputs: int = 0, background: bool = False
+    ) -> float | None:
+        """Before a request is tokenized: refuse it when it cannot be served in time, else count
+        its estimated `tokens` as coming, until `settle`. Deciding here, not at `put`, keeps a
+        flood of requests from waiting in the tokenizer pool unseen.
 
-        The estimate is its wait on others (taking turns, behind the places kept for requests
-        shed before it) plus its own tokens at the model's recent pace, as calibrated. Past the
-        deadline: 413 when its own work alone is (unless `admit_past_deadline`; `inputs`: its
-        count, for the message), else 429 with Retry-After for the excess, its place kept
-        under `key` (`Places`).
+        - 413 when its own work alone, on an idle server at the model's pace measured under
+          load, would pass `request_limit_s` (`inputs`: its count, for the message).
+        - 429 with Retry-After when the model has work in hand and the request's wait on it (its
+          turns with what is queued or coming, behind the places kept before `key`'s) would pass
+          `deadline_s`, or that wait and its own work would pass `request_limit_s`; its place is
+          kept under `key` (`Places`).
+        `background`: the model's own work (calibration), never refused for load.
 
         Returns the plain estimate of its time queued, its own share included, for
         `calibrate` (None before a throughput is known)."""
@@ -166,37 +194,39 @@ class BatchQueue:
             if self._closed:
                 raise ModelNotReadyError("the model is shutting down and takes no new inputs")
             rate = self.rate or self._prior_rate  # before load's first full batches: the prior
-            if rate is None:  # nothing to judge by
+            if rate is None or background:  # nothing to judge by, or nothing to refuse
                 self._places.release(key)
                 self._count_coming(tokens)
                 return None
-            ahead = self._places.ahead_of(key)
-            plain = self._plain_wait_s(tokens, ahead)
-            assert plain is not None
             own = tokens / rate
-            if self.deadline_s is not None:
-                # A 413 is final for its caller: given only on a pace measured under load, never
-                # on the prior (a small batch's pace, which underrates the model), and on the
-                # plain estimate (the slack learned is what others' turns add).
-                measured = self.rate is not None
-                if measured and own > self.deadline_s and not self.admit_past_deadline:
-                    raise self._too_large(tokens, own, inputs)
-                total = (plain + own) * self._slack
-                # A request admitted past the deadline by its own size (on the prior, or where
-                # the operator allows it) is held only to the deadline for its wait on others:
-                # else anything in flight would shed it, on every try.
-                late = own * self._slack > self.deadline_s
-                over = plain * self._slack if late else total
-                # Only a model with work in hand sheds: on an idle one, places kept for clients
-                # not back yet (or gone) hold nobody back.
-                if over > self.deadline_s and (self._depth or self._pending_requests):
-                    retry_after = max(1, math.ceil(over - self.deadline_s))
+            # A 413 is final for its caller: given only on a pace measured under load, never on the
+            # prior (a small batch's pace, which underrates the model).
+            limit = self.request_limit_s
+            if limit is not None and self.rate is not None and own > limit:
+                raise self._too_large(tokens, own, inputs)
+            # Kept places count for at most a deadline's work: more could not be served within
+            # one anyway, and places of clients that gave up would push every estimate out.
+            most = None if self.deadline_s is None else int(self.deadline_s * rate)
+            plain = self._plain_wait_s(tokens, self._places.ahead_of(key, most))
+            assert plain is not None
+            wait = plain * self._slack
+            # Only a model with work in hand sheds: on an idle one, places kept for clients not
+            # back yet (or gone) hold nobody back.
+            if self._depth or self._pending_requests:
+                excess = max(
+                    -1.0 if self.deadline_s is None else wait - self.deadline_s,
+                    -1.0 if limit is None else wait + own - limit,
+                )
+                if excess > 0:
+                    retry_after = max(1, math.ceil(excess))
                     if key is not None:
                         self._places.keep(key, tokens, retry_after)
                     kept = " (its place in line is kept)" if key is not None else ""
+                    what = (f"the {self.deadline_s:g} s deadline" if self.deadline_s is not None
+                            and wait > self.deadline_s else f"the {limit:g} s limit on one request")
                     error = QueueFullError(
-                        f"the model is overloaded: this request would take about {total:.1f} s, past "
-                        f"the {self.deadline_s:g} s deadline; retry after {retry_after} s{kept}"
+                        f"the model is overloaded: this request would wait about {wait:.1f} s for the "
+                        f"work ahead of it, past {what}; retry after {retry_after} s{kept}"
                     )
                     error.retry_after_s = retry_after
                     raise error
@@ -209,14 +239,15 @@ class BatchQueue:
         self._pending_requests += 1
 
     def _too_large(self, tokens: int, seconds: float, inputs: int) -> PayloadTooLargeError:
-        """A request that alone would take past the deadline: how much would fit."""
-        assert self.deadline_s is not None
-        fits = int(tokens * self.deadline_s / seconds)
+        """A request that alone would take past the platform's limit on one request: how much
+        would fit."""
+        assert self.request_limit_s is not None
+        fits = int(tokens * self.request_limit_s / seconds)
         share = f" (about {max(1, inputs * fits // tokens)} of its {inputs} inputs)" if inputs > 1 else ""
         return PayloadTooLargeError(
-            f"this request alone would take about {seconds:.1f} s at the model's recent pace, past "
-            f"its {self.deadline_s:g} s deadline: about {fits:,} of its {tokens:,} tokens fit{share}; "
-            "split it, or raise --deadline-s"
+            f"this request alone would take about {seconds:.1f} s on an idle server at the model's pace, "
+            f"past this platform's {self.request_limit_s:g} s limit on one request: about {fits:,} of "
+            f"its {tokens:,} tokens fit{share}; split it"
         )
 
     def calibrate(self, predicted_s: float, queued_s: float) -> None:
@@ -233,8 +264,9 @@ class BatchQueue:
             self._pending_tokens -= tokens
             self._pending_requests -= 1
 
-    def put(self, items: list[WorkItem]) -> None:
-        """Queue one request's inputs, or refuse them all."""
+    def put(self, items: list[WorkItem], urgent: bool = False) -> None:
+        """Queue one request's inputs, or refuse them all. `urgent`: ahead of every request but
+        urgent ones queued before it, and every batch anchored on it until it is done."""
         with self._cond:
             if self._closed:
                 raise ModelNotReadyError("the model is shutting down and takes no new inputs")
@@ -248,7 +280,12 @@ class BatchQueue:
                     f"the model's queue is full ({self._depth} inputs waiting, limit "
                     f"{self.capacity}); retry shortly"
                 )
-            self._requests.append(deque(items))
+            if urgent:
+                first = next((i for i, r in enumerate(self._requests) if not isinstance(r, _Urgent)),
+                             len(self._requests))
+                self._requests.insert(first, _Urgent(items))
+            else:
+                self._requests.append(deque(items))
             self._depth += len(items)
             self._tokens += sum(item.length for item in items)
             self._cond.notify()
@@ -316,6 +353,12 @@ class BatchQueue:
         request first; and how far into each request it reached."""
         window: list[WorkItem] = []
         cursors = [0] * len(self._requests)
+        head = self._requests[0] if self._requests else None
+        if isinstance(head, _Urgent):  # its inputs first: the batch is made of them
+            while cursors[0] < len(head) and len(window) < self._window:
+                if not head[cursors[0]].cancelled:
+                    window.append(head[cursors[0]])
+                cursors[0] += 1
         more = True
         while more and len(window) < self._window:
             more = False
@@ -363,7 +406,8 @@ class BatchQueue:
                 if id(item) in taken or item.cancelled:
                     self._forget(item)
             request.extendleft(reversed([i for i in front if id(i) not in taken and not i.cancelled]))
-        self._requests.rotate(-1)  # the next batch is anchored on the next request
+        if not isinstance(self._requests[0], _Urgent):  # the next batch is anchored on the next request
+            self._requests.rotate(-1)
         self._requests = deque(request for request in self._requests if request)
         batch.saturated = any(not item.cancelled for request in self._requests for item in request)
         return batch

@@ -88,13 +88,15 @@ class BatchWorker:
 
     # -- event-loop side -------------------------------------------------------------
 
-    async def submit(self, payloads: Sequence[Any], lengths: Sequence[int]) -> list[Any]:
-        """Queue the inputs and wait for their results, in order."""
+    async def submit(
+        self, payloads: Sequence[Any], lengths: Sequence[int], urgent: bool = False
+    ) -> list[Any]:
+        """Queue the inputs and wait for their results, in order (`urgent`: `BatchQueue.put`)."""
         if not self.alive:
             raise ModelNotReadyError(f"model {self.name!r} is not serving: {self.death or 'worker stopped'}")
         loop = asyncio.get_running_loop()
         items = [WorkItem(p, n, loop.create_future()) for p, n in zip(payloads, lengths, strict=True)]
-        self.queue.put(items)
+        self.queue.put(items, urgent)
         try:
             return await asyncio.gather(*(item.future for item in items))
         except BaseException:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 CONNECT_S = 2.0
 # A busy server waits for a free connection (bounded by the call's time) rather than open more.
 MAX_CONNECTIONS = 32
+
+
+def redacted(url: str) -> str:
+    """The URL without its password (`redis://:PASSWORD@host`), for logs and facts."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class RedisStore:
@@ -37,7 +48,8 @@ class RedisStore:
             raise ConfigError(
                 f"--cache-url {url} needs the redis client: pip install 'infinity-cloud[cache]'"
             ) from exc
-        self.url, self.ttl_s, self.timeout_s, self.backoff_s = url, ttl_s, timeout_s, backoff_s
+        # Only its redacted form is kept: nothing here logs or shows the password.
+        self.url, self.ttl_s, self.timeout_s, self.backoff_s = redacted(url), ttl_s, timeout_s, backoff_s
         # No retries: a call is bounded by `timeout_s`, and a failed one is a miss, not a wait.
         pool = BlockingConnectionPool.from_url(
             url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, socket_timeout=CONNECT_S,

@@ -5,7 +5,10 @@ without it; options applied after the model (dimensions, output dtype, top_n) ar
 key, so they share rows.
 
 Per request, `CACHE_MODE` (the HTTP app sets it from `Cache-Control`): "use", "refresh" (do
-not read, but store what is computed: `no-cache`) or "off" (neither: `no-store`)."""
+not read, but store what is computed: `no-cache`) or "off" (neither: `no-store`).
+
+A row read from Redis is served only when it has the form of the model's own rows and, with a
+shared secret, its tag (`integrity.py`); any other is recomputed and counted as rejected."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from infinity_cloud.cache.codec import decode_row, encode_row
+from infinity_cloud.cache.integrity import RowForm, RowSeal
 from infinity_cloud.cache.keys import fingerprint
 from infinity_cloud.cache.memory_store import MemoryStore
 from infinity_cloud.cache.redis_store import RedisStore
@@ -47,6 +51,8 @@ class CacheStats:
     misses: int = 0
     # Inputs that are never cached (a caller's own task whose inputs are not plain data).
     uncached: int = 0
+    # Rows read from Redis and not served: not the model's form, or not tagged by the secret.
+    rejected: int = 0
 
 
 def _fingerprints(items: Sequence[Any]) -> list[bytes | None]:
@@ -68,10 +74,20 @@ class ResultCache:
     """`memory_bytes` 0 and no `redis_url`: off, and `rows` is the model's call itself."""
 
     def __init__(self, memory_bytes: int = 0, redis_url: str | None = None, ttl_s: int | None = None,
-                 redis_timeout_s: float = 0.05) -> None:
+                 redis_timeout_s: float = 0.05, secret: bytes | None = None) -> None:
         self.memory = MemoryStore(memory_bytes) if memory_bytes > 0 else None
         self.redis = RedisStore(redis_url, ttl_s, redis_timeout_s) if redis_url else None
+        self.seal = RowSeal(secret)
         self.stats = CacheStats()
+        # Each namespace's row form: given at load (`expect`), else learned from its first row
+        # computed here; until then nothing is read back from Redis for it.
+        self._forms: dict[str, RowForm] = {}
+        self._warned = False
+
+    def expect(self, namespace: str, form: RowForm | None) -> None:
+        """The form of a namespace's rows (its model's, measured at load)."""
+        if form is not None:
+            self._forms[namespace] = form
 
     @property
     def enabled(self) -> bool:
@@ -93,7 +109,7 @@ class ResultCache:
         keys = [None if p is None else prefix + p.hex().encode() for p in prints]
         found: list[Any] = [None] * len(items)
         if mode == "use":
-            await self._look_up(keys, found)
+            await self._look_up(namespace, keys, items, found)
         # The misses, each distinct input once: a request that repeats a text runs it once.
         first: dict[bytes, int] = {}
         run: list[int] = []
@@ -108,6 +124,8 @@ class ResultCache:
         computed = list(await compute([items[i] for i in run])) if run else []
         for i, row in zip(run, computed, strict=True):
             found[i] = row
+        if computed and namespace not in self._forms:
+            self.expect(namespace, RowForm.of(computed[0], items[run[0]]))
         for i, key in enumerate(keys):
             if found[i] is None and key is not None:
                 found[i] = found[first[key]]
@@ -116,7 +134,9 @@ class ResultCache:
         self._store([(keys[i], found[i]) for i in run if keys[i] is not None])
         return found, len(run)
 
-    async def _look_up(self, keys: list[bytes | None], found: list[Any]) -> int:
+    async def _look_up(
+        self, namespace: str, keys: list[bytes | None], items: Sequence[Any], found: list[Any]
+    ) -> int:
         asked = [i for i, key in enumerate(keys) if key is not None]
         hits = 0
         if self.memory is not None and asked:
@@ -127,22 +147,45 @@ class ResultCache:
             self.stats.hits["memory"] += memory_hits
             hits += memory_hits
             asked = [i for i in asked if found[i] is None]
-        if self.redis is not None and asked:
+        form = self._forms.get(namespace)
+        if self.redis is not None and asked and form is not None:
             shared = await self.redis.get([keys[i] for i in asked])  # type: ignore[misc]
             promoted = []
-            for i, data in zip(asked, shared, strict=True):
-                if data is None:
+            for i, stored in zip(asked, shared, strict=True):
+                if stored is None:
                     continue
-                try:
-                    found[i] = _frozen(decode_row(data))
-                except Exception:  # not ours (another program's value under our prefix): a miss
+                row = self._checked(keys[i], stored, items[i], form)  # type: ignore[arg-type]
+                if row is None:
                     continue
-                promoted.append((keys[i], found[i]))
+                found[i] = row
+                promoted.append((keys[i], row))
             self.stats.hits["redis"] += len(promoted)
             hits += len(promoted)
             if self.memory is not None:
                 self.memory.put(promoted)  # type: ignore[arg-type]
         return hits
+
+    def _checked(self, key: bytes, stored: bytes, item: Any, form: RowForm) -> Any:
+        """The row `stored` holds, frozen, where it is the model's kind of row for `item` (and
+        carries the secret's tag); else None, counted and said once."""
+        data = self.seal.open(key, stored)
+        try:
+            row = None if data is None else decode_row(data)
+        except Exception:  # not a row (another program's value under our prefix)
+            row = None
+        if row is not None and form.admits(row, item):
+            return _frozen(row)
+        self.stats.rejected += 1
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "a row read from the shared result cache is not what the model produces (%s): it is "
+                "recomputed, and such rows are counted in infinity_cloud_cache_rejected_total. Another "
+                "version or program writes under the same prefix, or the Redis was written to by hand; "
+                "give every replica --cache-secret-file so that only they can write rows that are served",
+                "no valid tag for this replica's secret" if data is None else "wrong type, shape or numbers",
+            )
+        return None
 
     def _store(self, pairs: list[tuple[bytes, Any]]) -> None:
         if not pairs:
@@ -150,7 +193,8 @@ class ResultCache:
         if self.memory is not None:
             self.memory.put([(key, _frozen(row)) for key, row in pairs])
         if self.redis is not None:
-            encoded = [(key, data) for key, row in pairs if (data := encode_row(row)) is not None]
+            encoded = [(key, self.seal.seal(key, data)) for key, row in pairs
+                       if (data := encode_row(row)) is not None]
             self.redis.put_later(encoded)
 
     def forget(self, namespace: str) -> None:
@@ -175,7 +219,7 @@ class ResultCache:
             "hits": dict(self.stats.hits), "misses": self.stats.misses,
             "memory_bytes": 0 if self.memory is None else self.memory.bytes,
             "memory_capacity_bytes": 0 if self.memory is None else self.memory.capacity_bytes,
-            "uncached": self.stats.uncached,
+            "uncached": self.stats.uncached, "rejected": self.stats.rejected,
             "entries": 0 if self.memory is None else len(self.memory),
             "redis_errors": 0 if self.redis is None else self.redis.errors,
         }

@@ -8,9 +8,11 @@ alone), and decoding runs in its own pool, a worker per two cores, so text reque
 behind it in the tokenizer pool. A request's inputs decode one after the other: its peak is
 its largest input's, and a client that leaves stops it at the next input.
 
-Decoding time counts toward the deadline: from what the pool has decoded (seconds per byte of
-decoding, learned), a request whose decoding would end past `deadline_s` is refused before it
-starts: 429 while others decode ahead of it, 413 when it alone would take longer.
+Decoding time is judged as the model's queue judges its work (`batching/queue.py`): from what
+the pool has decoded (seconds per byte of decoding, learned), a request that would wait past
+`deadline_s` behind others' decoding, or whose wait and decoding would pass the platform's
+`request_limit_s`, is a 429 before it starts; a 413 only when its decoding alone would pass
+`request_limit_s`.
 """
 
 from __future__ import annotations
@@ -51,13 +53,14 @@ class MediaDecoder:
         return decoding * self._seconds_per_byte
 
     async def prepare_all(
-        self, preprocessor: MediaPreprocessor, fetched: Sequence[bytes], deadline_s: float | None
+        self, preprocessor: MediaPreprocessor, fetched: Sequence[bytes], deadline_s: float | None,
+        request_limit_s: float | None = None,
     ) -> list[Any]:
         """Each fetched input as its model input, in order (a bad one: a 400 naming it)."""
         loop = asyncio.get_running_loop()
         opened = await loop.run_in_executor(self._pool, self._open_all, preprocessor, fetched)
         total = sum(cost for _, cost in opened)
-        self._admit(total, deadline_s)
+        self._admit(total, deadline_s, request_limit_s)
         try:
             prepared = []
             for index in range(len(opened)):
@@ -77,21 +80,24 @@ class MediaDecoder:
     def _open_all(self, preprocessor: MediaPreprocessor, fetched: Sequence[bytes]) -> list[tuple[Any, int]]:
         return [preprocessor.open(data, index, self.limits) for index, data in enumerate(fetched)]
 
-    def _admit(self, decoding: int, deadline_s: float | None) -> None:
+    def _admit(self, decoding: int, deadline_s: float | None, limit_s: float | None) -> None:
         with self._lock:
             ahead = self.estimated_s(self._queued_bytes) / self.workers
             own = self.estimated_s(decoding)
-            if deadline_s is not None and ahead + own > deadline_s:
-                if own > deadline_s:
-                    raise PayloadTooLargeError(
-                        f"decoding these media would take about {own:.1f} s, past the {deadline_s:g} s "
-                        "deadline; send fewer or smaller images (or audio clips)"
-                    )
-                error = QueueFullError(
-                    f"the server is decoding other requests' media (about {ahead:.1f} s of it); with "
-                    f"this request's that passes the {deadline_s:g} s deadline; retry shortly"
+            if limit_s is not None and own > limit_s:
+                raise PayloadTooLargeError(
+                    f"decoding these media would take about {own:.1f} s on an idle server, past this "
+                    f"platform's {limit_s:g} s limit on one request; send fewer or smaller images (or "
+                    "audio clips)"
                 )
-                error.retry_after_s = max(1, math.ceil(ahead + own - deadline_s))
+            excess = max(-1.0 if deadline_s is None else ahead - deadline_s,
+                         -1.0 if limit_s is None else ahead + own - limit_s)
+            if excess > 0:
+                error = QueueFullError(
+                    f"the server is decoding other requests' media (about {ahead:.1f} s of it), past "
+                    f"what this request may wait; retry after {max(1, math.ceil(excess))} s"
+                )
+                error.retry_after_s = max(1, math.ceil(excess))
                 raise error
             self._queued_bytes += decoding
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from infinity_cloud.config import DEFAULT_MODEL_ID
@@ -49,12 +50,13 @@ def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
     return snapshot if snapshot is not None and (snapshot / "config.json").is_file() else None
 
 
-def already_here(model_id: str, revision: str | None = None) -> Path | None:
-    """The model's folder where it is on this machine without a download (a local folder, the
-    hub's cache, the packaged default model); None where it is not."""
-    local = local_model_dir(model_id)
-    if local is not None:
-        return local if (local / "config.json").is_file() else None
+def already_here(model_id: str, revision: str | None = None, local: bool = True) -> Path | None:
+    """The model's folder where it is on this machine without a download (a local folder
+    unless `local` is False, the hub's cache, the packaged default model); None where it is
+    not."""
+    folder = local_model_dir(model_id) if local else None
+    if folder is not None:
+        return folder if (folder / "config.json").is_file() else None
     cached = _from_hub_cache(model_id, revision)
     if cached is not None:
         return cached
@@ -76,15 +78,52 @@ def _download(model_id: str, revision: str | None) -> Path:
         raise ModelLoadError(f"could not download model {model_id!r}: {exc}") from exc
 
 
+def _path_like(model_id: str) -> bool:
+    return model_id.startswith((".", "/", "~"))
+
+
 def local_model_dir(model_id: str) -> Path | None:
     """The folder a model id names on this machine; None for a hub id. A path-like id
     (./x, /x, ~/x) that is not a folder is an error, not a hub id."""
     local = Path(model_id).expanduser()
-    if local.is_dir():
-        return local.resolve()
-    if model_id.startswith((".", "/", "~")):
+    try:
+        if local.is_dir():
+            return local.resolve()
+    except OSError as exc:  # a name too long, a folder not readable
+        raise ModelLoadError(f"model folder {model_id[:200]} cannot be read: {exc.strerror}") from None
+    if _path_like(model_id):
         raise ModelLoadError(f"model folder {model_id} does not exist")
     return None
+
+
+def model_dir_within(model_id: str, revision: str | None, roots: Sequence[Path]) -> Path:
+    """`resolve_model_dir` for a caller that may read local folders only under `roots` (the
+    admin API): a path outside them is refused with one answer whether it exists or not (an
+    error must not tell what is on this machine), and an id that is not a path is a hub id
+    only, never a folder of the working directory."""
+    candidate = Path(model_id).expanduser()
+    try:
+        where = candidate.resolve()  # symlinks followed: one inside a root may lead out of it
+        inside = next((r for r in roots if where.is_relative_to(Path(r).expanduser().resolve())), None)
+    except (OSError, RuntimeError):
+        inside = None
+    if inside is not None and (_path_like(model_id) or where.is_dir()):
+        return resolve_model_dir(str(where), revision)
+    if _path_like(model_id):
+        allowed = ", ".join(str(r) for r in roots) or "none: start the server with --admin-model-root DIR"
+        raise ModelLoadError(
+            f"model_id {model_id[:200]!r} is not under a folder the admin API loads models from "
+            f"({allowed}); other paths are not read"
+        )
+    found = already_here(model_id, revision, local=False)
+    if found is not None:
+        return found
+    if hub_offline():
+        raise ModelLoadError(
+            f"model {model_id[:200]!r} is not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "
+            "download it first, or load a folder under an admin model root"
+        )
+    return _download(model_id, revision)
 
 
 def resolve_model_dir(model_id: str, revision: str | None = None) -> Path:

@@ -18,6 +18,7 @@ from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
+from infinity_cloud.cache.integrity import RowForm
 from infinity_cloud.cache.keys import namespace
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
@@ -47,6 +48,8 @@ class Tower:
 
     backend: Backend
     worker: BatchWorker
+    # A row the model answered at warm-up and its input: the form its cached rows must have.
+    sample: tuple[Any, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class ServedModel:
         self.in_flight = 0  # calls admitted and not yet answered (`admitted`)
         self._observers = observers
         self._loaded: _Loaded | None = None
+        self._stopped = False
         self.state = "loading"
         self.error: str | None = None
         self.load_seconds: float | None = None
@@ -202,8 +206,14 @@ class ServedModel:
         compared = head.reference  # what precisions are measured on
         probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
 
+        grain = 1  # the backend's `length_grain`, once it is open
+
         def padded_length(longest: int) -> int:
-            return tokenizer.max_length if info.pad_to_max_length else bucket(longest, spec.length_buckets)
+            if info.pad_to_max_length:
+                return tokenizer.max_length
+            if spec.length_buckets:
+                return bucket(longest, spec.length_buckets)
+            return min(tokenizer.max_length, -(-longest // grain) * grain)
 
         def collate(items: list[Any], static: bool = True) -> ModelInputs:
             """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
@@ -229,12 +239,13 @@ class ServedModel:
             return Calibration(batches[0::4], [b for i, b in enumerate(batches) if i % 4], compared)
 
         backend = open_backend(info, spec, graph, collate(probes, static=False), compared, calibration)
+        grain = backend.length_grain
         if backend.fuse(head):  # the backend runs it on its device; what it returns is final
             head = FINAL
         queue = BatchQueue(
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
             fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length, deadline_s=spec.deadline_s,
-            admit_past_deadline=spec.admit_past_deadline,
+            request_limit_s=spec.request_limit_s,
         )
 
         def run(items: list[Any]) -> tuple[Callable[[], np.ndarray], np.ndarray | None, int]:
@@ -246,8 +257,9 @@ class ServedModel:
             wait, mask, real = output  # `real`: static-shape filler rows are dropped
             return task.rows(head(wait()[:real], None if mask is None else mask[:real]), items)
 
+        sample = None
         if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
-            finish(run(probes[:2]), probes[:2])
+            sample = (finish(run(probes[:2]), probes[:2])[0], probes[0])
             started = time.perf_counter()  # then a warm batch's pace: the queue's prior
             finish(run(probes), probes)
             queue.prior(sum(len(p) for p in probes), time.perf_counter() - started)
@@ -258,7 +270,7 @@ class ServedModel:
         label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
         worker = BatchWorker(label, queue, run, finish, self._observers)
         worker.start()
-        return Tower(backend, worker)
+        return Tower(backend, worker, sample)
 
     @property
     def working_set_bytes(self) -> int:
@@ -301,11 +313,15 @@ class ServedModel:
                 tower.backend.settle()
 
     def stop(self) -> None:
-        if self._loaded is not None:
+        """Stop its workers and close its backends, once (an unload and the engine's close may
+        both ask)."""
+        if self._loaded is not None and not self._stopped:
+            self._stopped = True
             for tower in self._loaded.towers.values():
                 tower.worker.stop()
                 tower.backend.close()
-        self.state = "stopped"
+        if self.state != "failed":  # a failure's reason stays what it says
+            self.state = "stopped"
 
     # -- serving ---------------------------------------------------------------------
 
@@ -335,7 +351,10 @@ class ServedModel:
             raise self._not_ready()
         dead = next((t.worker for t in self._loaded.towers.values() if not t.worker.alive), None)
         if dead is not None:
-            raise ModelNotReadyError(f"model {self.name!r} is not serving: {dead.death}")
+            if self.state == "draining":  # its workers stop as it is unloaded
+                raise self._not_ready()
+            reason = dead.death or "its worker stopped"
+            raise ModelNotReadyError(f"model {self.name!r} is not serving: {reason}")
         return self._loaded
 
     @property
@@ -371,6 +390,12 @@ class ServedModel:
             loaded.namespaces[tower] = namespace(model_fingerprint(loaded.info.path), facts)
         return loaded.namespaces[tower]
 
+    def row_form(self, tower: TowerName = "text") -> RowForm | None:
+        """The form of the tower's rows, from its warm-up (None without one): what a row read
+        back from a shared cache must have."""
+        sample = self.loaded.towers[tower].sample
+        return None if sample is None else RowForm.of(*sample, bound=self.loaded.info.vocab_size)
+
     @property
     def towers(self) -> tuple[TowerName, ...]:
         """The towers it loaded (text; and image or audio)."""
@@ -383,10 +408,11 @@ class ServedModel:
     def queue(self, tower: TowerName = "text") -> BatchQueue:
         return self.loaded.towers[tower].worker.queue
 
-    async def run(self, items: list[Any], tower: TowerName = "text") -> list[Any]:
-        """Each item through the tower's batch worker; its batch cost is its length (tokens)."""
+    async def run(self, items: list[Any], tower: TowerName = "text", urgent: bool = False) -> list[Any]:
+        """Each item through the tower's batch worker; its batch cost is its length (tokens).
+        `urgent`: before every other request queued (the engine's own background work)."""
         worker = self.loaded.towers[tower].worker
-        return await worker.submit(items, [len(item) for item in items])
+        return await worker.submit(items, [len(item) for item in items], urgent)
 
     @property
     def healthy(self) -> bool:

@@ -55,9 +55,9 @@ _STATUSES = {
     409: "a model of that name is served, or is still loading (the admin API)",
     408: "the client took too long to send its headers or body",
     413: "too many inputs, too long a text, too large a body, more memory than the budget holds, or more "
-         "work than the model's deadline allows even alone",
+         "work than an idle server could finish within the platform's own limit on one request",
     422: "malformed body: not JSON, bad UTF-8, wrong field types, unknown values",
-    429: "overloaded (queue full, memory taken, or its time past the model's deadline): retry after "
+    429: "overloaded (queue full, memory taken, or its wait past the model's deadline): retry after "
          "Retry-After seconds (a request shed by the deadline keeps its place in line)",
     500: "a bug, or a failed batch; the server stays up",
     503: "the model is loading or shutting down, its worker died, or its int8/uint8 ranges are being "

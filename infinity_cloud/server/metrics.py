@@ -86,6 +86,8 @@ class Metrics:
 _CACHE_METRICS = (
     (CounterMetricFamily, "misses", "inputs the cache did not hold, run by the model"),
     (CounterMetricFamily, "redis_errors", "Redis calls that failed or timed out (their inputs ran)"),
+    (CounterMetricFamily, "rejected", "rows read from Redis that were not the model's (wrong form or tag): "
+     "recomputed"),
     (GaugeMetricFamily, "memory_bytes", "what the in-process cache's rows take"),
     (GaugeMetricFamily, "memory_capacity_bytes", "the in-process cache's bound"),
     (GaugeMetricFamily, "entries", "rows in the in-process cache"),

@@ -32,6 +32,9 @@ APP_FILE = "modal_app.py"
 SERVER_NAME = "Server"
 # Where local model folders go in the image (and the hub cache the build step fills).
 IMAGE_MODELS = "/models"
+# Modal answers a web request still running after 150 s with a 303 to poll, which most API
+# clients do not follow for a POST: the app's limit on one request.
+WEB_REQUEST_LIMIT_S = 150
 # The headers Modal's proxy auth checks, and the variables `invoke` reads them from.
 PROXY_HEADERS = {"Modal-Key": "MODAL_KEY", "Modal-Secret": "MODAL_SECRET"}
 
@@ -102,7 +105,7 @@ def render_context(
     )
     served = container.image_spec(spec, model_dirs or {})
     served = container.queue_sized_for(served, max_concurrency)
-    served = container.within_platform(served, None, settings.memory_mib)
+    served = container.within_platform(served, WEB_REQUEST_LIMIT_S, settings.memory_mib)
     python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
     # Modal's debian_slim image, on Modal's x86-64 hosts, with this machine's Python.
     platform = ImagePlatform(python_version, "x86_64", DEBIAN_GLIBC, f"Modal debian_slim {python_version}")

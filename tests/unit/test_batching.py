@@ -129,9 +129,10 @@ def test_requests_take_turns() -> None:
 
 def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     """At 100 tokens/s with five requests of 100 tokens waiting and a 2 s deadline, another
-    like them would wait about 5 s on them (taking turns) and take 1 s itself: refused at
-    once, with Retry-After for the excess. A small one still fits (its turns come quickly),
-    and once the queue has cleared the large one does too."""
+    like them would wait about 5 s on them (taking turns): refused at once, with Retry-After
+    for when that wait will have drained to the deadline (its own 1 s is not held against
+    it). A small one still fits (its turns come quickly), and once the queue has cleared the
+    large one does too."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     for start in range(5):  # no throughput known yet: admitted
         queue.admit(100)
@@ -140,7 +141,7 @@ def test_overload_is_refused_by_deadline_with_retry_after() -> None:
     queue.observe(tokens=100, seconds=1.0)
     with pytest.raises(QueueFullError, match="overloaded") as refused:
         queue.admit(100)
-    assert refused.value.retry_after_s == 4  # ceil(min(500, 5 x 100) / 100 + 100 / 100 - 2)
+    assert refused.value.retry_after_s == 3  # ceil(min(500, 5 x 100) / 100 - 2)
     queue.admit(10)  # 5 x 10 tokens: 0.5 s
     # Admitted requests still being tokenized count as coming: four more small ones fit, ...
     for _ in range(4):
@@ -621,22 +622,34 @@ def test_bucketed_budget_counts_padded_lengths() -> None:
     assert [len(b) for b in take_all(queue)] == [4, 4, 2]
 
 
-def test_a_request_alone_past_the_deadline_is_a_413_saying_what_fits() -> None:
-    """At 100 tokens/s, 500 tokens take 5 s alone: past a 2 s deadline whatever the queue, so
-    a 413 at once (retrying would not help), naming what fits; unless the operator admits
-    such requests."""
+def test_a_large_request_is_never_refused_for_its_own_work_but_for_the_platforms_limit() -> None:
+    """At 100 tokens/s, 500 tokens take 5 s alone: past a 2 s deadline, which bounds waiting,
+    not work, so it is admitted. Past the platform's 4 s limit on one request it is a 413 at
+    once (retrying would not help), naming the limit and what fits."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     queue.observe(tokens=100, seconds=1.0)
+    assert queue.admit(5000, inputs=10) == pytest.approx(50.0)
+    limited = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
+                         request_limit_s=4.0)
+    limited.observe(tokens=100, seconds=1.0)
     with pytest.raises(PayloadTooLargeError) as refused:
-        queue.admit(500, inputs=10)
+        limited.admit(500, inputs=10)
     message = refused.value.message
-    assert "about 5.0 s" in message and "--deadline-s" in message
-    assert "about 200 of its 500 tokens fit (about 4 of its 10 inputs)" in message
-    queue.admit(200)  # exactly the deadline: admitted
-    lenient = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
-                         admit_past_deadline=True)
-    lenient.observe(tokens=100, seconds=1.0)
-    assert lenient.admit(500) == pytest.approx(5.0)
+    assert "about 5.0 s on an idle server" in message and "4 s limit on one request" in message
+    assert "about 400 of its 500 tokens fit (about 8 of its 10 inputs)" in message
+    assert limited.admit(400) == pytest.approx(4.0)  # exactly the limit: admitted
+
+
+def test_a_request_that_would_pass_the_platforms_limit_behind_others_is_a_429() -> None:
+    """Its wait (1.5 s) is within the 2 s deadline, but with its own 3 s it would end past
+    the platform's 4 s limit, which would cut it off: a 429 for the excess, not a 413."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
+                       request_limit_s=4.0)
+    queue.observe(tokens=100, seconds=1.0)
+    queue.put(items(150))
+    with pytest.raises(QueueFullError, match="4 s limit on one request") as refused:
+        queue.admit(300)
+    assert refused.value.retry_after_s == 1  # ceil(1.5 + 3 - 4)
 
 
 def test_a_shed_request_keeps_its_place_and_newcomers_wait_behind_it() -> None:
@@ -645,44 +658,82 @@ def test_a_shed_request_keeps_its_place_and_newcomers_wait_behind_it() -> None:
     and older places, so it is admitted before them. A place lapses when nobody returns."""
     queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     queue.observe(tokens=100, seconds=1.0)
-    queue.put(items(100))  # 1 s of work waiting
+    queue.put(items(300))  # 3 s of work waiting
     with pytest.raises(QueueFullError, match="place in line is kept") as first:
-        queue.admit(150, key="large")  # 1 s on the other + 1.5 s its own
+        queue.admit(300, key="large")  # 3 s on the other, taking turns
     assert first.value.retry_after_s == 1
-    # Without the place, a newcomer of 40 fits easily (0.4 s behind the other, 0.4 s its own);
-    # with the large one's 150 tokens ahead of it (1.5 s more), it does not: shed, behind it.
+    # Without the place, a newcomer of 40 fits easily (0.4 s behind the other); with the large
+    # one's place ahead of it (counted up to a deadline's work: 2 s more), it does not.
     with pytest.raises(QueueFullError):
         queue.admit(40, key="small")
     take_all(queue)  # the queue drains
-    assert queue.admit(150, key="large") == pytest.approx(1.5)  # back first: only its own work
-    queue.admit(40, key="newcomer")  # behind the small one's place: 0.4 + 0.4 s, and 0.4 its own
-    queue.admit(40, key="small")  # its place taken: 0.8 s behind the two coming, 0.4 its own
+    assert queue.admit(300, key="large") == pytest.approx(3.0)  # back first: only its own work
+    queue.admit(40, key="newcomer")  # 0.4 s behind the large one, 0.4 s behind the small one's place
+    queue.admit(40, key="small")  # its place taken: 0.8 s behind the two coming
     assert len(queue._places) == 0
 
 
 def test_places_lapse_when_nobody_returns() -> None:
+    """A place lapses its Retry-After and half as much again (at least the grace) after it was
+    kept; what places count toward a newcomer's wait is capped."""
     places = Places(grace_s=2.0)
     places.keep("gone", 10, retry_after_s=1, now=0.0)
     places.keep("back", 5, retry_after_s=1, now=0.5)
     assert places.ahead_of(None, now=1.0) == (15, 2)
+    assert places.ahead_of(None, most=12, now=1.0) == (12, 2)
     assert places.ahead_of("back", now=1.0) == (10, 1)  # only the older place is ahead of it
-    assert places.ahead_of(None, now=4.1) == (5, 1)  # due back by 0 + 2 x 1 + 2 s: lapsed
+    assert places.ahead_of(None, now=3.1) == (5, 1)  # due back by 0 + 1 + 2 s: lapsed
     places.release("back")
-    assert places.ahead_of(None, now=4.2) == (0, 0)
+    assert places.ahead_of(None, now=3.2) == (0, 0)
+    places.keep("slow", 5, retry_after_s=10, now=0.0)
+    assert places.ahead_of(None, now=14.9) == (5, 1)  # 10 s, and half as much again
+    assert places.ahead_of(None, now=15.1) == (0, 0)
+
+
+def test_places_of_clients_that_never_return_do_not_push_retry_after_out() -> None:
+    """Hundreds of requests shed and never retried (clients that gave up) keep places; a
+    newcomer's Retry-After counts at most a deadline's work of them, so it stays near the
+    time the queue really needs, not the sum of every place."""
+    queue = BatchQueue(capacity=100_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
+    queue.observe(tokens=100, seconds=1.0)
+    queue.put(items(300))
+    for n in range(300):
+        with pytest.raises(QueueFullError):
+            queue.admit(300, key=f"gone-{n}")
+    with pytest.raises(QueueFullError) as refused:
+        queue.admit(300, key="newcomer")
+    assert refused.value.retry_after_s <= 4  # 3 s of queue + 2 s of places - 2 s (was 900 s)
+
+
+def test_an_urgent_request_goes_first_until_it_is_done() -> None:
+    """The engine's own background work that callers wait for (int8 calibration) is put
+    ahead of the requests waiting and anchors every batch until it is done; then the others
+    take turns as before."""
+    queue = BatchQueue(capacity=100, batch_tokens=10_000, max_batch_size=2)
+    queue.put(items(5, 5, 5, start=0))
+    queue.put(items(6, 6, start=10))
+    queue.put(items(7, 7, 7, 7, start=20), urgent=True)
+    queue.observe(tokens=100, seconds=1.0)
+    assert queue.urgent_s() == pytest.approx(0.28)
+    batches = [{i.payload for i in batch} for batch in take_all(queue)]
+    assert batches[:2] == [{20, 21}, {22, 23}]
+    assert queue.urgent_s() == 0
+    assert 0 in batches[2] and 10 in batches[3]
 
 
 def test_before_the_pace_is_measured_the_prior_judges_but_never_refuses_for_good() -> None:
     """Before any saturated batch, the pace of a small batch timed at load (the prior) judges
     the deadline, so a storm at start is shed with Retry-After, but it underrates the model:
-    no 413 is given on it, and a lone request is admitted whatever its size."""
+    no 413 is given on it, whatever the platform's limit."""
     blind = BatchQueue(capacity=10_000, batch_tokens=100, max_batch_size=8, deadline_s=2.0)
     blind.admit(5000)
     blind.admit(5000)  # no pace at all: nothing to judge by
-    queue = BatchQueue(capacity=10_000, batch_tokens=100, max_batch_size=8, deadline_s=2.0)
+    queue = BatchQueue(capacity=10_000, batch_tokens=100, max_batch_size=8, deadline_s=2.0,
+                       request_limit_s=4.0)
     queue.prior(tokens=20, seconds=0.2)  # 100 tokens/s
-    assert queue.admit(500) == pytest.approx(5.0)  # alone and past the deadline: no 413 on a prior
+    assert queue.admit(500) == pytest.approx(5.0)  # alone and past the limit: no 413 on a prior
     with pytest.raises(QueueFullError, match="overloaded") as refused:
-        queue.admit(300, key="early")  # 3 s behind the other, 3 s its own: a 429, not a 413
+        queue.admit(300, key="early")  # 3 s behind the other: a 429, not a 413
     assert refused.value.retry_after_s >= 1 and len(queue._places) == 1
     queue.settle(500)
     queue.observe(tokens=1000, seconds=1.0)  # measured now: 1,000 tokens/s
@@ -691,12 +742,10 @@ def test_before_the_pace_is_measured_the_prior_judges_but_never_refuses_for_good
     assert queue.admit(300, key="early") is not None and len(queue._places) == 0
 
 
-def test_a_request_past_the_deadline_by_its_own_size_is_held_only_for_its_wait() -> None:
-    """Admitted though its own work passes the deadline (the operator allows it, or the pace
-    is only the prior), a request is shed only when its wait on others does: a one-text
-    request in flight does not shed it on every try."""
-    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0,
-                       admit_past_deadline=True)
+def test_a_large_request_is_shed_only_for_its_wait() -> None:
+    """A large request's own work does not count against the deadline: a one-text request in
+    flight does not shed it, but a wait of 5 s behind another large one does."""
+    queue = BatchQueue(capacity=10_000, batch_tokens=1000, max_batch_size=8, deadline_s=2.0)
     queue.observe(tokens=100, seconds=1.0)
     queue.admit(5)  # a probe, being tokenized
     assert queue.admit(500) == pytest.approx(5.05)  # 0.05 s behind the probe, 5 s its own
