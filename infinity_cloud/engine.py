@@ -32,6 +32,7 @@ from infinity_cloud.admission.memory import (
 from infinity_cloud.admission.validation import (
     check_answer_size,
     check_embedding_types,
+    check_max_tokens_per_doc,
     check_texts,
     check_top_n,
 )
@@ -492,20 +493,15 @@ class Engine:
         `output_dtype` (float32, int8, uint8, binary, ubinary) is, when None, the model's
         `--embedding-dtype`; int8/uint8 use its calibrated ranges (`wait`: for them, else a 503
         while they are calibrated, see `calibration`). `normalize`: True, unit length whatever
-        the model does; False, its raw vectors, refused where the model itself normalises;
-        None, as the model does."""
+        the model does; False, the vectors before the model's Normalize module (TEI's
+        normalize=false); None, as the model does."""
         served = self.model(model, Capability.EMBED)
         kind = output_dtype or served.spec.embedding_dtype
         kind = "float32" if kind == "float" else kind  # Cohere's name for it
         if kind != "float32":
             check_embedding_types([kind], quantization.EMBEDDING_TYPES)  # before any work
-        if normalize is False and served.loaded.normalize:
-            raise InvalidInputError(
-                f"model {served.name!r} normalises its embeddings; normalize=false cannot undo that",
-                param="normalize",
-            )
         call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name,
-                         packed or kind != "float32")
+                         packed or kind != "float32", normalize is not False)
         result = await self.run_task(TASKS[Capability.EMBED], call, served.name)
         if normalize:
             result = replace(result, embeddings=l2_normalize(result.embeddings))
@@ -524,12 +520,22 @@ class Engine:
         raw_scores: bool = False,
         truncate: bool = True,
         modality: Modality = "text",
+        max_tokens_per_doc: int | None = None,
     ) -> RerankResult:
         """A cross-encoder scores each pair; a multi-vector model (ColPali) scores the query
         against each document by late interaction (MaxSim sums, not probabilities), the
-        documents read as `modality` (images: URLs or data URIs)."""
+        documents read as `modality` (images: URLs or data URIs). `max_tokens_per_doc`: each
+        text document cut to that many tokens first (Cohere's field)."""
         served = self.model(model, Capability.RERANK, Capability.MULTI_VECTOR)
+        if max_tokens_per_doc is not None and modality != "text":
+            raise UnsupportedError("'max_tokens_per_doc' cuts text documents; omit it for images",
+                                   param="max_tokens_per_doc")
         if served.capability is Capability.MULTI_VECTOR:
+            check_max_tokens_per_doc(max_tokens_per_doc)
+            if max_tokens_per_doc is not None:
+                check_texts(documents, self.limits, param="documents")
+                cut = served.loaded.tokenizer.cut
+                documents = await asyncio.to_thread(cut, documents, max_tokens_per_doc)
             return await self._late_interaction(served.name, query, documents, top_n, truncate, modality)
         if modality != "text":
             raise UnsupportedError(
@@ -537,7 +543,7 @@ class Engine:
                 "model such as ColPali",
                 param="modality",
             )
-        call = RerankCall(query, documents, top_n, raw_scores, truncate)
+        call = RerankCall(query, documents, top_n, raw_scores, truncate, max_tokens_per_doc)
         return await self.run_task(TASKS[Capability.RERANK], call, served.name)
 
     async def _late_interaction(

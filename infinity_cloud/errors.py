@@ -24,6 +24,12 @@ class UnsupportedError(InvalidInputError):
 class InputTooLongError(InvalidInputError):
     """An input is longer than the model's limit and truncation was turned off."""
 
+    REMEDY = "send truncate=true"
+
+    def naming(self, field: str, value: str = "true") -> InputTooLongError:
+        """The same error telling the caller's own field (Voyage's `truncation=true`)."""
+        return InputTooLongError(self.message.replace(self.REMEDY, f"send {field}={value}"), param=self.param)
+
 
 class PayloadTooLargeError(InfinityCloudError):
     """Too many inputs, too many characters, or too many bytes in one request."""

@@ -532,3 +532,131 @@ def test_langchain_infinity_rerank(infinity, reranker_reference: np.ndarray) -> 
     want = np.argsort(-reranker_reference)[:2]
     assert [d.metadata["n"] for d in kept] == list(want)
     assert kept[0].metadata["relevance_score"] == pytest.approx(float(reranker_reference[want[0]]), abs=1e-4)
+
+
+# -- fields clients send by default (TEI's, Cohere's) and the errors they read -----------
+
+
+LONG_DOCUMENT = "the capital of france is paris " * 200  # past every model's limit here
+
+
+def test_rerankers_tei_provider_sends_top_n_and_return_text(live_server: str, reranker_reference) -> None:
+    """The rerankers library's TEI provider posts `texts` with `top_n` and `return_text`."""
+    pytest.importorskip("requests")
+    from rerankers import Reranker
+
+    ranker = Reranker("reranker", model_type="text-embeddings-inference", api_key="x",
+                      url=live_server + "/rerank", verbose=0)
+    ranked = ranker.rank(QUERY, DOCUMENTS)
+    want = np.argsort(-reranker_reference)
+    assert [r.document.text for r in ranked.results] == [DOCUMENTS[i] for i in want]
+    best_first = sorted(reranker_reference, reverse=True)
+    assert [r.score for r in ranked.results] == pytest.approx(best_first, abs=1e-4)
+
+
+def test_tei_rerank_top_n_keeps_the_best(live_server: str, reranker_reference) -> None:
+    answer = httpx.post(f"{live_server}/rerank", json={
+        "model": "reranker", "query": QUERY, "texts": DOCUMENTS, "top_n": 2, "return_text": True,
+    }, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert [r["index"] for r in answer.json()] == list(np.argsort(-reranker_reference)[:2])
+    assert all(r["text"] == DOCUMENTS[r["index"]] for r in answer.json())
+
+
+def test_haystack_tei_embedder_gets_the_vector_before_normalize(
+    live_server: str, minilm_reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """haystack's HuggingFaceAPITextEmbedder sends TEI `normalize: false` by default: TEI's
+    answer is the vector before the model's Normalize module, not unit length."""
+    embedders = pytest.importorskip("haystack_integrations.components.embedders.huggingface_api")
+    from huggingface_hub import constants
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize
+
+    # Offline mode (set for every test) blocks huggingface_hub's requests to any URL, this one too.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    embedder = embedders.HuggingFaceAPITextEmbedder(
+        api_type="text_embeddings_inference", api_params={"url": live_server}, token=None,
+    )
+    got = np.asarray(embedder.run(text=TEXTS[2])["embedding"])
+    modules = [m for m in minilm_reference if not isinstance(m, Normalize)]
+    before_normalize = SentenceTransformer(modules=modules, device="cpu")
+    want = before_normalize.encode([TEXTS[2]], convert_to_numpy=True)[0]
+    assert abs(np.linalg.norm(want) - 1) > 0.1  # the module does change it
+    assert np.linalg.norm(got) == pytest.approx(np.linalg.norm(want), rel=5e-3)  # bfloat16 on some CPUs
+    assert_same_vectors(got[None], want[None])
+    normalized = embedders.HuggingFaceAPITextEmbedder(
+        api_type="text_embeddings_inference", api_params={"url": live_server}, token=None, normalize=True,
+    ).run(text=TEXTS[2])["embedding"]
+    assert np.linalg.norm(normalized) == pytest.approx(1, abs=1e-5)
+
+
+def cut_to_tokens(tokenizer_dir: Path, texts: list[str], tokens: int) -> list[str]:
+    """Each text up to the start of its token `tokens` (special tokens not counted), by the
+    transformers tokenizer's own offsets: what Cohere's max_tokens_per_doc keeps."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out = []
+    for text in texts:
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        out.append(text[: offsets[tokens][0]].rstrip() if len(offsets) > tokens else text)
+    return out
+
+
+def test_cohere_haystack_ranker_sends_max_tokens_per_doc(live_server: str, reranker_reference) -> None:
+    """cohere-haystack's CohereRanker sends max_tokens_per_doc=4096 on every call."""
+    rankers = pytest.importorskip("haystack_integrations.components.rankers.cohere")
+    from haystack import Document
+    from haystack.utils import Secret
+
+    ranker = rankers.CohereRanker(model="reranker", api_key=Secret.from_token("x"), api_base_url=live_server,
+                                  top_k=2)
+    ranked = ranker.run(query=QUERY, documents=[Document(content=d) for d in DOCUMENTS])["documents"]
+    want = np.argsort(-reranker_reference)[:2]
+    assert [d.content for d in ranked] == [DOCUMENTS[i] for i in want]
+    assert [d.score for d in ranked] == pytest.approx(list(reranker_reference[want]), abs=1e-4)
+
+
+def test_cohere_max_tokens_per_doc_cuts_each_document(live_server: str, tiny_reranker: Path) -> None:
+    from sentence_transformers import CrossEncoder
+
+    client = cohere.ClientV2(api_key="x", base_url=live_server, max_retries=0)
+    documents = [*DOCUMENTS, LONG_DOCUMENT]
+    response = client.rerank(model="reranker", query=QUERY, documents=documents, max_tokens_per_doc=4)
+    cut = cut_to_tokens(tiny_reranker, documents, 4)
+    assert cut[1] != documents[1]  # the cap does cut
+    want = CrossEncoder(str(tiny_reranker), device="cpu").predict(
+        [(QUERY, d) for d in cut], activation_fn=torch.nn.Sigmoid()
+    )
+    got = {r.index: r.relevance_score for r in response.results}
+    assert [got[i] for i in range(len(documents))] == pytest.approx(list(want), abs=1e-4)
+
+
+def test_jina_and_voyage_clients_read_our_errors(live_server: str, reranker_reference) -> None:
+    """Jina's clients (jina-haystack) raise `detail`, Voyage's read it too; Cohere's SDK
+    keeps the body, where its own API puts `message`. Voyage's message names Voyage's field."""
+    jina = pytest.importorskip("haystack_integrations.components.rankers.jina")
+    from haystack import Document
+    from haystack.utils import Secret
+
+    ranker = jina.JinaRanker(model="reranker", api_key=Secret.from_token("x"), top_k=2,
+                             base_url=live_server + "/v1/rerank")
+    ranked = ranker.run(query=QUERY, documents=[Document(content=d) for d in DOCUMENTS])["documents"]
+    assert [d.content for d in ranked] == [DOCUMENTS[i] for i in np.argsort(-reranker_reference)[:2]]
+    with pytest.raises(RuntimeError, match="empty"):  # it read our `detail` (a KeyError before)
+        ranker.run(query=QUERY, documents=[Document(content="")])
+    empty = {"model": "reranker", "query": QUERY, "documents": []}
+    body = httpx.post(f"{live_server}/v1/rerank", json=empty, timeout=60).json()
+    assert "'documents' is empty" in body["detail"] and body["message"] == body["detail"]
+    assert body["error"]["message"] == body["detail"]  # and OpenAI's shape, which its SDK reads
+
+    voyageai = pytest.importorskip("voyageai")
+    client = voyageai.Client(api_key="x", base_url=live_server + "/v1", max_retries=0)
+    with pytest.raises(voyageai.error.InvalidRequestError) as caught:
+        client.rerank(QUERY, [LONG_DOCUMENT], model="reranker", truncation=False)
+    assert "send truncation=true" in str(caught.value) and "truncate=" not in str(caught.value)
+    with pytest.raises(voyageai.error.InvalidRequestError) as caught:
+        client.embed([LONG_DOCUMENT], model="minilm", truncation=False)
+    assert "send truncation=true" in str(caught.value)

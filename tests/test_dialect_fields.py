@@ -86,11 +86,15 @@ CASES = [
     Case(P.RerankRequest, "raw_scores", "/rerank", RR, {"raw_scores": True}, "changes"),
     Case(P.RerankRequest, "truncate", "/rerank", {**RR, "documents": [LONG]}, {"truncate": False}, 400),
     Case(P.RerankRequest, "modality", "/rerank", RR, {"modality": "image"}, 400),
+    Case(P.RerankRequest, "max_tokens_per_doc", "/v2/rerank", {**RR, "documents": ["a b c d e", "a f"]},
+         {"max_tokens_per_doc": 1}, "changes"),
+    Case(P.RerankRequest, "max_tokens_per_doc", "/v2/rerank", RR, {"max_tokens_per_doc": 0}, 400),
     # TEI's rerank, on Infinity's path
     Case(P.TeiRerankRequest, "model", "/rerank", TEI_RR, {"model": "nope"}, 404),
     Case(P.TeiRerankRequest, "query", "/rerank", TEI_RR, {"query": "another query"}, "changes"),
     Case(P.TeiRerankRequest, "texts", "/rerank", RR, {"documents": None, "texts": RR["documents"]},
          "changes"),
+    Case(P.TeiRerankRequest, "top_n", "/rerank", TEI_RR, {"top_n": 1}, "changes"),
     Case(P.TeiRerankRequest, "return_text", "/rerank", TEI_RR, {"return_text": True}, "changes"),
     Case(P.TeiRerankRequest, "raw_scores", "/rerank", TEI_RR, {"raw_scores": True}, "changes"),
     Case(P.TeiRerankRequest, "truncate", "/rerank", {**TEI_RR, "texts": [LONG]}, {"truncate": False}, 400),
@@ -131,14 +135,14 @@ CASES = [
     Case(P.TeiEmbedRequest, "inputs", "/embed", TEI, {"inputs": ["other"]}, "changes"),
     Case(P.TeiEmbedRequest, "truncate", "/embed", {**TEI, "inputs": [LONG]}, {"truncate": False}, 400),
     Case(P.TeiEmbedRequest, "truncation_direction", "/embed", TEI, {"truncation_direction": "left"}, 400),
-    Case(P.TeiEmbedRequest, "normalize", "/embed", TEI, {"normalize": False}, 400),
+    Case(P.TeiEmbedRequest, "normalize", "/embed", TEI, {"normalize": False}, "changes"),
     Case(P.TeiEmbedRequest, "prompt_name", "/embed", TEI, {"prompt_name": "query"}, "changes"),
     Case(P.TeiEmbedRequest, "dimensions", "/embed", TEI, {"dimensions": 8}, "changes"),
     Case(P.TeiAnyRequest, "model", "/", TEI, {"model": "cl"}, "changes"),
     Case(P.TeiAnyRequest, "inputs", "/", TEI, {"inputs": ["other"]}, "changes"),
     Case(P.TeiAnyRequest, "truncate", "/", {**TEI, "inputs": [LONG]}, {"truncate": False}, 400),
     Case(P.TeiAnyRequest, "truncation_direction", "/", TEI, {"truncation_direction": "left"}, 400),
-    Case(P.TeiAnyRequest, "normalize", "/", TEI, {"normalize": False}, 400),
+    Case(P.TeiAnyRequest, "normalize", "/", TEI, {"normalize": False}, "changes"),
     Case(P.TeiAnyRequest, "prompt_name", "/", TEI, {"prompt_name": "query"}, "changes"),
     Case(P.TeiAnyRequest, "dimensions", "/", TEI, {"dimensions": 8}, "changes"),
     Case(P.TeiAnyRequest, "raw_scores", "/", {**TEI, "model": "cl"}, {"raw_scores": True}, "changes"),
@@ -240,7 +244,6 @@ async def test_a_field_is_honoured_or_refused(client: httpx.AsyncClient, case: C
 
 
 @pytest.mark.parametrize(("route", "body", "field", "value", "harmless"), [
-    ("/v2/rerank", RR, "max_tokens_per_doc", 512, None),
     ("/v1/rerank", RR, "rank_fields", ["text"], None),
     ("/v1/embeddings", EMB, "task", "retrieval.query", None),
     ("/v1/embeddings", EMB, "late_chunking", True, False),
@@ -261,7 +264,7 @@ async def test_a_dialects_field_no_request_model_serves_is_refused(
 
 
 @pytest.mark.parametrize(("route", "body", "field"), [
-    ("/rerank", {**TEI_RR, "top_n": 1}, "top_n"),  # Infinity's, with TEI's texts
+    ("/rerank", {**TEI_RR, "return_documents": True}, "return_documents"),  # Infinity's, with TEI's texts
     ("/rerank", {**TEI_RR, "documents": ["x"]}, "documents"),
     ("/rerank", {**RR, "return_text": True}, "return_text"),  # TEI's, with Infinity's documents
     ("/v1/rerank", {**VO_RR, "top_n": 1}, "top_n"),  # Jina's, with Voyage's truncation

@@ -122,7 +122,7 @@ async def test_api_keys_apply_to_it(client: httpx.AsyncClient) -> None:
     ({"model": "emb"}, 422, "sentences"),
     ({"model": "emb", "sentences": [""]}, 400, None),  # the engine's check: an empty text
     ({"model": "nope", "sentences": ["x"]}, 404, "model"),  # several models served
-    ({"model": "emb", "sentences": ["x"], "max_tokens_per_doc": 8}, 400, "max_tokens_per_doc"),
+    ({"model": "emb", "sentences": ["x"], "rank_fields": ["x"]}, 400, "rank_fields"),
 ])
 async def test_errors_come_in_the_one_shape(
     client: httpx.AsyncClient, body: dict[str, Any], status: int, param: str | None

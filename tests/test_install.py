@@ -9,6 +9,7 @@ in one module-scoped venv.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -123,3 +124,16 @@ def test_no_generic_top_level_names_are_installed(readme_venv: Path, elsewhere: 
     done = run_installed(readme_venv, elsewhere, python, "-c", f"import infinity_cloud.{name}")
     assert done.returncode == 0, done.stderr
 
+
+
+def test_readme_install_takes_no_gpu_libraries(readme_venv: Path, elsewhere: Path) -> None:
+    """The README asks PyTorch's CPU index for the `+cpu` build (PyPI's Linux torch is the CUDA
+    build, 2.8 GB of NVIDIA wheels): nothing of CUDA's lands in the venv. (Here pip may find
+    that wheel in a local folder; the pin to `+cpu` is what makes a public machine take it.)"""
+    cpu_index = r'pip install "torch==[\d.]+\+cpu" --extra-index-url https://download\.pytorch\.org/whl/cpu '
+    assert re.search(cpu_index, readme_setup_command())
+    done = run_installed(readme_venv, elsewhere, str(readme_venv / "bin" / "pip"), "list", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    installed = {p["name"].lower(): p["version"] for p in json.loads(done.stdout)}
+    assert installed["torch"].endswith("+cpu"), installed["torch"]
+    assert not [name for name in installed if name.startswith(("nvidia-", "triton"))]

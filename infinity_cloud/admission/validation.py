@@ -119,6 +119,12 @@ def check_top_n(top_n: int | None) -> None:
         raise InvalidInputError(f"'top_n' must be 0 (all) or positive, got {top_n}", param="top_n")
 
 
+def check_max_tokens_per_doc(tokens: int | None) -> None:
+    if tokens is not None and tokens < 1:
+        raise InvalidInputError(f"'max_tokens_per_doc' must be 1 or more, got {tokens}",
+                                param="max_tokens_per_doc")
+
+
 def is_token_ids(inputs: Sequence[Any]) -> bool:
     """True for a list of token-id lists (the text/ids split is made by the schema)."""
     return bool(inputs) and not isinstance(inputs[0], str)

@@ -385,7 +385,8 @@ class ServedModel:
             if backend.device.startswith("cpu"):
                 device = f"{cpu_model()} {sorted(cpu_flags() & KERNEL_FLAGS)}"
             facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
-                     spec.pooling or loaded.info.pooling, loaded.normalize, spec.trust_remote_code,
+                     spec.pooling or loaded.info.pooling, loaded.normalize, "rows before Normalize",
+                     spec.trust_remote_code,
                      sorted(spec.backend_options.items()))
             loaded.namespaces[tower] = namespace(model_fingerprint(loaded.info.path), facts)
         return loaded.namespaces[tower]

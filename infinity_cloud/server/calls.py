@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from fastapi import Request
 
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.errors import InfinityCloudError, InputTooLongError
 from infinity_cloud.server.errors import status_of
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def truncation_named(field: str | None, value: str = "true") -> Iterator[None]:
+    """A too-long input's error naming the dialect's own truncation field (None: ours)."""
+    try:
+        yield
+    except InputTooLongError as exc:
+        if field is None:
+            raise
+        raise exc.naming(field, value) from None
 
 
 class ClientDisconnected(Exception):

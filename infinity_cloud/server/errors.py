@@ -36,9 +36,12 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error answer (OpenAI's shape); a 422 also carries FastAPI's `detail` list."""
+    """Every error answer but TEI's: OpenAI's shape, and the message again as Jina's and
+    Voyage's `detail` (a 422's is FastAPI's list) and Cohere's `message`."""
 
     error: ErrorDetail
+    detail: str | list[dict[str, Any]]
+    message: str
 
 
 class TeiErrorBody(BaseModel):
@@ -104,7 +107,12 @@ _TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
 
 
 def error_body(message: str, kind: str, code: int, param: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}, **extra}
+    """OpenAI's `error` object, with the message also where the other dialects' clients read
+    it: Jina's and Voyage's at `detail` (jina-haystack, voyageai; a 422's `detail` stays
+    FastAPI's list, which infinity_client reads), Cohere's at `message`. Their routes share
+    paths (Jina's and Voyage's embeddings are OpenAI's), so one body speaks to each."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code},
+            "detail": message, "message": message, **extra}
 
 
 def status_of(exc: errors.InfinityCloudError) -> tuple[int, str]:

@@ -30,7 +30,7 @@ from infinity_cloud.tasks.base import (
     require_tower,
 )
 from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tasks.pooling import truncate_dimensions
+from infinity_cloud.tasks.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.text import openai_tokens
 from infinity_cloud.text.tokenization import Encoded
 
@@ -51,6 +51,8 @@ class EmbedCall:
     prompt_name: str | None = None
     # The answer goes out packed (base64, int8, binary): fewer bytes a number on the wire.
     packed: bool = False
+    # False: the vectors before the model's Normalize module (TEI's normalize=false).
+    normalize: bool = True
 
 
 # What a caller says its texts are for (Cohere's and Voyage's input_type), and the
@@ -89,9 +91,11 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     capability = Capability.EMBED
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
+        # Rows (and cached rows) are the vectors before the model's Normalize module: `finish`
+        # normalises per call, since a call may ask for them as they are (TEI's normalize=false).
         if info.family.graph(graph).returns == "token_states":
-            return Head("pool", pooling, info.dense, normalize)
-        return Head("vectors", normalize=normalize)  # pooled inside the graph (CLIP's towers)
+            return Head("pool", pooling, info.dense)
+        return Head("vectors")  # pooled inside the graph (CLIP's towers)
 
     def check(self, call: EmbedCall, served: Served, limits: LimitsSpec) -> None:
         if served.loaded.info.capability is Capability.SPARSE:
@@ -156,5 +160,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     def finish(
         self, rows: list[np.ndarray], call: EmbedCall, served: Served, encodings: list[Any]
     ) -> EmbeddingResult:
-        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=served.loaded.normalize)
+        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=False)
+        if served.loaded.normalize and call.normalize:  # the Normalize module, after any Matryoshka cut
+            vectors = l2_normalize(vectors)
         return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from infinity_cloud.admission.validation import check_texts, check_top_n
+from infinity_cloud.admission.validation import check_max_tokens_per_doc, check_texts, check_top_n
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
@@ -29,6 +29,7 @@ class RerankCall:
     top_n: int | None = None
     raw_scores: bool = False
     truncate: bool = True
+    max_tokens_per_doc: int | None = None  # each document cut to that many tokens first (Cohere's)
 
 
 class RerankTask(Task[RerankCall, RerankResult]):
@@ -45,6 +46,7 @@ class RerankTask(Task[RerankCall, RerankResult]):
         check_texts([call.query], limits, param="query")
         check_texts(call.documents, limits, param="documents")
         check_top_n(call.top_n)
+        check_max_tokens_per_doc(call.max_tokens_per_doc)
 
     def cost(self, call: RerankCall, served: Served) -> Cost:
         # Each pair is tokenized with its own copy of the query.
@@ -54,7 +56,11 @@ class RerankTask(Task[RerankCall, RerankResult]):
     def encode(
         self, call: RerankCall, served: Served, limits: LimitsSpec
     ) -> list[Encoded]:
-        return served.loaded.tokenizer.encode_pairs(call.query, list(call.documents), call.truncate)
+        tokenizer = served.loaded.tokenizer
+        documents = list(call.documents)
+        if call.max_tokens_per_doc is not None:
+            documents = tokenizer.cut(documents, call.max_tokens_per_doc)
+        return tokenizer.encode_pairs(call.query, documents, call.truncate)
 
     def finish(
         self, rows: list[np.ndarray], call: RerankCall, served: Served, encodings: list[Encoded]

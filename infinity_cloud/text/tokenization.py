@@ -61,7 +61,7 @@ def _word_end_before(text: str, span: int) -> int | None:
 def _too_long(index: int, count: str, limit: int) -> InputTooLongError:
     return InputTooLongError(
         f"input {index} has {count} tokens, more than the model's limit of {limit}; shorten it or "
-        "send truncate=true",
+        + InputTooLongError.REMEDY,
         param="input",
     )
 
@@ -221,6 +221,16 @@ class TextTokenizer:
             documents = self._clip(documents, self.max_length, truncate)
         tokenizer = self._truncating if truncate else self._full
         return self._finish(tokenizer.encode_batch([(query, d) for d in documents]), truncate)
+
+    def cut(self, texts: Sequence[str], tokens: int) -> list[str]:
+        """Each text cut to its first `tokens` tokens (special ones not counted), before the
+        token that would pass them: Cohere's `max_tokens_per_doc`."""
+        clipped = self._clip(texts, tokens, truncate=True)
+        encodings = self._full.encode_batch(clipped, add_special_tokens=False)
+        return [
+            text[: encoding.offsets[tokens][0]].rstrip() if len(encoding.ids) > tokens else text
+            for text, encoding in zip(clipped, encodings, strict=True)
+        ]
 
     def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[Token]]:
         """Each text's tokens with their character spans (no truncation: what the text is)."""

@@ -15,7 +15,7 @@ from infinity_cloud.admission.validation import check_embedding_types
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.results import EmbeddingResult, RerankResult
-from infinity_cloud.server.calls import answer
+from infinity_cloud.server.calls import answer, truncation_named
 from infinity_cloud.server.dialects.common import (
     Item,
     NonNegative,
@@ -108,12 +108,13 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     else:
         inputs, modality = body.texts or [], "text"
         prompt = prompt_for_use(body.input_type, engine.prompts(model))
-    result = await answer(request, "embed", model, len(inputs), engine.embed(
-        inputs, model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
-        prompt_name=prompt, modality=modality, wait=False,
-        # The types asked are made from floats; without any, the model's --embedding-dtype.
-        output_dtype=None if body.embedding_types is None else "float32",
-    ))
+    with truncation_named("truncate", "END"):
+        result = await answer(request, "embed", model, len(inputs), engine.embed(
+            inputs, model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
+            prompt_name=prompt, modality=modality, wait=False,
+            # The types asked are made from floats; without any, the model's --embedding-dtype.
+            output_dtype=None if body.embedding_types is None else "float32",
+        ))
     types = body.embedding_types
     if types is None:
         by_type = None if result.dtype == "float32" else {result.dtype: result.embeddings}
@@ -136,7 +137,8 @@ async def embed_v2(body: CohereEmbedRequest, request: Request) -> Response:
 async def rerank_v2(body: RerankRequest, request: Request) -> Response:
     documents = body.docs()
     result = await ranked(request, body.model, body.query, documents, top_n=body.top_n,
-                          raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality)
+                          raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality,
+                          max_tokens_per_doc=body.max_tokens_per_doc)
     return json_response(rerank_body(result, documents, with_documents=body.return_documents, version=2))
 
 

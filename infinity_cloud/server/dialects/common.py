@@ -42,8 +42,6 @@ def one_list_of(*fields: str) -> dict[str, Any]:
 # the server does anyway, and why any other is refused: a 400 naming the field, never an
 # answer that silently is not what was asked.
 UNSERVED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "max_tokens_per_doc": ((), "Cohere's per-document token cap; documents are cut at the model's own "
-                           "limit (truncate): omit it"),
     "rank_fields": ((), "Cohere's fields of structured documents; send each document's text"),
     "task": ((), "Jina's task adapters; say what texts are for with input_type (the model's "
              "query/document prompts)"),
@@ -104,15 +102,20 @@ class RerankRequest(_DocumentsRerank):
 
     top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all")
     truncate: bool = True
+    max_tokens_per_doc: StrictInt | None = Field(
+        None, description="each document cut to this many tokens first (Cohere's; the model's own limit "
+        "still holds)",
+    )
 
 
 async def ranked(
     request: Request, model: str | None, query: str, documents: list[str], *, top_n: int | None,
-    raw_scores: bool, truncate: bool, modality: str = "text",
+    raw_scores: bool, truncate: bool, modality: str = "text", max_tokens_per_doc: int | None = None,
 ) -> RerankResult:
     """Every dialect's ranking: the engine's one call, with the route's metrics."""
     return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(
         query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate, modality=modality,
+        max_tokens_per_doc=max_tokens_per_doc,
     ))
 
 

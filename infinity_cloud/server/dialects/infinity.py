@@ -80,7 +80,8 @@ async def embeddings_audio(body: EmbeddingRequest, request: Request) -> Response
 async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
     documents = body.docs()
     result = await ranked(request, body.model, body.query, documents, top_n=body.top_n,
-                          raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality)
+                          raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality,
+                          max_tokens_per_doc=body.max_tokens_per_doc)
     return json_response(rerank_body(result, documents, body.return_documents))
 
 

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
-from infinity_cloud.server.calls import answer
+from infinity_cloud.server.calls import answer, truncation_named
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
@@ -142,6 +142,11 @@ def from_openai_sdk(request: Request) -> bool:
 
 @router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    with truncation_named("truncation" if body.truncation is not None else None):  # Voyage's name
+        return await _embeddings(body, request)
+
+
+async def _embeddings(body: EmbeddingRequest, request: Request) -> Response:
     inputs, engine = body.inputs(), request.app.state.engine
     sparse_asked = body.encoding_format == "sparse"
     served = engine.model(body.model, *((Capability.SPARSE,) if sparse_asked else EMBEDDING_CAPABILITIES))

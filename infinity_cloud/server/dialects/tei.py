@@ -107,6 +107,8 @@ class TeiRerankRequest(_Request):
 
     query: Text
     texts: Texts = Field(..., description="the documents to rank")
+    top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all (the "
+                                      "rerankers library's TEI provider sends it)")
     return_text: bool = Field(False, description="each result's text with it")
     raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
     truncate: bool = True
@@ -280,7 +282,7 @@ async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
     try:
         check_direction(body.truncation_direction)
-        result = await ranked(request, body.model, body.query, body.texts, top_n=None,
+        result = await ranked(request, body.model, body.query, body.texts, top_n=body.top_n,
                               raw_scores=body.raw_scores, truncate=body.truncate)
     except InfinityCloudError as exc:  # the path is Infinity's too, so not a TeiRoute
         return in_tei_shape(error_response(exc))
