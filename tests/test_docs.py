@@ -38,3 +38,22 @@ def test_every_example_says_what_it_needs_installed() -> None:
             assert module in said, (example, module)
         if "infinity_cloud.targets.sagemaker" in head:  # boto3 comes with the aws extra
             assert "infinity-cloud[aws]" in said, example
+
+
+def test_pointers_to_the_readme_and_the_examples_lead_somewhere() -> None:
+    """A file that sends a reader to "the README's X section" finds such a heading there (the
+    deployment sections moved to docs/targets/), and the examples' index names every example."""
+    import re
+
+    headings = [line.lower() for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("#")]
+    files = [p for folder in ("examples", "templates", "docs", "targets") for p in (ROOT / folder).rglob("*")
+             if p.is_file() and p.suffix in {".md", ".j2", ".yaml", ".py", ".txt", ""}]
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for section in re.findall(r"README's ([\w-]+) section", text):
+            assert any(section.lower() in heading for heading in headings), (path, section)
+    index = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    for example in (ROOT / "examples").iterdir():
+        if example.name != "README.md" and not example.name.startswith((".", "__")):
+            assert f"`{example.name}" in index, example.name

@@ -177,8 +177,8 @@ def test_the_in_process_cache_is_bounded_in_bytes() -> None:
 # -- Redis: a real redis-server ---------------------------------------------------------
 
 def redis_binary() -> str | None:
-    """redis-server on PATH, or where INFINITY_CLOUD_REDIS_SERVER says (.ci/run unpacks
-    Debian's package there)."""
+    """redis-server on PATH, or where INFINITY_CLOUD_REDIS_SERVER says (the README's test
+    command sets it from .ci/fetch-redis, which unpacks Debian's package where none is installed)."""
     return os.environ.get("INFINITY_CLOUD_REDIS_SERVER") or shutil.which("redis-server")
 
 
