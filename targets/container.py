@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud.backends.registry import backend_entry, backend_extra, device_kind, resolve_auto
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.models.model_source import local_model_dir
+from infinity_cloud.models.model_source import folder_model_name, local_model_dir
 from infinity_cloud.targets.platforms import ImagePlatform
 
 if TYPE_CHECKING:
@@ -254,11 +254,13 @@ def copy_local_models(
 
 def served_name(model: ModelSpec) -> str:
     """The name an image serves a model under: its served name, else its hub id, else (a
-    local folder) the folder's name, never where it lies on the building machine."""
+    local folder) a name that says which model it holds (`folder_model_name`: the default
+    model's package folder is the default model's id, not `model`), never where it lies on
+    the building machine."""
     if model.served_model_name:
         return model.served_model_name
     path = local_model_dir(model.model_id)
-    return path.name if path is not None else model.model_id
+    return folder_model_name(path) if path is not None else model.model_id
 
 
 def with_served_names(spec: DeploymentSpec) -> DeploymentSpec:

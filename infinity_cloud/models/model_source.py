@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,25 @@ def packaged_default_model() -> Path | None:
         return None
     folder = Path(found.origin).parent / "model"
     return folder if (folder / "config.json").is_file() else None
+
+
+# Folder names that say nothing of the model in them (the default model's package keeps it
+# in `model/`): such a folder is named after the folder that holds it.
+_GENERIC_FOLDER_NAMES = {"model", "models", "weights", "checkpoint", "snapshot", "final", "output", "export"}
+
+
+def folder_model_name(folder: Path) -> str:
+    """A name that says which model a local folder holds: the default model's hub id for its
+    package's folder, ORG/NAME for a snapshot in the hub's cache, else the folder's name (its
+    parent's where that name is generic, or a snapshot's commit)."""
+    folder = folder.expanduser().resolve()
+    packaged = packaged_default_model()
+    if packaged is not None and folder == packaged.resolve():
+        return DEFAULT_MODEL_ID
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    generic = folder.name.lower() in _GENERIC_FOLDER_NAMES or re.fullmatch(r"[0-9a-f]{40}", folder.name)
+    return folder.parent.name if generic and folder.parent.name else folder.name
 
 
 def _from_hub_cache(model_id: str, revision: str | None) -> Path | None:
