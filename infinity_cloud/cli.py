@@ -226,6 +226,14 @@ KeyOption = Annotated[str | None, typer.Option(
 )]
 
 
+def _show_steps(spec: DeploymentSpec) -> None:
+    """Each slow step of a build or deploy (resolving an image's requirements, exports, a
+    download) on stderr as it starts and ends: a build was silent for up to minutes."""
+    from infinity_cloud.server.logs import configure_logging
+
+    configure_logging(spec.server.log_level, spec.server.log_format)
+
+
 def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     """The commands of one target, by verb, each with the spec's and the section's flags."""
     cls = target_registry.target_class(name)
@@ -233,6 +241,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     out_option = Annotated[Path, typer.Option("--out", help=_OUT)]
 
     def build(spec: DeploymentSpec, out: out_option = default_out) -> None:
+        _show_steps(spec)
         with reported_errors():
             for path in cls().build(spec, out):
                 typer.echo(str(path))
@@ -242,6 +251,7 @@ def target_commands(name: str) -> dict[str, Callable[..., Any]]:
         out: out_option = default_out,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Render and check; deploy nothing.")] = False,
     ) -> None:
+        _show_steps(spec)
         with reported_errors():
             deployment = cls().deploy(spec, out, dry_run=dry_run)
         if deployment is None:
@@ -351,6 +361,9 @@ def report_deployment(deployment: Deployment, spec: DeploymentSpec) -> None:
         typer.echo(f"the URL is printed above; `infinity-cloud status {deployment.target}` shows it again")
         return
     typer.echo(f"endpoint: {deployment.url}\n")
+    if deployment.examples is not None:
+        typer.echo(deployment.examples)
+        return
     from infinity_cloud.targets.container import served_name
 
     typer.echo(usage_examples(
@@ -461,9 +474,8 @@ def download(
     """Fetch every model's files and build its backend's exports (ONNX, OpenVINO IR, ...) once,
     so that a server or image started later does neither."""
     from infinity_cloud.models.served_model import prepare_model
-    from infinity_cloud.server.logs import configure_logging
 
-    configure_logging(spec.server.log_level, spec.server.log_format)  # each step's progress lines
+    _show_steps(spec)
     for model in spec.models:
         with reported_errors():
             typer.echo(prepare_model(model, build_exports=not files_only))

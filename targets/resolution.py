@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.progress import slow_step
 from infinity_cloud.targets.platforms import ImagePlatform
 
 # How long pip may take to answer (it fetches metadata only, but for every candidate).
@@ -96,10 +97,13 @@ def _resolve(
         for tag in platform.pip_platforms():
             command += ["--platform", tag]
         try:
-            done = subprocess.run(
-                [*command, *requirements], capture_output=True, timeout=RESOLVE_TIMEOUT_S,
-                encoding="utf-8", errors="replace",
-            )
+            # Seconds to a minute: said as it starts, so a build is never silent that long.
+            asking = f"resolving {len(requirements)} requirements for {platform} with the package index"
+            with slow_step(asking):
+                done = subprocess.run(
+                    [*command, *requirements], capture_output=True, timeout=RESOLVE_TIMEOUT_S,
+                    encoding="utf-8", errors="replace",
+                )
         except subprocess.TimeoutExpired:
             raise IndexUnreachable(f"pip did not answer within {RESOLVE_TIMEOUT_S} s") from None
         output = done.stdout + done.stderr

@@ -203,11 +203,11 @@ def test_two_local_folders_of_one_name_are_refused_at_build(tmp_path, tiny_embed
     import shutil
 
     for parent in ("a", "b"):
-        shutil.copytree(tiny_embedder, tmp_path / parent / "model")
+        shutil.copytree(tiny_embedder, tmp_path / parent / "minilm")
     args = ["build", "local", "--out", str(tmp_path / "out"),
-            "--model-id", str(tmp_path / "a" / "model"), "--model-id", str(tmp_path / "b" / "model")]
+            "--model-id", str(tmp_path / "a" / "minilm"), "--model-id", str(tmp_path / "b" / "minilm")]
     result = runner.invoke(app, args)
-    assert result.exit_code == 2 and "two models would be served as 'model'" in result.output
+    assert result.exit_code == 2 and "two models would be served as 'minilm'" in result.output
     assert "--served-model-name" in result.output
 
 

@@ -114,6 +114,9 @@ def test_build_modal_finds_its_templates(readme_venv: Path, elsewhere: Path) -> 
     done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "modal", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "app = modal.App" in (out / "modal_app.py").read_text(encoding="utf-8")
+    # Its slow step (asking the index, seconds to a minute) is said as it starts and ends.
+    assert re.search(r"resolving \d+ requirements for Python .* with the package index \.\.\.", done.stderr)
+    assert re.search(r"with the package index: done in [\d.]+s", done.stderr)
 
 
 @pytest.mark.parametrize("name", ["targets", "templates"])
