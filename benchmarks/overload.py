@@ -212,10 +212,18 @@ async def large_requests(url: str, count: int, load_clients: int) -> dict[str, A
             answer = await client.post("/embeddings", json=body)
             out[f"idle_{n}"] = {**answer_summary(answer), "seconds": round(time.perf_counter() - started, 1)}
         stop = asyncio.Event()
+        load_statuses: dict[str, int] = {}
 
         async def load() -> None:
             while not stop.is_set():
-                await client.post("/embeddings", json={"model": MODEL, "input": texts(32)})
+                # A loader's keep-alive connection may close under it (uvicorn's 5 s idle time-out
+                # racing the pool's reuse): count it and go on, as a client's retry would.
+                try:
+                    response = await client.post("/embeddings", json={"model": MODEL, "input": texts(32)})
+                    key = str(response.status_code)
+                except httpx.TransportError as error:
+                    key = type(error).__name__
+                load_statuses[key] = load_statuses.get(key, 0) + 1
 
         loaders = [asyncio.ensure_future(load()) for _ in range(load_clients)]
         await asyncio.sleep(3)
@@ -226,6 +234,7 @@ async def large_requests(url: str, count: int, load_clients: int) -> dict[str, A
             out[f"loaded_{n}"] = {**answer_summary(answer), "seconds": seconds}
         stop.set()
         await asyncio.gather(*loaders)
+    out["load_statuses"] = load_statuses
     return out
 
 
