@@ -5,7 +5,7 @@ call fails mapped to one line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,3 +89,23 @@ def require_image_and_role(target: str, image_uri: str | None, role: str | None)
 
 def run(client: Callable[[str], Any], call: Call) -> Any:
     return getattr(client(call.service), call.operation)(**call.params)
+
+
+def check_known(client: Callable[[str], Any], calls: Iterable[Call]) -> None:
+    """Each call's parameters checked against this botocore's model of its API before the
+    first call is made: a botocore older than a parameter (AWS adds them) fails here, naming
+    the upgrade, not half-way through a deployment."""
+    import botocore
+    from botocore.exceptions import ParamValidationError
+    from botocore.validate import validate_parameters
+
+    for call in calls:
+        meta = client(call.service).meta
+        operation = meta.service_model.operation_model(meta.method_to_api_mapping[call.operation])
+        try:
+            validate_parameters(call.params, operation.input_shape)
+        except ParamValidationError as exc:
+            raise AwsError(
+                f"botocore {botocore.__version__} cannot make {call.service}.{call.operation} as it is "
+                f"needed: {one_line(str(exc))}; pip install -U 'infinity-cloud[aws]'"
+            ) from None

@@ -3,6 +3,7 @@ template rendering, the spec file they write, logging, and calling a deployed en
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,6 +36,10 @@ CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # several separated by spaces. Not the CLI's INFINITY_CLOUD_API_KEY, which a deploying
 # shell may hold for itself.
 ENDPOINT_KEYS_ENV = "INFINITY_CLOUD_ENDPOINT_KEYS"
+# Set in a GPU image (to "cuda"): it stops at start when it finds no usable GPU (targets.gpu).
+IMAGE_DEVICE_ENV = "INFINITY_CLOUD_IMAGE_DEVICE"
+# How much of an answer that is not JSON an error shows.
+ANSWER_SHOWN = 300
 
 
 class TargetError(InfinityCloudError):
@@ -52,6 +57,8 @@ class Deployment:
     notes: tuple[str, ...] = ()
     # Headers the platform itself checks, as shell text for the printed examples.
     headers: dict[str, str] = field(default_factory=dict)
+    # How to call it, where the plain curl and OpenAI examples would not do (a signed API).
+    examples: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,29 @@ class Target(Generic[Settings]):
             raise TargetError(f"could not reach {url}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
             raise TargetError(f"{url} answered {response.status_code}: {_error_message(response)}")
-        return response.json()
+        return response_json(response)
+
+
+def response_json(response: Any) -> Any:
+    """An httpx response's body as JSON (see `json_answer`)."""
+    return json_answer(response.content, str(response.url), response.status_code,
+                       response.headers.get("content-type"))
+
+
+def json_answer(body: bytes | str, where: str, status: int | str, content_type: str | None) -> Any:
+    """An endpoint's answer decoded as JSON. Anything else (a proxy's HTML page, plain text)
+    raises a TargetError saying what came back, where a JSONDecodeError would be a traceback."""
+    try:
+        return json.loads(body)
+    except ValueError:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        shown = " ".join(text.split())
+        if len(shown) > ANSWER_SHOWN:
+            shown = shown[: ANSWER_SHOWN - 1] + "…"
+        raise TargetError(
+            f"{where} answered {status} ({content_type or 'no content type'}), not JSON: "
+            + (repr(shown) if shown else "an empty body")
+        ) from None
 
 
 def _error_message(response: Any) -> str:

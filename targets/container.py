@@ -21,6 +21,7 @@ from infinity_cloud.backends.registry import backend_entry, backend_extra, devic
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.models.model_source import folder_model_name, local_model_dir
+from infinity_cloud.targets.base import IMAGE_DEVICE_ENV
 from infinity_cloud.targets.platforms import ImagePlatform
 
 if TYPE_CHECKING:
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
 
 # The torch release the tests ran on; an image pins the installed one, or this without it.
 TESTED_TORCH = "2.13.0"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# PyTorch's own index has a wheel of each torch release per CUDA build (cu126, cu128, ...);
+# PyPI has only the newest CUDA's, which may need a newer driver than a platform's hosts run.
+TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
+TORCH_CPU_INDEX = TORCH_INDEX.format(build="cpu")
 PACKAGE = "infinity_cloud"
 REQUIREMENTS_FILE = "requirements.txt"
 
@@ -45,6 +49,12 @@ def installed_version(package: str) -> str | None:
 def torch_version() -> str:
     """The torch version an image installs: this machine's, else the tested one."""
     return installed_version("torch") or TESTED_TORCH
+
+
+def image_env(device: str) -> dict[str, str]:
+    """Variables an image sets for what runs in it: a GPU image names its device, so that it
+    refuses to start where it finds no usable GPU (`runtime.check_image_device`)."""
+    return {IMAGE_DEVICE_ENV: device} if device == "cuda" else {}
 
 
 def serving_backend(model: ModelSpec, device: str) -> str:

@@ -19,7 +19,7 @@ from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
-from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV
+from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, IMAGE_DEVICE_ENV
 
 
 def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) -> DeploymentSpec:
@@ -36,11 +36,21 @@ def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) 
     return build_spec({**spec_data, "models": models})
 
 
+def check_image_device() -> None:
+    """A GPU image stops here, saying why, when it has no usable GPU: `device auto` would
+    otherwise load its models on the CPU and serve, many times slower, with nothing said."""
+    if os.environ.get(IMAGE_DEVICE_ENV) == "cuda":
+        from infinity_cloud.targets.gpu import require_usable_gpu
+
+        require_usable_gpu()
+
+
 def bake_models(spec: DeploymentSpec) -> None:
     """The image build step: fetch every model and build its exports on the target's hardware."""
     from infinity_cloud.models.served_model import prepare_model
 
     configure_logging(spec.server.log_level, spec.server.log_format)
+    check_image_device()  # exports and precision verdicts made on the CPU would not fit the GPU
     for model in spec.models:
         print(prepare_model(model), flush=True)
 
@@ -48,6 +58,7 @@ def bake_models(spec: DeploymentSpec) -> None:
 def start_engine(spec: DeploymentSpec) -> Engine:
     """Load every model before the container takes requests (a failure stops the container)."""
     configure_logging(spec.server.log_level, spec.server.log_format)
+    check_image_device()
     return Engine.loaded(spec)
 
 

@@ -68,6 +68,13 @@ def test_deploy_creates_the_function_and_its_url_then_updates_it(
     url = lam.get_function_url_config(FunctionName="emb")
     assert url["AuthType"] == "AWS_IAM" and url["FunctionUrl"] in result.output
     assert "public" not in result.output
+    # IAM auth: the printed calls are signed (an unsigned curl or OpenAI client gets a 403).
+    assert f"awscurl --service lambda --region {REGION} -X POST {url['FunctionUrl'].rstrip('/')}/embeddings" \
+        in result.output
+    assert "\ncurl " not in result.output and "OpenAI(" not in result.output
+    snippet = result.output.split("python - <<'PY'\n", 1)[1].split("\nPY", 1)[0]
+    compile(snippet, "signed-call", "exec")  # what a user pastes is Python
+    assert 'SigV4Auth(boto3.Session().get_credentials(), "lambda",' in snippet
 
     # Again, with a new image and memory and a public URL: updated, and the permission granted.
     image = IMAGE.replace(":1", ":2")
@@ -214,3 +221,155 @@ def test_provisioned_concurrency_serves_through_a_published_alias(
         assert result.exit_code == 0, result.output
         assert moto_lambda.get_alias(FunctionName="emb", Name="live")["FunctionVersion"] == "2"
         stub.assert_no_pending_responses()
+
+
+# The first botocore whose Lambda model has add_permission's InvokedViaFunctionUrl, which a
+# public URL's second statement sends (found in each release's lambda/2015-03-31/service-2.json:
+# 1.40.49 lacks it).
+INVOKED_VIA_FUNCTION_URL_SINCE = "1.40.50"
+
+
+def test_the_declared_botocore_floor_knows_every_parameter_a_deploy_sends() -> None:
+    """`pip install 'infinity-cloud[aws]'` may keep an older botocore already there, down to
+    the extra's floor: that floor must know the parameters AWS now requires."""
+    from conftest import ROOT
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    tomllib = pytest.importorskip("tomllib")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["aws"]
+    # boto3 and botocore share version numbers, and each boto3 needs its own botocore or newer.
+    floors = [Version(spec.version) for requirement in map(Requirement, extra)
+              if requirement.name in ("boto3", "botocore") for spec in requirement.specifier
+              if spec.operator == ">="]
+    assert max(floors) >= Version(INVOKED_VIA_FUNCTION_URL_SINCE), extra
+
+
+def without_invoked_via_function_url(folder: Path) -> Path:
+    """A copy of this botocore's Lambda model without InvokedViaFunctionUrl, as botocore had it
+    before 1.40.50, where botocore's AWS_DATA_PATH finds it first."""
+    import botocore.loaders
+
+    model = botocore.loaders.Loader().load_service_model("lambda", "service-2")
+    del model["shapes"]["AddPermissionRequest"]["members"]["InvokedViaFunctionUrl"]
+    target = folder / "lambda" / model["metadata"]["apiVersion"] / "service-2.json"
+    target.parent.mkdir(parents=True)
+    target.write_text(json.dumps(model))
+    return folder
+
+
+@mock_aws
+def test_a_botocore_without_a_needed_parameter_is_refused_before_anything_is_made(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arn = role()
+    monkeypatch.setenv("AWS_DATA_PATH", str(without_invoked_via_function_url(tmp_path / "models")))
+    result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE")
+    assert result.exit_code == 2, result.output
+    assert "lambda.add_permission" in result.output and "InvokedViaFunctionUrl" in result.output
+    assert "pip install -U 'infinity-cloud[aws]'" in result.output
+    assert boto3.client("lambda", region_name=REGION).list_functions()["Functions"] == []
+
+
+class LambdaWith:
+    """moto's Lambda, except the calls named, which go to a client whose answers are stubbed in
+    Lambda's own request and response shapes (what moto lacks, or a refusal moto cannot make)."""
+
+    def __init__(self, stubbed_calls: set[str], moto: Any, stubbed: Any) -> None:
+        self.stubbed_calls, self.moto, self.stubbed = stubbed_calls, moto, stubbed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stubbed if name in self.stubbed_calls else self.moto, name)
+
+
+def grant(sid: str, **condition: Any) -> dict[str, Any]:
+    """add_permission's request for one of a public URL's two statements."""
+    action = "lambda:InvokeFunctionUrl" if sid == calls.PUBLIC_URL_STATEMENT else "lambda:InvokeFunction"
+    return {"FunctionName": "emb", "StatementId": sid, "Action": action, "Principal": "*", **condition}
+
+
+@mock_aws
+def test_a_failed_step_takes_back_what_the_deploy_made(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The public URL's second statement refused (the deployer lacks lambda:AddPermission on
+    it): the first statement, the URL and the new function are deleted again, newest first,
+    and the error says so; for a function that was there, its URL's auth is set back."""
+    arn = role()
+    moto_lambda, stubbed = (boto3.client("lambda", region_name=REGION) for _ in range(2))
+    lam = LambdaWith({"add_permission", "remove_permission", "get_policy"}, moto_lambda, stubbed)
+    monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
+                        lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
+    url_grant = grant(calls.PUBLIC_URL_STATEMENT, FunctionUrlAuthType="NONE")
+    invoke_grant = grant(calls.PUBLIC_INVOKE_STATEMENT, InvokedViaFunctionUrl=True)
+    refusal = ("User: arn:aws:iam::123456789012:user/deployer is not authorized to perform: "
+               "lambda:AddPermission")
+    with Stubber(stubbed) as stub:
+        def refused_once() -> None:
+            stub.add_client_error("get_policy", "ResourceNotFoundException", http_status_code=404,
+                                  expected_params={"FunctionName": "emb"})
+            stub.add_response("add_permission", {"Statement": "{}"}, url_grant)
+            stub.add_client_error("add_permission", "AccessDeniedException", refusal, 403,
+                                  expected_params=invoke_grant)
+            stub.add_response("remove_permission", {}, {"FunctionName": "emb",
+                                                        "StatementId": calls.PUBLIC_URL_STATEMENT})
+
+        refused_once()
+        result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE")
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())
+        assert "AccessDeniedException" in output
+        assert ("rolled back what this deploy made: removed permission 'infinity-cloud-public-url', "
+                "deleted the function URL, deleted function 'emb'") in output
+        assert moto_lambda.list_functions()["Functions"] == []
+        stub.assert_no_pending_responses()
+
+        stub.add_client_error("get_policy", "ResourceNotFoundException", http_status_code=404,
+                              expected_params={"FunctionName": "emb"})
+        assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb").exit_code == 0
+        refused_once()
+        result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE")
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())
+        assert ("rolled back what this deploy made: removed permission 'infinity-cloud-public-url', "
+                "set the URL's auth back to AWS_IAM") in output
+        assert moto_lambda.get_function_url_config(FunctionName="emb")["AuthType"] == "AWS_IAM"
+        stub.assert_no_pending_responses()
+
+
+@mock_aws
+def test_a_redeploy_with_iam_auth_removes_the_public_grants(tmp_path: Path, tiny_embedder: Path) -> None:
+    arn = role()
+    lam = boto3.client("lambda", region_name=REGION)
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
+    statements = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert {s["Sid"] for s in statements} == {calls.PUBLIC_URL_STATEMENT, calls.PUBLIC_INVOKE_STATEMENT}
+    # Again with a public URL: the statements there are kept, not granted twice.
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
+    assert len(json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]) == 2
+    lam.add_permission(FunctionName="emb", StatementId="someone-elses", Action="lambda:InvokeFunction",
+                       Principal="s3.amazonaws.com")
+    result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "AWS_IAM")
+    assert result.exit_code == 0, result.output
+    assert lam.get_function_url_config(FunctionName="emb")["AuthType"] == "AWS_IAM"
+    statements = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert [s["Sid"] for s in statements] == ["someone-elses"]  # only ours went
+    assert "removed the public grants an earlier deploy gave the URL" in " ".join(result.output.split())
+    assert "the function URL is public" not in result.output
+
+
+@mock_aws
+def test_delete_takes_the_function_and_its_log_group(tmp_path: Path, tiny_embedder: Path) -> None:
+    arn = role()
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb").exit_code == 0
+    logs = boto3.client("logs", region_name=REGION)
+    for group in ("/aws/lambda/emb", "/aws/lambda/emb-other"):  # as Lambda makes at a first invocation
+        logs.create_log_group(logGroupName=group)
+    named = ["--function-name", "emb", "--region", REGION, "--yes"]
+    assert runner.invoke(cli, ["delete", "aws-lambda", *named]).exit_code == 0
+    assert boto3.client("lambda", region_name=REGION).list_functions()["Functions"] == []
+    left = [group["logGroupName"] for group in logs.describe_log_groups()["logGroups"]]
+    assert left == ["/aws/lambda/emb-other"]
+    # A function never invoked has none: deleted all the same.
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb").exit_code == 0
+    assert runner.invoke(cli, ["delete", "aws-lambda", *named]).exit_code == 0

@@ -219,6 +219,32 @@ def test_base64_bodies_oversize_bodies_and_direct_invocations(
     assert direct[3]["statusCode"] == 422 and direct[3]["body"]["error"]["param"] is not None
 
 
+def test_an_answer_is_bounded_by_what_its_event_source_passes_back(built: Path, tmp_path: Path) -> None:
+    """An ALB takes 1 MB of a Lambda function's answer (more is a 502), a function URL 6 MB:
+    a request whose answer could pass its event's bound is a 413 before any work, and an
+    answer the estimate does not cover (documents sent back, escaped in Lambda's envelope) is
+    measured and refused with a 413 naming the ALB's limit, shaped for the ALB by mangum."""
+    embed = json.dumps({"model": "emb", "input": [f"text {i}" for i in range(2000)]})  # 32 dims: ~1.3 MB
+    rerank = json.dumps({"model": "rr", "query": "panda", "documents": ["\u00e9" * 2000] * 100,
+                         "return_documents": True})  # 0.4 MB sent, 1.2 MB back once escaped
+    events = [alb_event("POST", "/embeddings", embed), v2_event("POST", "/embeddings", embed),
+              alb_event("POST", "/rerank", rerank), v2_event("POST", "/rerank", rerank),
+              v1_event("POST", "/rerank", rerank)]
+    answers = run_handler(built, events, tmp_path)["answers"]
+    status, error = decoded(answers[0])
+    assert status == 413 and "response limit of 0.9 MB" in error["error"]["message"]  # 95 % of 10^6
+    assert decoded(answers[1])[0] == 200 and len(decoded(answers[1])[1]["data"]) == 2000
+    status, error = decoded(answers[2])
+    assert status == 413 and error["error"]["type"] == "payload_too_large"
+    assert "more than an Application Load Balancer's 1 MB" in error["error"]["message"]
+    assert "split the request into at least 2" in error["error"]["message"]
+    assert set(answers[2]) == set(answers[0])  # shaped as the app's own ALB answers
+    for answer in answers[3:]:
+        status, body = decoded(answer)
+        assert status == 200 and len(body["results"]) == 100
+        assert len(json.dumps(answer)) > 1_000_000  # what the ALB would have refused
+
+
 def test_the_image_holds_one_copy_of_the_weights(built: Path, tiny_embedder: Path) -> None:
     """The runtime exports only: no weights in the model folders, no intermediate ONNX."""
     for folder in (built / "models").iterdir():
@@ -226,6 +252,22 @@ def test_the_image_holds_one_copy_of_the_weights(built: Path, tiny_embedder: Pat
         assert (folder / "tokenizer.json").is_file() and (folder / "config.json").is_file()
     kinds = sorted(p.name.split("-")[0] for p in (built / "exports").iterdir() if p.is_dir())
     assert kinds == ["onnxruntime"] * 3, kinds
+
+
+def test_an_int8_image_holds_only_the_export_it_serves(tmp_path: Path, tiny_embedder: Path) -> None:
+    """int8 is measured against a float32 export while it is built; the image keeps the verdict,
+    not that export (on MiniLM, 90 MB beside the int8 one), and serves from what it keeps."""
+    out = tmp_path / "image"
+    result = runner.invoke(cli, ["build", "aws-lambda", "--out", str(out), "--model-id", str(tiny_embedder),
+                                 "--served-model-name", "emb", "--dtype", "int8"])
+    assert result.exit_code == 0, result.output
+    manifests = [json.loads((folder / "manifest.json").read_text()) for folder in (out / "exports").iterdir()]
+    kept = sorted((manifest["kind"], manifest["options"]["dtype"]) for manifest in manifests)
+    assert kept == [("fidelity", "int8"), ("onnxruntime", "int8")], kept
+    assert not [p for p in out.iterdir() if p.name.startswith("tmp")]  # nothing set aside is left
+    answer = run_handler(out, [{"route": "embeddings", "body": {"model": "emb", "input": TEXTS}}], tmp_path)
+    status, body = answer["answers"][0]["statusCode"], answer["answers"][0]["body"]
+    assert status == 200 and len(body["data"]) == len(TEXTS)
 
 
 def test_the_handler_runs_from_a_read_only_task_root(tmp_path: Path, tiny_embedder: Path) -> None:

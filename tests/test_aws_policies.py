@@ -96,20 +96,33 @@ def test_the_lambda_deployer_policy_allows_every_call(
 ) -> None:
     role = execution_role("aws-lambda", "lambda-exec")
     needed = ["--image-uri", ACCOUNT_IMAGE, "--role", role, "--region", REGION, "--function-name", "emb"]
-    deploy = ["deploy", "aws-lambda", "--out", str(tmp_path / "b"), "--model-id", str(tiny_embedder), *needed,
-              "--auth", "NONE"]
+    deploy = ["deploy", "aws-lambda", "--out", str(tmp_path / "b"), "--model-id", str(tiny_embedder), *needed]
+    # What Lambda makes at the function's first invocation, which `delete` takes with it.
+    boto3.client("logs", region_name=REGION).create_log_group(logGroupName="/aws/lambda/emb")
     sent.clear()  # from here on, only the CLI's own calls
-    for command in (deploy, ["status", "aws-lambda", "--region", REGION, "--function-name", "emb"],
+    # Public, then private again (its grants removed), then deleted.
+    for command in ([*deploy, "--auth", "NONE"], [*deploy, "--auth", "AWS_IAM"],
+                    ["status", "aws-lambda", "--region", REGION, "--function-name", "emb"],
                     ["delete", "aws-lambda", "--region", REGION, "--function-name", "emb", "--yes"]):
         result = runner.invoke(cli, command)
         assert result.exit_code == 0, result.output
     made = set(sent)
-    deployer = policy("aws-lambda", "deployer", "--role", role, "--function-name", "emb")
+    deployer = policy("aws-lambda", "deployer", "--role", role, "--function-name", "emb",
+                      "--image-uri", ACCOUNT_IMAGE)
     boto3.client("iam", region_name=REGION).create_user(UserName="deployer")
     boto3.client("iam", region_name=REGION).put_user_policy(
         UserName="deployer", PolicyName="deploy", PolicyDocument=json.dumps(deployer))
-    assert {"lambda:CreateFunction", "lambda:CreateFunctionUrlConfig", "lambda:AddPermission"} <= made
+    assert {"lambda:CreateFunction", "lambda:CreateFunctionUrlConfig", "lambda:AddPermission",
+            "lambda:RemovePermission", "logs:DeleteLogGroup"} <= made
     assert made - allowed(deployer) == set()
+    # What only a failed deploy's rollback calls (tests/test_aws_lambda_deploy.py), and the
+    # push of the image (your Docker) a first deployment needs.
+    assert {"lambda:DeleteAlias", "lambda:DeleteFunction", "lambda:DeleteFunctionUrlConfig",
+            "lambda:UpdateFunctionUrlConfig", "ecr:CreateRepository", "ecr:GetAuthorizationToken",
+            "ecr:InitiateLayerUpload", "ecr:UploadLayerPart", "ecr:CompleteLayerUpload",
+            "ecr:BatchCheckLayerAvailability", "ecr:PutImage"} <= allowed(deployer)
+    push = next(s for s in deployer["Statement"] if "ecr:PutImage" in s["Action"])
+    assert push["Resource"] == "arn:aws:ecr:*:*:repository/infinity-cloud"  # the image's repository only
     passes = [s for s in deployer["Statement"] if s["Action"] == "iam:PassRole"]
     assert passes[0]["Resource"] == role
 

@@ -25,7 +25,7 @@ from infinity_cloud.backends import exports
 from infinity_cloud.cli import app as cli
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.base import CLIENT_KEY_ENV, ENDPOINT_KEYS_ENV, usage_examples
+from infinity_cloud.targets.base import CLIENT_KEY_ENV, ENDPOINT_KEYS_ENV, IMAGE_DEVICE_ENV, usage_examples
 from infinity_cloud.targets.modal.target import ModalTarget, load_app_module
 from infinity_cloud.targets.runtime import bake_models, container_spec
 
@@ -113,6 +113,18 @@ def test_layers_put_the_weights_before_the_code(gpu_app: tuple[Any, str]) -> Non
     assert ".run_function(build_exports, secrets=SECRETS, gpu='L4')" in source
 
 
+def test_a_gpu_app_installs_the_cuda_build_modals_drivers_run_and_refuses_the_cpu(
+    gpu_app: tuple[Any, str]
+) -> None:
+    """PyPI's torch is CUDA 13 (driver 580 and newer); the app takes the CUDA 12.8 build, which
+    runs on any 12 driver and has kernels from the T4 to the B200. Its image names its device,
+    so a container without a usable GPU stops, saying why, before the exports are built."""
+    _, source = gpu_app
+    assert 'index_url="https://download.pytorch.org/whl/cu128"' in source
+    device = source.index(f'.env({{"{IMAGE_DEVICE_ENV}": "cuda"}})')
+    assert device < source.index(".run_function(build_exports")
+
+
 def test_the_api_key_secret_is_required_and_fails_closed(gpu_app: tuple[Any, str]) -> None:
     module, source = gpu_app
     assert f'modal.Secret.from_name("api-keys", required_keys=["{ENDPOINT_KEYS_ENV}"])' in source
@@ -127,7 +139,7 @@ def test_settings_modal_cannot_report_offline_are_in_the_source(gpu_app: tuple[A
     assert "MEMORY_SNAPSHOT = True" in source and "@modal.enter(snap=True)" in source
     assert '"enable_gpu_snapshot": True' in source  # CUDA during the snapshot needs it
     installs = re.findall(r"\.pip_install\((.*?)\)\n", source, flags=re.S)
-    requirements = [r for block in installs for r in re.findall(r'"([^"]+)"', block)]
+    requirements = [r for block in installs for r in re.findall(r'(?<!index_url=)"([^"]+)"', block)]
     assert len(requirements) > 10 and all("==" in r for r in requirements), requirements
     assert any(r.startswith("transformers==") for r in requirements)
 
@@ -194,6 +206,7 @@ def test_defaults_are_safe(tmp_path: Path, tiny_embedder: Path) -> None:
     assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (128, 32)
     assert "download.pytorch.org/whl/cpu" in source and '"openvino==' in source and '"onnx==' in source
     assert "enable_gpu_snapshot" not in source and "MEMORY_SNAPSHOT = False" in source
+    assert IMAGE_DEVICE_ENV not in source
     assert module.REQUIRE_KEYS is False
 
 

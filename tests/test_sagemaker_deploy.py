@@ -7,6 +7,10 @@ the runtime endpoint."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -19,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 from botocore.stub import Stubber
-from conftest import serve_in_process, spec_of
+from conftest import FAKE, serve_in_process, spec_of
 from moto import mock_aws
 from test_sagemaker_target import BODIES, Serve, fake_model, write_config
 from typer.testing import CliRunner
@@ -29,6 +33,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.targets.base import ROUTE_HEADER
 from infinity_cloud.targets.sagemaker import aws
 from infinity_cloud.targets.sagemaker.client import SageMakerClient
+from infinity_cloud.targets.sagemaker.spec import GPU_AMI
 
 runner = CliRunner()
 REGION = "us-east-1"
@@ -37,6 +42,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/infinity-cloud:1"
 NEEDED = ["--image-uri", IMAGE, "--role", ROLE, "--region", REGION]
 ARN = "arn:aws:sagemaker:us-east-1:123456789012"
 PER_INSTANCE = "SageMakerVariantInvocationsPerInstance"
+RUNTIME_URL = "https://runtime.sagemaker.us-east-1.amazonaws.com"
 
 
 @pytest.fixture(autouse=True)
@@ -63,6 +69,7 @@ def test_deploy_creates_model_config_endpoint_and_autoscaling(tmp_path: Path, ti
     config = sm.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
     (variant,) = config["ProductionVariants"]
     assert (variant["InstanceType"], variant["InitialInstanceCount"]) == ("ml.c5.xlarge", 2)
+    assert "InferenceAmiVersion" not in variant  # a CPU image needs no particular driver
     model = sm.describe_model(ModelName=variant["ModelName"])
     assert model["ExecutionRoleArn"] == ROLE
     assert model["PrimaryContainer"]["Image"] == IMAGE
@@ -90,6 +97,7 @@ def test_a_serverless_endpoint_gets_its_memory_and_concurrency(tmp_path: Path, t
     status = runner.invoke(cli, ["status", "sagemaker", "--region", REGION])
     assert status.exit_code == 0, status.output
     assert "status: InService" in status.output and "serverless 4096 MB x 7" in status.output
+    assert f"url: {RUNTIME_URL}/endpoints/infinity-cloud/invocations" in status.output
 
 
 @mock_aws
@@ -128,6 +136,47 @@ def test_delete_also_removes_what_earlier_and_failed_deploys_left(
 
 
 @mock_aws
+def test_a_gpu_endpoint_runs_the_machine_image_whose_driver_its_torch_needs(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """The image's torch is PyPI's CUDA 13 build; the variant pins the machine image whose
+    NVIDIA driver (580, CUDA 13.0) runs it, instead of whatever SageMaker would pick."""
+    # (moto's list of instance types stops before g5; any GPU family deploys alike)
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.p3.2xlarge")
+    assert result.exit_code == 0, result.output
+    sm = boto3.client("sagemaker", region_name=REGION)
+    name = sm.describe_endpoint(EndpointName="infinity-cloud")["EndpointConfigName"]
+    (variant,) = sm.describe_endpoint_config(EndpointConfigName=name)["ProductionVariants"]
+    assert variant["InferenceAmiVersion"] == GPU_AMI == "al2023-ami-sagemaker-inference-gpu-4-1"
+    # botocore's own model of the API says which driver and CUDA that image has.
+    variant_shape = sm.meta.service_model.shape_for("ProductionVariant")
+    documented = variant_shape.members["InferenceAmiVersion"].documentation
+    assert re.search(rf"{GPU_AMI}</dt> <dd> <ul> <li> <p>Accelerator: GPU</p> </li> <li> <p>NVIDIA driver "
+                     r"version: 580</p> </li> <li> <p>CUDA version: 13\.0", documented)
+    assert "download.pytorch.org" not in (tmp_path / "build" / "Dockerfile").read_text()  # PyPI's torch
+
+
+@mock_aws
+def test_a_deploy_prints_its_invocation_url_and_a_signed_call_that_works(
+    tmp_path: Path, tiny_embedder: Path, runtime: tuple[str, list[dict[str, Any]]]
+) -> None:
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--served-model-name", "emb",
+                    "--instance-type", "ml.m5.large", "--endpoint-name", "emb")
+    assert result.exit_code == 0, result.output
+    url = f"{RUNTIME_URL}/endpoints/emb/invocations"
+    assert f"endpoint: {url}" in result.output and "printed above" not in result.output
+    assert f"awscurl --service sagemaker --region {REGION} -X POST {url}" in result.output
+    assert "X-Amzn-SageMaker-Custom-Attributes: route=embeddings" in result.output
+    # The printed boto3 call, run as printed, against the runtime's stand-in (real HTTP).
+    snippet = result.output.split("python - <<'PY'\n", 1)[1].split("\nPY", 1)[0]
+    stand_in, _ = runtime
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": stand_in})
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0  # the embedding's dimension
+
+
+@mock_aws
 def test_a_deploy_that_fails_midway_deletes_what_it_created(tmp_path: Path, tiny_embedder: Path) -> None:
     """moto refuses ml.g5 in an endpoint config (as AWS refuses a type a region lacks): the
     model made before it is deleted again, and the error is one line."""
@@ -144,7 +193,8 @@ def test_a_deploy_that_fails_midway_deletes_what_it_created(tmp_path: Path, tiny
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Stubber]]:
     """Real boto3 clients whose responses are stubbed; each call is checked against the API."""
-    made = {s: boto3.client(s, region_name=REGION) for s in ("sagemaker", "application-autoscaling")}
+    services = ("sagemaker", "application-autoscaling", "sagemaker-runtime")
+    made = {s: boto3.client(s, region_name=REGION) for s in services}
     stubs = {s: Stubber(c) for s, c in made.items()}
     monkeypatch.setattr(aws, "clients", lambda settings: made.__getitem__)
     for stub in stubs.values():
@@ -152,6 +202,15 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Stubber]]:
     yield stubs
     for stub in stubs.values():
         stub.assert_no_pending_responses()
+
+
+@pytest.fixture
+def call_order(stubbed: dict[str, Stubber]) -> list[str]:
+    """Every API call made, in order, across the clients (each Stubber orders only its own)."""
+    order: list[str] = []
+    for stub in stubbed.values():
+        stub.client.meta.events.register_first("before-call.*.*", lambda model, **_: order.append(model.name))
+    return order
 
 
 def endpoint_state(status: str, config: str = "emb-new", **extra: Any) -> dict[str, Any]:
@@ -225,6 +284,7 @@ def test_a_failed_update_keeps_the_old_config_and_deletes_the_new_one(
     is a failure, and the new model and config go."""
     sm = stubbed["sagemaker"]
     sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
+    stubbed["application-autoscaling"].add_response("describe_scalable_targets", {"ScalableTargets": []})
     stub_creation(sm, update=True)
     sm.add_response("describe_endpoint", endpoint_state("Updating", config="emb-old"))
     reason = "The primary container did not pass the ping health check."
@@ -267,6 +327,7 @@ def test_deploying_an_existing_name_updates_it_blue_green(
     monkeypatch.setattr(aws, "stamp", lambda: "20260101-000000")
     sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
     sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
+    scaling.add_response("describe_scalable_targets", {"ScalableTargets": []}, DESCRIBE_TARGET)
     stub_creation(sm, update=True)
     sm.add_response("describe_endpoint", endpoint_state("Updating", config="emb-old"))
     sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-20260101-000000"))
@@ -284,6 +345,106 @@ def test_deploying_an_existing_name_updates_it_blue_green(
     args = ["--model-id", str(tiny_embedder), "--endpoint-name", "emb", "--autoscale", "1:4"]
     result = deploy(tmp_path, *args)
     assert result.exit_code == 0, result.output
+
+
+TARGET = {"ServiceNamespace": "sagemaker", "ResourceId": "endpoint/emb/variant/AllTraffic",
+          "ScalableDimension": "sagemaker:variant:DesiredInstanceCount"}
+DESCRIBE_TARGET = {"ServiceNamespace": "sagemaker", "ResourceIds": [TARGET["ResourceId"]],
+                   "ScalableDimension": TARGET["ScalableDimension"]}
+OLD_TRACKING = {"TargetValue": 600.0, "PredefinedMetricSpecification": {"PredefinedMetricType": PER_INSTANCE},
+                "ScaleInCooldown": 300, "ScaleOutCooldown": 60}
+SCALING_ROLE = ("arn:aws:iam::123456789012:role/aws-service-role/"
+                "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
+
+
+def stub_old_scaling(scaling: Stubber) -> None:
+    """The endpoint autoscaled 1 to 3 on invocations, as an earlier --autoscale 1:3 left it,
+    and its removal as AWS documents it: the policies, then the scalable target."""
+    now = datetime.now(timezone.utc)
+    registered = {**TARGET, "MinCapacity": 1, "MaxCapacity": 3, "RoleARN": SCALING_ROLE, "CreationTime": now}
+    scaling.add_response("describe_scalable_targets", {"ScalableTargets": [registered]}, DESCRIBE_TARGET)
+    policy = {**TARGET, "PolicyARN": "arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:p",
+              "PolicyName": "emb-invocations", "PolicyType": "TargetTrackingScaling",
+              "TargetTrackingScalingPolicyConfiguration": OLD_TRACKING, "CreationTime": now}
+    scaling.add_response("describe_scaling_policies", {"ScalingPolicies": [policy]}, TARGET)
+    scaling.add_response("delete_scaling_policy", {}, {**TARGET, "PolicyName": "emb-invocations"})
+    scaling.add_response("deregister_scalable_target", {}, TARGET)
+
+
+def stub_old_config_deleted(sm: Stubber) -> None:
+    old_variant = {"VariantName": "AllTraffic", "ModelName": "emb-old", "InstanceType": "ml.g5.xlarge",
+                   "InitialInstanceCount": 1}
+    sm.add_response("describe_endpoint_config", {
+        "EndpointConfigName": "emb-old", "EndpointConfigArn": f"{ARN}:endpoint-config/emb-old",
+        "ProductionVariants": [old_variant], "CreationTime": datetime.now(timezone.utc)},
+        {"EndpointConfigName": "emb-old"})
+    sm.add_response("delete_endpoint_config", {}, {"EndpointConfigName": "emb-old"})
+    sm.add_response("delete_model", {}, {"ModelName": "emb-old"})
+
+
+@pytest.mark.parametrize("autoscale", [["--autoscale", "2:6"], []])
+def test_redeploying_an_autoscaled_endpoint_deregisters_it_before_the_update(
+    stubbed: dict[str, Stubber], call_order: list[str], tmp_path: Path, tiny_embedder: Path,
+    monkeypatch: pytest.MonkeyPatch, autoscale: list[str],
+) -> None:
+    """AWS refuses to update a variant that is a scalable target ("... has Auto Scaling
+    enabled"): its policies and target go just before update_endpoint, and --autoscale
+    registers anew once the endpoint is InService; without it nothing stays registered."""
+    monkeypatch.setattr(aws, "stamp", lambda: "20260101-000000")
+    sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
+    old = endpoint_state("InService", config="emb-old")
+    sm.add_response("describe_endpoint", old, {"EndpointName": "emb"})
+    stub_old_scaling(scaling)
+    stub_creation(sm, update=True)
+    sm.add_response("describe_endpoint", endpoint_state("Updating", config="emb-old"))
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-20260101-000000"))
+    if autoscale:
+        scaling.add_response("register_scalable_target", {}, {**TARGET, "MinCapacity": 2, "MaxCapacity": 6})
+        policy = {"PolicyARN": "arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:q", "Alarms": []}
+        scaling.add_response("put_scaling_policy", policy, {
+            **TARGET, "PolicyName": "emb-invocations", "PolicyType": "TargetTrackingScaling",
+            "TargetTrackingScalingPolicyConfiguration": OLD_TRACKING})
+    stub_old_config_deleted(sm)
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb", *autoscale)
+    assert result.exit_code == 0, result.output
+    expected = [
+        "DescribeEndpoint", "DescribeScalableTargets", "DescribeScalingPolicies",
+        "CreateModel", "CreateEndpointConfig",
+        "DeleteScalingPolicy", "DeregisterScalableTarget", "UpdateEndpoint",
+        "DescribeEndpoint", "DescribeEndpoint",
+        *(["RegisterScalableTarget", "PutScalingPolicy"] if autoscale else []),
+        "DescribeEndpointConfig", "DeleteEndpointConfig", "DeleteModel",
+    ]
+    assert call_order == expected
+
+
+def test_a_failed_update_of_an_autoscaled_endpoint_registers_its_autoscaling_again(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """SageMaker puts the endpoint back on its old config; its autoscaling, removed for the
+    update, is registered again as it was (bounds and policy), with the new config and model
+    deleted."""
+    sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
+    stub_old_scaling(scaling)
+    stub_creation(sm, update=True)
+    reason = "The primary container did not pass the ping health check."
+    sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old", FailureReason=reason))
+    sm.add_response("delete_endpoint_config", {})
+    sm.add_response("delete_model", {})
+    scaling.add_response("register_scalable_target", {}, {**TARGET, "MinCapacity": 1, "MaxCapacity": 3})
+    policy = {"PolicyARN": "arn:aws:autoscaling:us-east-1:123456789012:scalingPolicy:p", "Alarms": []}
+    scaling.add_response("put_scaling_policy", policy, {
+        **TARGET, "PolicyName": "emb-invocations", "PolicyType": "TargetTrackingScaling",
+        "TargetTrackingScalingPolicyConfiguration": OLD_TRACKING})
+    args = ["--model-id", str(tiny_embedder), "--endpoint-name", "emb", "--autoscale", "2:6"]
+    result = deploy(tmp_path, *args)
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert f"still serves emb-old: {reason}" in message
+    restored = "rolled back: application-autoscaling."
+    assert f"{restored}register_scalable_target(endpoint/emb/variant/AllTraffic)" in message
+    assert f"{restored}put_scaling_policy(emb-invocations)" in message
 
 
 def test_dry_run_prints_the_calls_and_calls_nothing(
@@ -438,6 +599,44 @@ async def test_the_python_client_mirrors_the_openai_and_cohere_shapes(
             [(x["label"], x["score"]) for x in row] for row in expected["data"]]
     with pytest.raises(aws.SageMakerError, match="the endpoint answered 404"):
         client.embeddings.create(input=["x"], model="no-such-model")
+
+
+class NotJsonStandIn(BaseHTTPRequestHandler):
+    """A runtime endpoint that answers 200 with something that is not JSON (a proxy's page)."""
+
+    page = b"<html><head><title>Sign in to the proxy</title></head><body>" + b"x" * 2000 + b"</body></html>"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(self.page)))
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("command", [
+    ["invoke", "sagemaker", "--input", "hello"],
+    ["smoke", "sagemaker", "--deployed", "--served-model-name", "emb", "--backend", FAKE],
+])
+def test_an_answer_that_is_not_json_is_one_line_saying_what_came_back(
+    monkeypatch: pytest.MonkeyPatch, tiny_embedder: Path, command: list[str]
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotJsonStandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        result = runner.invoke(cli, [*command, "--region", REGION, "--model-id", str(tiny_embedder)])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    said = "endpoint 'infinity-cloud' answered 200 (text/html), not JSON: '<html><head><title>Sign in"
+    assert said in message and "x" * 200 in message and "x" * 300 not in message  # the first 300 characters
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
 
 
 @mock_aws

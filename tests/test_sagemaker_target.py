@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
 from infinity_cloud.config import ModelSpec, load_spec
+from infinity_cloud.targets.base import IMAGE_DEVICE_ENV
+from infinity_cloud.targets.gpu import CudaFacts, cuda_problem
 from infinity_cloud.targets.sagemaker.serve import with_model_data
 from infinity_cloud.targets.sagemaker.spec import REALTIME_PAYLOAD_BYTES, SERVERLESS_PAYLOAD_BYTES
 
@@ -58,8 +60,11 @@ def assert_context_is_complete(out: Path, dockerfile: str) -> None:
 def test_gpu_image_carries_cuda_torch_and_serves_in_exec_form(tmp_path: Path, tiny_embedder: Path) -> None:
     dockerfile = build(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.g5.xlarge")
     assert len(stages(dockerfile)) == 1
-    assert re.search(r'^RUN pip install --no-cache-dir "torch==[\d.]+"$', dockerfile, re.M)  # PyPI: CUDA
-    assert "download.pytorch.org/whl/cpu" not in dockerfile
+    # PyPI's CUDA 13 build, which the 580 driver of the endpoint's machine image runs.
+    cuda = r'^RUN pip install --no-cache-dir "torch==[\d.]+"$'
+    assert re.search(cuda, dockerfile, re.M)
+    assert "download.pytorch.org" not in dockerfile
+    assert f"{IMAGE_DEVICE_ENV}=cuda" in dockerfile  # it refuses to serve on the CPU
     assert dockerfile.rstrip().endswith('ENTRYPOINT ["serve"]') and "EXPOSE 8080" in dockerfile
     assert os.access(tmp_path / "serve", os.X_OK)
     assert "exec python -m infinity_cloud.targets.sagemaker.serve" in (tmp_path / "serve").read_text()
@@ -81,6 +86,7 @@ def test_cpu_and_serverless_images_run_without_torch(
     convert, run = stages(dockerfile)
     assert " AS convert" in convert.splitlines()[0] and "python -m infinity_cloud download" in convert
     assert "torch" in convert and "--index-url https://download.pytorch.org/whl/cpu" in convert
+    assert IMAGE_DEVICE_ENV not in dockerfile
     # The run stage installs only the serving requirements and takes the exports over.
     assert "torch" not in run.replace("no torch", "")
     assert "COPY --from=convert /opt/exports /opt/exports" in run and 'ENTRYPOINT ["serve"]' in run
@@ -316,6 +322,39 @@ def test_a_broken_spec_stops_serve_with_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 1 and "error: invalid deployment spec" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_gpu_image_without_a_usable_gpu_stops_at_start_saying_why(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """`device auto` would load the models on the CPU and serve, many times slower, with
+    nothing said: a GPU image stops before /ping answers (SageMaker then fails the endpoint
+    with this line in its log). This machine has no NVIDIA driver."""
+    serve = Serve(write_config(tmp_path, [fake_model(tiny_embedder, "emb")]), env={IMAGE_DEVICE_ENV: "cuda"})
+    try:
+        code = serve.proc.wait(60)
+    finally:
+        serve.stop()
+    log = serve.log.read_text()
+    assert code == 1, log
+    assert "error: this is a GPU image, but no NVIDIA driver is visible in this container" in log
+    assert "refusing to serve on the CPU" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize(("facts", "reason"), [
+    # PyPI's torch (CUDA 13) on a 550 driver (al2-ami-sagemaker-inference-gpu-3-1's)
+    (CudaFacts("2.13.0", "13.0", False, 12040, "550.90.07", init_error=0, devices=1),
+     "the NVIDIA driver 550.90.07 is too old: it runs up to CUDA 12.4, and this image's torch 2.13.0 is "
+     "built for CUDA 13.0, which needs driver 580.65.06 or newer"),
+    (CudaFacts("2.13.0+cu126", "12.6", False, 12040, "550.90.07", init_error=100),
+     "the NVIDIA driver 550.90.07 (CUDA 12.4) sees no CUDA device"),
+    (CudaFacts("2.13.0+cpu", None, False, 12040, None),
+     "the NVIDIA driver (release unknown) runs CUDA 12.4, but this image's torch is 2.13.0+cpu, a CPU build"),
+    # A 12.6 build on a 12.4 driver: minor version compatibility
+    (CudaFacts("2.13.0+cu126", "12.6", True, 12040, "550.90.07", devices=1), None),
+])
+def test_why_a_gpu_image_cannot_use_its_gpu(facts: CudaFacts, reason: str | None) -> None:
+    assert cuda_problem(facts) == reason
 
 
 def test_packed_models_travel_in_model_data_and_serve_from_opt_ml_model(

@@ -5,7 +5,9 @@ section of their own; the core names no target."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,65 @@ def test_invoke_local_calls_a_running_server(tiny_embedder: Path) -> None:
     gone = runner.invoke(cli, ["status", "local", "--port", port])
     assert gone.exit_code == 2 and "nothing answers at" in gone.output
     assert "infinity-cloud serve" in gone.output
+
+
+class NotJson(BaseHTTPRequestHandler):
+    """What answers at the port is not the API: a proxy's HTML page, or plain text."""
+
+    content_type, body = "", b""
+
+    def _answer(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("content_type", "body"), [
+    ("text/html", b"<!DOCTYPE html>\n<html><title>502 Bad Gateway</title><body>" + b"y" * 999 + b"</body>"),
+    ("text/plain", b"upstream connect error or disconnect/reset before headers"),
+])
+@pytest.mark.parametrize("verb", ["invoke", "status"])
+def test_an_answer_that_is_not_json_says_what_came_back(content_type: str, body: bytes, verb: str) -> None:
+    """Modal's and the local server's calls (plain HTTP): the status, the content type and
+    the start of what came back, exit 2, no JSONDecodeError traceback."""
+    handler = type("Handler", (NotJson,), {"content_type": content_type, "body": body})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = runner.invoke(build_cli(), [verb, "local", "--port", str(server.server_address[1])])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    start = " ".join(body.decode().split())[:100]
+    assert f"answered 200 ({content_type}), not JSON: '{start}" in message
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+
+
+def test_a_local_gpu_image_refuses_to_serve_on_the_cpu(tmp_path: Path, tiny_embedder: Path) -> None:
+    """`build local --gpu` names the image's device after its build steps (which run without
+    a GPU); `serve` in it then stops, saying why, on a machine without a usable GPU (this one)."""
+    from infinity_cloud.targets.base import IMAGE_DEVICE_ENV
+
+    cli = build_cli()
+    for gpu, out in (([], tmp_path / "cpu"), (["--gpu"], tmp_path / "gpu")):
+        args = ["build", "local", "--out", str(out), "--model-id", str(tiny_embedder), *gpu]
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 0, result.output
+    gpu_image = (tmp_path / "gpu" / "Dockerfile").read_text()
+    assert gpu_image.index("infinity_cloud download") < gpu_image.index(f"{IMAGE_DEVICE_ENV}=cuda")
+    assert IMAGE_DEVICE_ENV not in (tmp_path / "cpu" / "Dockerfile").read_text()
+    served = runner.invoke(cli, ["serve", "--model-id", str(tiny_embedder), "--port", "0"],
+                           env={IMAGE_DEVICE_ENV: "cuda"})
+    assert served.exit_code == 2, served.output
+    assert "this is a GPU image, but no NVIDIA driver is visible" in " ".join(served.output.split())
 
 
 def test_delete_asks_no_one_when_not_interactive(monkeypatch: pytest.MonkeyPatch) -> None:

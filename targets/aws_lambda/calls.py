@@ -1,15 +1,18 @@
 """The Lambda API through boto3: create or update the function, wait until it is ready, its
-URL (and the permission a public one needs), and a direct invocation."""
+URL (and the permissions a public one needs, removed again when it is no longer public),
+what one deploy made taken back when a later step fails, deletion with its logs, and a
+direct invocation."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from infinity_cloud.targets.aws import AwsError, Call
+from infinity_cloud.targets.aws import AwsError, Call, run
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 
 POLL_S = 2.0
@@ -46,6 +49,21 @@ def function_calls(settings: LambdaSpec, exists: bool) -> list[Call]:
     ]
 
 
+def apply_function(
+    client: Callable[[str], Any], settings: LambdaSpec, exists: bool, report: Callable[[str], None],
+    rollback: Rollback,
+) -> None:
+    """Create or update the function (`function_calls`), waiting after each call; one created
+    here is deleted if a later step fails."""
+    name = settings.function_name
+    for call in function_calls(settings, exists=exists):
+        run(client, call)
+        if call.operation == "create_function":
+            undo = Call("lambda", "delete_function", {"FunctionName": name})
+            rollback.made(f"deleted function {name!r}", undo)
+        wait_ready(client, name, report)
+
+
 def wait_ready(
     client: Callable[[str], Any], name: str, report: Callable[[str], None], qualifier: str | None = None
 ) -> None:
@@ -72,12 +90,17 @@ def _qualified(qualifier: str | None) -> dict[str, str]:
     return {"Qualifier": qualifier} if qualifier else {}
 
 
-def url_of(client: Callable[[str], Any], name: str, qualifier: str | None = None) -> str | None:
+def _url_config(client: Callable[[str], Any], name: str, qualifier: str | None) -> dict[str, Any] | None:
+    lam = client("lambda")
     try:
-        config = client("lambda").get_function_url_config(FunctionName=name, **_qualified(qualifier))
-        return config["FunctionUrl"]
-    except client("lambda").exceptions.ResourceNotFoundException:
+        return lam.get_function_url_config(FunctionName=name, **_qualified(qualifier))
+    except lam.exceptions.ResourceNotFoundException:
         return None
+
+
+def url_of(client: Callable[[str], Any], name: str, qualifier: str | None = None) -> str | None:
+    config = _url_config(client, name, qualifier)
+    return config["FunctionUrl"] if config else None
 
 
 def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool = False) -> list[Call]:
@@ -102,16 +125,104 @@ def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool =
     return calls
 
 
-def ensure_url(client: Callable[[str], Any], settings: LambdaSpec, qualifier: str | None = None) -> str:
-    """Create or update the URL (and a public one's permissions); returns it."""
+def revoke_calls(name: str, statements: Iterable[str], qualifier: str | None = None) -> list[Call]:
+    where = _qualified(qualifier)
+    return [Call("lambda", "remove_permission", {"FunctionName": name, "StatementId": sid, **where})
+            for sid in statements]
+
+
+def public_grants(client: Callable[[str], Any], name: str, qualifier: str | None = None) -> list[str]:
+    """Which of the public URL's two statements the function's (or alias's) policy holds."""
     lam = client("lambda")
-    exists = url_of(client, settings.function_name, qualifier) is not None
-    write, *permissions = url_calls(settings, qualifier, exists=exists)
-    url = getattr(lam, write.operation)(**write.params)["FunctionUrl"]
+    try:
+        policy = json.loads(lam.get_policy(FunctionName=name, **_qualified(qualifier))["Policy"])
+    except lam.exceptions.ResourceNotFoundException:  # no policy at all
+        return []
+    held = {statement.get("Sid") for statement in policy.get("Statement", [])}
+    return [sid for sid in (PUBLIC_URL_STATEMENT, PUBLIC_INVOKE_STATEMENT) if sid in held]
+
+
+class Rollback:
+    """What one deploy made, each with the call that takes it back. Used as a context: when a
+    later step fails, they are taken back newest first and the error says so, so no half-made
+    deployment (a function without its URL, a public URL that answers 403) is left."""
+
+    def __init__(self, client: Callable[[str], Any]) -> None:
+        self._client = client
+        self._made: list[tuple[str, Call]] = []
+
+    def made(self, what: str, undo: Call) -> None:
+        self._made.append((what, undo))
+
+    def __enter__(self) -> Rollback:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if not isinstance(exc, Exception) or not self._made:  # done, or interrupted: nothing taken back
+            return
+        note = f"rolled back what this deploy made: {', '.join(self._undo())}"
+        if isinstance(exc, AwsError):
+            raise AwsError(f"{exc.message}; {note}") from None
+        print(note, file=sys.stderr)  # beside an unexpected error's own traceback
+
+    def _undo(self) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        done = []
+        for what, call in reversed(self._made):
+            try:
+                run(self._client, call)
+                done.append(what)
+            except (BotoCoreError, ClientError) as exc:  # the others are still taken back
+                done.append(f"NOT {what} ({type(exc).__name__}: {exc}): remove it by hand")
+        self._made.clear()
+        return done
+
+
+def ensure_url(
+    client: Callable[[str], Any], settings: LambdaSpec, rollback: Rollback, qualifier: str | None = None
+) -> tuple[str, list[str]]:
+    """Create or update the URL with the spec's auth; a public one gets the two statements it
+    lacks, any other loses those an earlier public deploy granted. Returns the URL and the
+    statements removed."""
+    name = settings.function_name
+    before = _url_config(client, name, qualifier)
+    write, *permissions = url_calls(settings, qualifier, exists=before is not None)
+    url = run(client, write)["FunctionUrl"]
+    if before is None:
+        rollback.made("deleted the function URL", Call("lambda", "delete_function_url_config", {
+            "FunctionName": name, **_qualified(qualifier)}))
+    elif before["AuthType"] != settings.auth:
+        rollback.made(f"set the URL's auth back to {before['AuthType']}", Call(
+            "lambda", "update_function_url_config", {**write.params, "AuthType": before["AuthType"]}))
+    granted = public_grants(client, name, qualifier)
+    if settings.auth != "NONE":
+        for call in revoke_calls(name, granted, qualifier):
+            run(client, call)
+        return url, granted
     for call in permissions:
-        with contextlib.suppress(lam.exceptions.ResourceConflictException):  # an earlier deploy's
-            lam.add_permission(**call.params)
-    return url
+        sid = call.params["StatementId"]
+        if sid not in granted:  # an earlier deploy's stays
+            run(client, call)
+            rollback.made(f"removed permission {sid!r}", *revoke_calls(name, [sid], qualifier))
+    return url, []
+
+
+def log_group(name: str) -> str:
+    """Where Lambda writes the function's logs (every version's and alias's too)."""
+    return f"/aws/lambda/{name}"
+
+
+def delete(client: Callable[[str], Any], name: str) -> None:
+    """The URL where there is one, the function (its versions, aliases and their URLs go with
+    it), and its log group, which Lambda keeps forever otherwise. A log group the function was
+    pointed at elsewhere may be shared: it stays."""
+    lam, logs = client("lambda"), client("logs")
+    if url_of(client, name):
+        lam.delete_function_url_config(FunctionName=name)
+    lam.delete_function(FunctionName=name)
+    with contextlib.suppress(logs.exceptions.ResourceNotFoundException):  # never invoked: none made
+        logs.delete_log_group(logGroupName=log_group(name))
 
 
 def alias_version(client: Callable[[str], Any], name: str) -> str | None:
@@ -123,13 +234,17 @@ def alias_version(client: Callable[[str], Any], name: str) -> str | None:
         return None
 
 
-def publish(client: Callable[[str], Any], name: str, report: Callable[[str], None]) -> str:
+def publish(
+    client: Callable[[str], Any], name: str, report: Callable[[str], None], rollback: Rollback
+) -> str:
     """Publish the function as it now is and point the alias at that version."""
     lam = client("lambda")
     version = lam.publish_version(FunctionName=name, Description="infinity-cloud deploy")["Version"]
     wait_ready(client, name, report, qualifier=version)
     if alias_version(client, name) is None:
         lam.create_alias(FunctionName=name, Name=ALIAS, FunctionVersion=version)
+        undo = Call("lambda", "delete_alias", {"FunctionName": name, "Name": ALIAS})
+        rollback.made(f"deleted alias {ALIAS!r}", undo)
     else:
         lam.update_alias(FunctionName=name, Name=ALIAS, FunctionVersion=version)
     return version

@@ -3,17 +3,21 @@ aws-lambda` prints: the execution role's trust and permissions, and the deployin
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from infinity_cloud.targets.aws_lambda.calls import log_group
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.sagemaker.policies import document
 
 
 def policies(settings: LambdaSpec) -> dict[str, dict[str, Any]]:
     """trust: who may assume the execution role (Lambda); execution: what the function needs
-    (its logs); deployer: every call `deploy`, `status`, `invoke`, `smoke` and `delete` make,
-    and the image pull Lambda does as the one who creates the function."""
+    (its logs); deployer: every call `deploy` (with its rollback), `status`, `invoke`, `smoke`
+    and `delete` make, the image pull Lambda does as the one who creates the function, and
+    the push of the image to ECR (your Docker, with a token from `aws ecr get-login-password`)."""
     function = f"arn:aws:lambda:*:*:function:{settings.function_name}"
+    repository = _repository_arn(settings.image_uri)
     return {
         "trust": document({"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
                            "Action": "sts:AssumeRole"}),
@@ -25,17 +29,37 @@ def policies(settings: LambdaSpec) -> dict[str, dict[str, Any]]:
                 "lambda:UpdateFunctionCode", "lambda:UpdateFunctionConfiguration", "lambda:DeleteFunction",
                 "lambda:CreateFunctionUrlConfig", "lambda:UpdateFunctionUrlConfig",
                 "lambda:GetFunctionUrlConfig", "lambda:DeleteFunctionUrlConfig",
-                "lambda:AddPermission", "lambda:GetPolicy", "lambda:InvokeFunction",
+                "lambda:AddPermission", "lambda:RemovePermission", "lambda:GetPolicy",
+                "lambda:InvokeFunction",
                 "lambda:PublishVersion", "lambda:CreateAlias", "lambda:UpdateAlias", "lambda:GetAlias",
-                "lambda:PutProvisionedConcurrencyConfig", "lambda:GetProvisionedConcurrencyConfig",
-                "lambda:DeleteProvisionedConcurrencyConfig"])},
+                "lambda:DeleteAlias", "lambda:PutProvisionedConcurrencyConfig",
+                "lambda:GetProvisionedConcurrencyConfig", "lambda:DeleteProvisionedConcurrencyConfig"])},
+            # `delete` takes the function's log group with it (only its own: one it was pointed
+            # at elsewhere may be shared).
+            {"Sid": "TheLogs", "Effect": "Allow", "Action": "logs:DeleteLogGroup", "Resource": [
+                f"arn:aws:logs:*:*:log-group:{log_group(settings.function_name)}",
+                f"arn:aws:logs:*:*:log-group:{log_group(settings.function_name)}:*"]},
             # Lambda pulls the image as the one who creates or updates the function, and sets
             # the repository's policy to let itself read it later.
-            {"Sid": "TheImage", "Effect": "Allow", "Resource": "*", "Action": [
+            {"Sid": "TheImage", "Effect": "Allow", "Resource": repository, "Action": [
                 "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:GetRepositoryPolicy",
                 "ecr:SetRepositoryPolicy"]},
+            # A first deployment pushes the image: the repository made, then `docker push`.
+            {"Sid": "PushTheImage", "Effect": "Allow", "Resource": repository, "Action": [
+                "ecr:CreateRepository", "ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload",
+                "ecr:UploadLayerPart", "ecr:CompleteLayerUpload", "ecr:PutImage"]},
+            {"Sid": "LogInToEcr", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
             {"Sid": "HandTheRoleToLambda", "Effect": "Allow", "Action": "iam:PassRole",
              "Resource": settings.role or "arn:aws:iam::ACCOUNT:role/ROLE",
              "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}},
         ),
     }
+
+
+def _repository_arn(image_uri: str | None) -> str:
+    """The ECR repository of ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME[:TAG|@DIGEST], any
+    account and region (the ARN's own parts); every repository when no image is named yet."""
+    if not image_uri or "/" not in image_uri:
+        return "*"
+    path = image_uri.partition("/")[2].partition("@")[0]
+    return f"arn:aws:ecr:*:*:repository/{re.sub(r':[^/]*$', '', path)}"  # less its tag

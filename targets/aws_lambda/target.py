@@ -5,9 +5,12 @@ image holds no torch and the function converts nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,9 @@ from infinity_cloud.backends.registry import backend_entry
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.targets import container
-from infinity_cloud.targets.aws import AwsError, aws_calls, clients, require_image_and_role, run
+from infinity_cloud.targets.aws import AwsError, aws_calls, check_known, clients, require_image_and_role
 from infinity_cloud.targets.aws_lambda import calls as lambda_calls
+from infinity_cloud.targets.aws_lambda.limits import ENVELOPE_SHARE, PAYLOAD_BYTES
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
 from infinity_cloud.targets.platforms import required_platform
@@ -28,9 +32,6 @@ from infinity_cloud.targets.resolution import Unresolvable
 
 SPEC_FILE = "infinity-cloud.yaml"
 HANDLER = "infinity_cloud.targets.aws_lambda.handler.handler"
-# Lambda's synchronous invocation payload limit, each way (a buffered function URL's too;
-# streaming answers need a runtime mangum does not run on).
-PAYLOAD_BYTES = 6 * 1024 * 1024
 # What serves on Lambda without torch: ONNX Runtime by default (it writes nothing at run time,
 # where the image is read-only), OpenVINO when asked.
 LAMBDA_BACKENDS = ("onnx", "openvino")
@@ -64,9 +65,9 @@ class LambdaTarget(Target[LambdaSpec]):
         folders = [f"models/{i}-{Path(model.model_id).name or 'model'}" for i, model in enumerate(models)]
         served = [model.model_copy(update={"model_id": folder, "served_model_name": model.name})
                   for model, folder in zip(models, folders, strict=True)]
-        # Lambda passes at most 6 MB back, the answer's JSON escaped again inside its envelope.
+        # Lambda's 6 MB each way; the handler lowers the answers' bound for an ALB's events.
         limits = spec.server.limits.model_copy(update={
-            "max_payload_bytes": PAYLOAD_BYTES, "max_response_bytes": int(PAYLOAD_BYTES * 0.95),
+            "max_payload_bytes": PAYLOAD_BYTES, "max_response_bytes": int(PAYLOAD_BYTES * ENVELOPE_SHARE),
         })
         served_spec = container.within_platform(spec.model_copy(update={
             "models": tuple(served), "server": spec.server.model_copy(update={"limits": limits}),
@@ -102,31 +103,48 @@ class LambdaTarget(Target[LambdaSpec]):
         self.build(spec, out_dir)
         client = clients(settings.region)
         name = settings.function_name
-        with aws_calls(f"deploy function {name!r}"):
+        with lambda_calls.Rollback(client) as rollback, aws_calls(f"deploy function {name!r}"):
             exists = lambda_calls.describe(client, name) is not None
-            with Console(stderr=True).status(f"deploying {name}") as shown:
-                def report(state: str) -> None:
-                    shown.update(f"{name}: {state}")
-
-                for call in lambda_calls.function_calls(settings, exists=exists):
-                    run(client, call)
-                    lambda_calls.wait_ready(client, name, report)
-                # Provisioned concurrency lives on a version: once asked for, deploys serve
-                # through the alias, which follows each new version.
-                aliased = bool(settings.provisioned_concurrency or lambda_calls.alias_version(client, name))
-                if aliased:
-                    lambda_calls.publish(client, name, report)
-                    lambda_calls.provision(client, name, settings.provisioned_concurrency, report)
+            check_known(client, [*lambda_calls.function_calls(settings, exists=exists),
+                                 *lambda_calls.url_calls(settings)])
+            aliased = self._function(client, settings, exists, rollback)
             qualifier = lambda_calls.ALIAS if aliased else None
-            url = lambda_calls.ensure_url(client, settings, qualifier) if settings.function_url else None
+            url, revoked = (lambda_calls.ensure_url(client, settings, rollback, qualifier)
+                            if settings.function_url else (None, []))
         notes = []
         if settings.function_url and settings.auth == "NONE":
             notes.append(f"the function URL is public (auth NONE): anyone can call it unless "
                          f"{ENDPOINT_KEYS_ENV} is set in the function's environment")
+        if revoked:
+            notes.append(f"removed the public grants an earlier deploy gave the URL ({', '.join(revoked)})")
         if aliased:
             notes.append(f"served through alias {name}:{lambda_calls.ALIAS} with "
                          f"{settings.provisioned_concurrency} provisioned environment(s)")
-        return Deployment(self.name, name, url, notes=tuple(notes))
+        examples = None
+        if url and settings.auth == "AWS_IAM":  # an unsigned curl or OpenAI call would get a 403
+            region = client("lambda").meta.region_name
+            examples = signed_examples(url, region, container.served_name(spec.models[0]))
+        return Deployment(self.name, name, url, notes=tuple(notes), examples=examples)
+
+    @staticmethod
+    def _function(
+        client: Callable[[str], Any], settings: LambdaSpec, exists: bool, rollback: lambda_calls.Rollback
+    ) -> bool:
+        """Create or update the function; publish it behind the alias where deploys serve
+        through one. Returns whether they do."""
+        name = settings.function_name
+        with Console(stderr=True).status(f"deploying {name}") as shown:
+            def report(state: str) -> None:
+                shown.update(f"{name}: {state}")
+
+            lambda_calls.apply_function(client, settings, exists, report, rollback)
+            # Provisioned concurrency lives on a version: once asked for, deploys serve through
+            # the alias, which follows each new version.
+            aliased = bool(settings.provisioned_concurrency or lambda_calls.alias_version(client, name))
+            if aliased:
+                lambda_calls.publish(client, name, report, rollback)
+                lambda_calls.provision(client, name, settings.provisioned_concurrency, report)
+        return aliased
 
     @staticmethod
     def _print_plan(settings: LambdaSpec) -> None:
@@ -141,6 +159,12 @@ class LambdaTarget(Target[LambdaSpec]):
         if settings.function_url:
             for call in lambda_calls.url_calls(settings, qualifier):
                 print(call.describe())
+            if settings.auth != "NONE":
+                print("(where an earlier --auth NONE deploy granted them, its two statements are removed:)")
+                names = (lambda_calls.PUBLIC_URL_STATEMENT, lambda_calls.PUBLIC_INVOKE_STATEMENT)
+                for call in lambda_calls.revoke_calls(settings.function_name, names, qualifier):
+                    print(call.describe())
+        print("(if a step fails, what this deploy created is deleted again)")
 
     def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
         """The execution role's trust policy and permissions, and what the deploying user needs:
@@ -180,15 +204,13 @@ class LambdaTarget(Target[LambdaSpec]):
         return facts
 
     def delete(self, spec: DeploymentSpec) -> None:
-        """Delete the function and its URL."""
+        """Delete the function, its URL and its log group."""
         settings = self.settings(spec)
         client = clients(settings.region)
         with aws_calls(f"delete function {settings.function_name!r}"):
             if lambda_calls.describe(client, settings.function_name) is None:
                 raise AwsError(f"no Lambda function named {settings.function_name!r}")
-            if lambda_calls.url_of(client, settings.function_name):
-                client("lambda").delete_function_url_config(FunctionName=settings.function_name)
-            client("lambda").delete_function(FunctionName=settings.function_name)
+            lambda_calls.delete(client, settings.function_name)
 
     def invoke(
         self, spec: DeploymentSpec, body: dict[str, Any], *,
@@ -237,8 +259,9 @@ class LambdaTarget(Target[LambdaSpec]):
     @staticmethod
     def _stage_model(model: ModelSpec, folder: Path, exports_dir: Path) -> None:
         """Copy the model's files (fetched from the hub when needed), build its exports here,
-        then leave out its weights, which only building them read: the image holds one copy.
-        Loaded again from what is left to be sure; where that fails the weights stay."""
+        then leave out its weights, which only building them read, and the exports it does not
+        serve (the float32 one int8 was measured against: the verdict is kept): the image holds
+        one copy. Loaded again from what is left to be sure; where that fails, all stay."""
         from infinity_cloud.models.model_source import resolve_model_dir
         from infinity_cloud.models.served_model import prepare_model
 
@@ -248,20 +271,18 @@ class LambdaTarget(Target[LambdaSpec]):
         previous = os.environ.get(CACHE_ENV)
         os.environ[CACHE_ENV] = str(exports_dir)
         try:
+            before = _built(exports_dir)
             prepare_model(staged)
-            failures = set(exports_dir.glob("*.failed.json"))
-            dropped = exports.serve_from_exports(folder)
-            try:
-                prepare_model(staged)
-            except Exception as exc:  # whatever it is, the weights come back
-                for name in dropped:
-                    shutil.copy2(source / name, folder / name)
-                (folder / exports.PINNED_FINGERPRINT).unlink()
-                for failed in set(exports_dir.glob("*.failed.json")) - failures:
-                    failed.unlink()
-                why = exc.message if isinstance(exc, InfinityCloudError) else f"{type(exc).__name__}: {exc}"
-                print(f"warning: {model.name} does not load from its exports alone ({why}), so the image "
-                      "keeps its weights too", file=sys.stderr)
+            # Only what this model's build made: an earlier model may serve the same export.
+            unserved = [e for e in _built(exports_dir) - before if _dtype_of(e) not in (None, staged.dtype)]
+            with tempfile.TemporaryDirectory(dir=exports_dir.parent) as aside:
+                moved = [export.rename(Path(aside) / export.name) for export in unserved]
+                why = _loads_without_weights(staged, source, exports_dir)
+                if why:
+                    for export, away in zip(unserved, moved, strict=True):
+                        away.rename(export)
+                    print(f"warning: {model.name} does not load from its exports alone ({why}), so the "
+                          "image keeps its weights too", file=sys.stderr)
         finally:
             if previous is None:
                 os.environ.pop(CACHE_ENV, None)
@@ -269,3 +290,53 @@ class LambdaTarget(Target[LambdaSpec]):
                 os.environ[CACHE_ENV] = previous
 
 
+def _loads_without_weights(staged: ModelSpec, source: Path, exports_dir: Path) -> str | None:
+    """Leave the staged model folder without its weights and load it again: None when it
+    loads, else why not, with the weights put back."""
+    from infinity_cloud.models.served_model import prepare_model
+
+    folder = Path(staged.model_id)
+    failures = set(exports_dir.glob("*.failed.json"))
+    dropped = exports.serve_from_exports(folder)
+    try:
+        prepare_model(staged)
+    except Exception as exc:  # whatever it is, the weights come back
+        for name in dropped:
+            shutil.copy2(source / name, folder / name)
+        (folder / exports.PINNED_FINGERPRINT).unlink()
+        for failed in set(exports_dir.glob("*.failed.json")) - failures:
+            failed.unlink()
+        return exc.message if isinstance(exc, InfinityCloudError) else f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _built(exports_dir: Path) -> set[Path]:
+    """The finished exports under `exports_dir` (a manifest is written last)."""
+    return {manifest.parent for manifest in exports_dir.glob(f"*/{exports.MANIFEST}")}
+
+
+def _dtype_of(export: Path) -> str | None:
+    """The precision an export was built for, where its options name one."""
+    return json.loads((export / exports.MANIFEST).read_text(encoding="utf-8"))["options"].get("dtype")
+
+
+def signed_examples(url: str, region: str, model: str) -> str:
+    """Calls of a function URL whose auth is AWS_IAM: each request signed with SigV4 for the
+    `lambda` service, with awscurl and with botocore's signer (the caller's AWS credentials
+    need lambda:InvokeFunctionUrl on the function)."""
+    base = url.rstrip("/")
+    body = json.dumps({"model": model, "input": ["Hello from the cloud"]})
+    return f"""awscurl --service lambda --region {region} -X POST {base}/embeddings \\
+  -H "Content-Type: application/json" -d '{body}'
+
+python - <<'PY'
+import json, urllib.request
+import boto3
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+body = json.dumps({body})
+signed = AWSRequest("POST", "{base}/embeddings", data=body, headers={{"Content-Type": "application/json"}})
+SigV4Auth(boto3.Session().get_credentials(), "lambda", "{region}").add_auth(signed)
+call = urllib.request.Request(signed.url, data=body.encode(), headers=dict(signed.headers), method="POST")
+print(len(json.loads(urllib.request.urlopen(call).read())["data"][0]["embedding"]))
+PY"""

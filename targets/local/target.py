@@ -16,6 +16,7 @@ from infinity_cloud.targets.base import (
     Target,
     TargetError,
     render_templates,
+    response_json,
     spec_yaml,
 )
 from infinity_cloud.targets.local.spec import LocalSpec
@@ -44,9 +45,11 @@ class LocalTarget(Target[LocalSpec]):
         from infinity_cloud.engine import Engine
         from infinity_cloud.server import create_app
         from infinity_cloud.server.read_deadlines import deadline_protocol
+        from infinity_cloud.targets.runtime import check_image_device
 
         configure_logging(spec.server.log_level, spec.server.log_format)
         preflight.check(spec)  # extras, device, cache, port: before minutes of loading
+        check_image_device()  # a GPU image (build local --gpu) refuses to serve on the CPU
         names = ", ".join(m.name for m in spec.models)
         with Console(stderr=True).status(f"loading {names}"):
             engine = Engine.loaded(spec)
@@ -79,6 +82,7 @@ class LocalTarget(Target[LocalSpec]):
             "local": settings,
             "torch": f"torch=={container.torch_version()}",
             "torch_index": None if settings.gpu else container.TORCH_CPU_INDEX,
+            "image_env": container.image_env(settings.device),  # a GPU image refuses to serve on the CPU
             "hub_models": container.hub_models(spec),
             "model_copies": copies,
             "requirements_file": requirements.name,
@@ -98,12 +102,12 @@ class LocalTarget(Target[LocalSpec]):
         except httpx.HTTPError as exc:
             raise TargetError(f"nothing answers at {endpoint.url} ({type(exc).__name__}): start it with "
                               "`infinity-cloud serve`") from None
-        state = health.json().get("status", health.status_code)
+        state = response_json(health).get("status", health.status_code)
         facts: dict[str, Any] = {"url": endpoint.url, "status": state}
         if models.status_code == 401:
             facts["models"] = f"(set {CLIENT_KEY_ENV} to its API key to list them)"
         elif models.status_code == 200:
-            facts["models"] = ", ".join(m["id"] for m in models.json()["data"])
+            facts["models"] = ", ".join(m["id"] for m in response_json(models)["data"])
         return facts
 
     def endpoint(self, spec: DeploymentSpec, api_key: str | None) -> Endpoint:

@@ -15,6 +15,10 @@ MODAL_GPUS = (
     "T4", "L4", "A10", "A10G", "L40S", "A100", "A100-40GB", "A100-80GB", "RTX-PRO-6000",
     "H100", "H100!", "H200", "B200", "B200+",
 )
+# The torch build GPU images install. Modal's GPUs run from the T4 (Turing) to the B200 and
+# RTX PRO 6000 (Blackwell), whose kernels need CUDA 12.8; a CUDA 12 build runs on any driver of
+# the 12 branch or newer (minor version compatibility), where PyPI's CUDA 13 needs >= 580.
+TORCH_CUDA = "cu128"
 # Modal's own bounds (its client refuses values outside them at decoration time).
 SCALEDOWN_WINDOW_RANGE = (2, 3600)
 MAX_TIMEOUT_S = 24 * 3600

@@ -25,7 +25,7 @@ from infinity_cloud.targets.base import (
     render_templates,
     spec_yaml,
 )
-from infinity_cloud.targets.modal.spec import ModalSpec
+from infinity_cloud.targets.modal.spec import TORCH_CUDA, ModalSpec
 from infinity_cloud.targets.platforms import DEBIAN_GLIBC, ImagePlatform
 
 APP_FILE = "modal_app.py"
@@ -125,7 +125,8 @@ def render_context(
         "keys_env": ENDPOINT_KEYS_ENV,
         "python_version": python_version,
         "torch": f"torch=={container.torch_version()}",
-        "torch_index": None if gpu else container.TORCH_CPU_INDEX,
+        "torch_index": container.TORCH_INDEX.format(build=TORCH_CUDA if gpu else "cpu"),
+        "image_env": container.image_env(device),
         "requirements": container.pinned_requirements(container.image_extras(spec, device), platform),
         "max_concurrency": max_concurrency,
         "target_concurrency": target_concurrency,

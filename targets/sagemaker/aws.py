@@ -9,6 +9,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from typing import Any
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.aws import AwsError, Call, run
 from infinity_cloud.targets.aws import clients as aws_clients
-from infinity_cloud.targets.base import one_line
-from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
+from infinity_cloud.targets.base import json_answer, one_line
+from infinity_cloud.targets.sagemaker.spec import GPU_AMI, SageMakerSpec
 
 VARIANT = "AllTraffic"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -74,6 +75,8 @@ def deploy_calls(
             # Large models take minutes to load; SageMaker's default gives up sooner.
             ContainerStartupHealthCheckTimeoutInSeconds=settings.startup_timeout_s,
         )
+        if settings.variant == "gpu":  # the driver the image's torch was chosen for
+            variant["InferenceAmiVersion"] = GPU_AMI
     endpoint = {"EndpointName": settings.endpoint_name, "EndpointConfigName": name}
     calls = [
         Call("sagemaker", "create_model", {
@@ -87,14 +90,17 @@ def deploy_calls(
     return upload + calls + scaling_calls(settings)
 
 
+def scalable_target(endpoint: str) -> dict[str, str]:
+    """How Application Auto Scaling names the endpoint's variant."""
+    return {"ServiceNamespace": "sagemaker", "ResourceId": resource_id(endpoint),
+            "ScalableDimension": SCALABLE_DIMENSION}
+
+
 def scaling_calls(settings: SageMakerSpec) -> list[Call]:
     if settings.scaling is None:
         return []
     low, high = settings.scaling
-    target = {
-        "ServiceNamespace": "sagemaker", "ResourceId": resource_id(settings.endpoint_name),
-        "ScalableDimension": SCALABLE_DIMENSION,
-    }
+    target = scalable_target(settings.endpoint_name)
     policy = {
         "TargetValue": float(settings.target_invocations),
         "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
@@ -108,6 +114,42 @@ def scaling_calls(settings: SageMakerSpec) -> list[Call]:
             "PolicyType": "TargetTrackingScaling", "TargetTrackingScalingPolicyConfiguration": policy,
         }),
     ]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """An endpoint's autoscaling as it is now: the calls that remove it (its policies, then
+    its scalable target) and those that put it back as it was. Empty when it has none."""
+
+    removal: tuple[Call, ...] = ()
+    restore: tuple[Call, ...] = ()
+
+
+# The parts of a described scaling policy that put_scaling_policy takes back.
+_POLICY_CONFIGS = ("TargetTrackingScalingPolicyConfiguration", "StepScalingPolicyConfiguration",
+                   "PredictiveScalingPolicyConfiguration")
+
+
+def current_scaling(client: Callable[[str], Any], endpoint: str) -> Scaling:
+    """The endpoint's autoscaling, read from Application Auto Scaling."""
+    scaling, target = client("application-autoscaling"), scalable_target(endpoint)
+    found = scaling.describe_scalable_targets(
+        ServiceNamespace="sagemaker", ResourceIds=[target["ResourceId"]],
+        ScalableDimension=SCALABLE_DIMENSION,
+    ).get("ScalableTargets", [])
+    if not found:
+        return Scaling()
+    policies = scaling.describe_scaling_policies(**target).get("ScalingPolicies", [])
+    service = "application-autoscaling"
+    removal = [Call(service, "delete_scaling_policy", {**target, "PolicyName": p["PolicyName"]})
+               for p in policies]
+    removal.append(Call(service, "deregister_scalable_target", target))
+    restore = [Call(service, "register_scalable_target", {
+        **target, "MinCapacity": found[0]["MinCapacity"], "MaxCapacity": found[0]["MaxCapacity"]})]
+    restore += [Call(service, "put_scaling_policy", {
+        **target, "PolicyName": p["PolicyName"], "PolicyType": p["PolicyType"],
+        **{key: p[key] for key in _POLICY_CONFIGS if key in p}}) for p in policies]
+    return Scaling(tuple(removal), tuple(restore))
 
 
 def describe_endpoint(client: Callable[[str], Any], name: str) -> dict[str, Any] | None:
@@ -170,22 +212,29 @@ _UNDO = {
 }
 
 
-def roll_back(client: Callable[[str], Any], made: list[Call]) -> None:
+def roll_back(client: Callable[[str], Any], made: list[Call], scaling: Scaling = Scaling()) -> None:
     """Delete what a failed deploy created, newest first (an updated endpoint SageMaker rolls
-    back itself). Each step is tried and said; a failing one does not hide the deploy's error."""
+    back itself), and register again the autoscaling it removed (`scaling`) for the update.
+    Each step is tried and said; a failing one does not hide the deploy's error."""
+    undo = [
+        (Call(call.service, operation, {key: call.params[key]}), call.params[key])
+        for call in reversed(made) if call.operation in _UNDO
+        for operation, key in [_UNDO[call.operation]]
+    ]
+    if any(call in made for call in scaling.removal):
+        undo += [(call, call.params.get("PolicyName", call.params["ResourceId"])) for call in scaling.restore]
+    _best_effort(client, undo)
+
+
+def _best_effort(client: Callable[[str], Any], calls: list[tuple[Call, str]]) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    for call in reversed(made):
-        if call.operation not in _UNDO:
-            continue
-        operation, key = _UNDO[call.operation]
-        undo = Call(call.service, operation, {key: call.params[key]})
+    for call, what in calls:
         try:
-            run(client, undo)
-            print(f"rolled back: {call.service}.{operation}({call.params[key]})", file=sys.stderr)
+            run(client, call)
+            print(f"rolled back: {call.service}.{call.operation}({what})", file=sys.stderr)
         except (ClientError, BotoCoreError) as exc:
-            print(f"could not roll back {call.params[key]}: {one_line(str(exc))}; delete it by hand",
-                  file=sys.stderr)
+            print(f"could not roll back {what}: {one_line(str(exc))}; do it by hand", file=sys.stderr)
 
 
 def _stamped(endpoint: str) -> re.Pattern[str]:
@@ -206,12 +255,29 @@ def leftovers(client: Callable[[str], Any], endpoint: str) -> list[Call]:
     return calls
 
 
-def scaling_registered(client: Callable[[str], Any], endpoint: str) -> bool:
-    found = client("application-autoscaling").describe_scalable_targets(
-        ServiceNamespace="sagemaker", ResourceIds=[resource_id(endpoint)],
-        ScalableDimension=SCALABLE_DIMENSION,
-    )
-    return bool(found.get("ScalableTargets"))
+def invocation_url(client: Callable[[str], Any], endpoint: str) -> str:
+    """Where the endpoint is called: the runtime's address in the clients' region (and
+    partition), as botocore resolves it."""
+    return f"{client('sagemaker-runtime').meta.endpoint_url.rstrip('/')}/endpoints/{endpoint}/invocations"
+
+
+def usage_example(url: str, endpoint: str, region: str, model: str) -> str:
+    """A SigV4-signed call of the endpoint, with awscurl and with boto3 (no bearer key: IAM
+    decides who may call it)."""
+    body = json.dumps({"model": model, "input": ["Hello from the cloud"]})
+    return f"""awscurl --service sagemaker --region {region} -X POST {url} \\
+  -H "Content-Type: application/json" -H "X-Amzn-SageMaker-Custom-Attributes: route=embeddings" \\
+  -d '{body}'
+
+python - <<'PY'
+import json, boto3
+runtime = boto3.client("sagemaker-runtime", region_name="{region}")
+answer = runtime.invoke_endpoint(
+    EndpointName="{endpoint}", ContentType="application/json", CustomAttributes="route=embeddings",
+    Body=json.dumps({body}),
+)
+print(len(json.loads(answer["Body"].read())["data"][0]["embedding"]))
+PY"""
 
 
 def invoke(client: Callable[[str], Any], endpoint: str, body: dict[str, Any], route: str | None) -> Any:
@@ -231,7 +297,8 @@ def invoke(client: Callable[[str], Any], endpoint: str, body: dict[str, Any], ro
             status = response.get("OriginalStatusCode", "?")
             raise SageMakerError(f"the endpoint answered {status}: {_container_message(response)}") from None
         raise
-    return json.loads(answer["Body"].read())
+    status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode", 200)
+    return json_answer(answer["Body"].read(), f"endpoint {endpoint!r}", status, answer.get("ContentType"))
 
 
 def _container_message(response: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     from infinity_cloud.engine import Engine
     from infinity_cloud.server import create_app
     from infinity_cloud.server.read_deadlines import deadline_protocol
+    from infinity_cloud.targets.runtime import check_image_device
 
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["serve"]):
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         spec = load_spec(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG))
         spec = with_model_data(spec, Path(os.environ.get(MODEL_DIR_ENV, DEFAULT_MODEL_DIR)))
+        check_image_device()  # before /ping answers: SageMaker then fails the endpoint with this line
     except InfinityCloudError as exc:  # one line in the endpoint's log, not a traceback
         raise SystemExit(f"error: {exc.message}") from None
     configure_logging(spec.server.log_level, spec.server.log_format)

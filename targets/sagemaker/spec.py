@@ -12,6 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # gets CUDA torch. ml.inf2 is AWS Inferentia2 (Neuron); everything else is CPU.
 GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p4d", "p4de", "p5", "p5e", "p5en")
 NEURON_FAMILIES = ("inf2", "trn1")
+# The machine image GPU instances run (ProductionVariant's InferenceAmiVersion): NVIDIA driver
+# 580, CUDA 13.0 (botocore's model of CreateEndpointConfig lists each AMI's driver). Without
+# one SageMaker picks its own, whose older driver does not run the image's torch: PyPI's
+# torch is the CUDA 13 build, which needs driver 580 or newer. Resolved with the package
+# index like every other requirement of the image, so no second index is trusted unchecked.
+GPU_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 # SageMaker's own payload limits: 6 MB for a real-time endpoint, 4 MB for a serverless one.
 REALTIME_PAYLOAD_BYTES = 6 * 1024 * 1024
 SERVERLESS_PAYLOAD_BYTES = 4 * 1024 * 1024

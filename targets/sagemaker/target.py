@@ -138,7 +138,9 @@ class SageMakerTarget(Target[SageMakerSpec]):
             "neuron_image": settings.neuron_image.format(region=settings.region or "us-east-1"),
             "compile_env": COMPILE_ENV,
             "torch": f"torch=={container.torch_version()}",
-            "torch_index": container.TORCH_CPU_INDEX,
+            # GPU: PyPI's CUDA build, which the endpoint's machine image (GPU_AMI) runs.
+            "torch_index": None if variant == "gpu" else container.TORCH_CPU_INDEX,
+            "image_env": container.image_env(device),
             "hub_models": [] if settings.pack_models else container.hub_models(spec),
             "model_copies": copies,
             "requirements_file": container.REQUIREMENTS_FILE,
@@ -178,29 +180,41 @@ class SageMakerTarget(Target[SageMakerSpec]):
             )
             endpoint_calls = [c for c in calls if c.service != "application-autoscaling"]
             scaling = calls[len(endpoint_calls):]
-            made: list[Call] = []  # what this deploy created, undone in reverse if it fails
+            # AWS refuses to update an autoscaled variant: its autoscaling goes just before the
+            # update, and what --autoscale asks for is registered once the endpoint is InService.
+            scaled = aws.current_scaling(client, name) if existing else aws.Scaling()
+            *creations, endpoint_call = endpoint_calls
+            made: list[Call] = []  # what this deploy did, undone in reverse if it fails
             try:
-                for call in endpoint_calls:
+                for call in (*creations, *scaled.removal, endpoint_call):
                     run(client, call)
                     made.append(call)
                 with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
                     aws.wait_in_service(
                         client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)"),
                         # an update that failed is InService again, on the old config
-                        config=endpoint_calls[-1].params["EndpointConfigName"] if existing else None,
+                        config=endpoint_call.params["EndpointConfigName"] if existing else None,
                     )
-            except aws.StillDeploying:  # it may yet come up: status says
+            except aws.StillDeploying as exc:  # it may yet come up: status says
+                if scaled.removal:
+                    raise aws.StillDeploying(
+                        f"{exc.message}; its autoscaling was removed for the update: deploy again once it "
+                        "is InService to set it"
+                    ) from None
                 raise
             except Exception:  # not on Ctrl-C either: the endpoint may still come up
-                aws.roll_back(client, made)
+                aws.roll_back(client, made, scaled)
                 raise
             for call in scaling:
                 run(client, call)
             if existing is not None:  # the old config and model serve nothing now
                 for call in aws.resources_of(client, existing["EndpointConfigName"]):
                     run(client, call)
+            url = aws.invocation_url(client, name)
+            region = client("sagemaker-runtime").meta.region_name
+        model = container.served_name(spec.models[0])
         return Deployment(
-            self.name, name, None,
+            self.name, name, url, examples=aws.usage_example(url, name, region, model),
             notes=(f"call it with `infinity-cloud invoke sagemaker --endpoint-name {name} --input hello`",),
         )
 
@@ -233,6 +247,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             )
         facts: dict[str, Any] = {
             "endpoint": endpoint["EndpointName"], "status": endpoint["EndpointStatus"],
+            "url": aws.invocation_url(client, settings.endpoint_name),
             "config": endpoint["EndpointConfigName"],
         }
         for variant in config.get("ProductionVariants", []):
@@ -258,11 +273,8 @@ class SageMakerTarget(Target[SageMakerSpec]):
                 raise aws.SageMakerError(f"no SageMaker endpoint named {name!r}")
             calls = aws.resources_of(client, endpoint["EndpointConfigName"])
             calls += [c for c in aws.leftovers(client, name) if c not in calls]
-            if aws.scaling_registered(client, name):
-                run(client, Call("application-autoscaling", "deregister_scalable_target", {
-                    "ServiceNamespace": "sagemaker", "ResourceId": aws.resource_id(name),
-                    "ScalableDimension": aws.SCALABLE_DIMENSION,
-                }))
+            for call in aws.current_scaling(client, name).removal:
+                run(client, call)
             run(client, Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
             for call in calls:
                 run(client, call)

@@ -1,0 +1,94 @@
+"""Whether a GPU image can use the GPU it was started on, and if not, exactly why.
+
+`device auto` loads a model on the CPU when torch sees no GPU, which on a GPU instance is a
+tenfold slowdown that nothing reports. A GPU image (its environment names the device, see
+`IMAGE_DEVICE_ENV`) checks at start instead and stops with the reason: no driver or device
+in the container, or a driver too old for the CUDA its torch was built with. The driver is
+asked through libcuda itself, since torch only says that CUDA is unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from infinity_cloud.errors import ConfigError
+
+# The oldest driver of each CUDA major version (NVIDIA's CUDA release notes, minor version
+# compatibility): a build for CUDA X.y runs on any driver from the first one of X's branch.
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+CUDA_ERROR_NO_DEVICE = 100
+_DRIVER_RELEASE = re.compile(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """What decides whether CUDA works here."""
+
+    torch: str | None  # torch's version; None when it is not installed
+    torch_cuda: str | None  # the CUDA torch was built for ("12.6"); None for a CPU build
+    torch_sees_gpu: bool
+    driver_cuda: int | None = None  # the newest CUDA the driver runs, as cuDriverGetVersion says (12040)
+    driver: str | None = None  # the driver's release ("550.90.07")
+    init_error: int = 0  # cuInit's result
+    devices: int = 0
+
+
+def cuda_facts() -> CudaFacts:
+    try:
+        import torch
+    except ImportError:
+        torch_facts: tuple[str | None, str | None, bool] = (None, None, False)
+    else:
+        torch_facts = (torch.__version__, torch.version.cuda, torch.cuda.is_available())
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")  # the driver's library, mounted by the GPU runtime
+    except OSError:
+        return CudaFacts(*torch_facts)
+    version, count = ctypes.c_int(0), ctypes.c_int(0)
+    libcuda.cuDriverGetVersion(ctypes.byref(version))
+    init_error = libcuda.cuInit(0)
+    if init_error == 0:
+        libcuda.cuDeviceGetCount(ctypes.byref(count))
+    return CudaFacts(*torch_facts, version.value or None, _driver_release(), init_error, count.value)
+
+
+def _driver_release() -> str | None:
+    try:
+        found = _DRIVER_RELEASE.search(Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def cuda_problem(facts: CudaFacts) -> str | None:
+    """Why torch cannot run on a GPU here, or None when it can."""
+    if facts.torch_sees_gpu:
+        return None
+    if facts.driver_cuda is None:
+        return ("no NVIDIA driver is visible in this container (libcuda.so.1 cannot be loaded): the machine "
+                "has no GPU, or the container was started without access to it")
+    driver = f"the NVIDIA driver {facts.driver or '(release unknown)'}"
+    runs = f"CUDA {facts.driver_cuda // 1000}.{facts.driver_cuda % 1000 // 10}"
+    if facts.torch is None or facts.torch_cuda is None:
+        what = "not installed" if facts.torch is None else f"{facts.torch}, a CPU build"
+        return f"{driver} runs {runs}, but this image's torch is {what}"
+    needed = int(facts.torch_cuda.split(".")[0])
+    if facts.driver_cuda // 1000 < needed:
+        oldest = MIN_DRIVER.get(needed, f"one made for CUDA {needed}")
+        return (f"{driver} is too old: it runs up to {runs}, and this image's torch {facts.torch} is built "
+                f"for CUDA {facts.torch_cuda}, which needs driver {oldest} or newer")
+    if facts.init_error == CUDA_ERROR_NO_DEVICE or (facts.init_error == 0 and facts.devices == 0):
+        return f"{driver} ({runs}) sees no CUDA device"
+    if facts.init_error:
+        return f"{driver} ({runs}) failed to start CUDA (cuInit error {facts.init_error})"
+    return f"torch {facts.torch} does not see the {facts.devices} CUDA device(s) that {driver} ({runs}) has"
+
+
+def require_usable_gpu(facts: CudaFacts | None = None) -> None:
+    """Refuse to start a GPU image that would serve on the CPU."""
+    problem = cuda_problem(facts or cuda_facts())
+    if problem:
+        raise ConfigError(f"this is a GPU image, but {problem}; refusing to serve on the CPU")
