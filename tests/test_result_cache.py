@@ -262,10 +262,12 @@ async def _embed_with(spec: Any, texts: list[str]) -> tuple[list[Any], dict[str,
 
     engine = Engine(spec)
     async with serve_in_process(engine) as client:
-        for _ in range(500):  # connected (in the background) before the request, on a busy machine too
-            if engine.cache.redis.available:
-                break
+        # Connected (in the background) before the request: on a busy 2-core machine that
+        # took more than the 5 s once waited here, and the request then ran without Redis.
+        waited = time.monotonic() + 60
+        while not engine.cache.redis.available and time.monotonic() < waited:
             await asyncio.sleep(0.01)
+        assert engine.cache.redis.available, "the server did not reach redis-server within 60 s"
         response = await client.post("/v1/embeddings", json={"model": "m", "input": texts})
         assert response.status_code == 200, response.text
         stats = cache_stats((await client.get("/metrics")).text)
