@@ -4,6 +4,7 @@ export cache that cannot be written, a port in use."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -130,3 +131,46 @@ def test_every_problem_is_listed_at_once(tiny_embedder: Path, monkeypatch: pytes
     assert lines[0] == "cannot start:"
     assert any(line.startswith("  - model a: the export cache /dev/null/cache") for line in lines)
     assert any(line.startswith("  - model b:") and "does not exist" in line for line in lines)
+
+
+def test_a_read_only_export_cache_serves_what_it_holds_and_builds_the_rest_in_the_temporary_folder(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """An image's baked cache (INFINITY_CLOUD_CACHE on Lambda's read-only task root): its
+    exports are served from it, and one it lacks (a precision verdict for another CPU's
+    kernels) is built in the temporary folder instead of failing with an OSError."""
+    cache, temporary = tmp_path / "cache", tmp_path / "tmp"
+    temporary.mkdir()
+    script = """
+import json, sys
+from pathlib import Path
+from infinity_cloud.backends import exports
+model = Path(sys.argv[1])
+def build(out):
+    (out / "verdict.json").write_text("{}")
+    return {"built": True}
+held = exports.cached_export(model, "fidelity", {"kernels": "here"}, build, "checking")
+lacked = exports.cached_export(model, "fidelity", {"kernels": "elsewhere"}, build, "checking")
+print(json.dumps([str(held), str(lacked)]))
+"""
+    env = {**os.environ, "INFINITY_CLOUD_CACHE": str(cache), "TMPDIR": str(temporary)}
+    python = (sys.executable, "-c", script, str(tiny_embedder))
+    made = subprocess.run(python, env=env, capture_output=True, encoding="utf-8", check=True)
+    held_before = json.loads(made.stdout)[0]
+    shutil.rmtree(json.loads(made.stdout)[1])  # the cache holds the one verdict only
+    if os.geteuid() == 0:  # root writes through permissions: a read-only mount instead
+        mounts = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        program: tuple[str, ...] = ("unshare", "-m", "sh", "-c", mounts, str(cache), *python)
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+        program = python
+    try:
+        done = subprocess.run(program, env=env, capture_output=True, encoding="utf-8")
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(cache)], check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    held, lacked = json.loads(done.stdout)
+    assert held == held_before  # served from the read-only cache, not built again
+    assert Path(lacked).parent == temporary / "infinity-cloud-exports"
+    assert (Path(lacked) / "manifest.json").is_file()
+    assert done.stderr.count(f"the export cache {cache} is read-only") == 1, done.stderr

@@ -94,9 +94,14 @@ def cache_root(model_path: Path) -> Path:
     user = Path(base) / "infinity-cloud" / "exports"
     if writable(user) or any(user.glob(f"*/{MANIFEST}")):
         return user
-    fallback = Path(tempfile.gettempdir()) / "infinity-cloud-exports"
+    fallback = temporary_cache()
     _warn_temporary_cache(str(model_path), str(user), str(fallback))
     return fallback
+
+
+def temporary_cache() -> Path:
+    """Where exports go when nowhere else can be written: built again at each start."""
+    return Path(tempfile.gettempdir()) / "infinity-cloud-exports"
 
 
 def writable(folder: Path) -> bool:
@@ -105,6 +110,14 @@ def writable(folder: Path) -> bool:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     return probe.is_dir() and os.access(probe, os.W_OK)
+
+
+@functools.cache
+def _warn_read_only_cache(cache: str, fallback: str) -> None:
+    log.warning(
+        "the export cache %s is read-only: the exports it lacks are built in %s, again at each start",
+        cache, fallback,
+    )
 
 
 @functools.cache
@@ -142,6 +155,15 @@ def cached_export(
     target = export_dir(model_path, kind, options)
     if verify(target):
         return target
+    if not writable(target.parent):
+        # A cache baked into a read-only image (Lambda's task root, INFINITY_CLOUD_CACHE) serves
+        # the exports it holds; one it lacks (a precision verdict for another CPU's kernels) is
+        # built in the temporary folder, not refused with an OSError at start.
+        spare = temporary_cache() / target.name
+        _warn_read_only_cache(str(target.parent), str(spare.parent))
+        if verify(spare):
+            return spare
+        target = spare
     # One build per export across processes (two servers started at once on a fresh cache):
     # the second waits here, then finds the first one's export.
     with _exclusive(target):
