@@ -358,7 +358,9 @@ def report_deployment(deployment: Deployment, spec: DeploymentSpec) -> None:
     for note in deployment.notes:
         typer.secho(f"note: {note}", fg=typer.colors.YELLOW)
     if deployment.url is None:
-        typer.echo(f"the URL is printed above; `infinity-cloud status {deployment.target}` shows it again")
+        command = deployment.target.replace("_", "-")
+        typer.echo(f"it has no URL: `infinity-cloud invoke {command}` calls it, `infinity-cloud status "
+                   f"{command}` shows its state")
         return
     typer.echo(f"endpoint: {deployment.url}\n")
     if deployment.examples is not None:

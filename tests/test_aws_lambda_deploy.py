@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 from botocore.client import BaseClient
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
+from botocore.validate import validate_parameters
 from moto import mock_aws
 from typer.testing import CliRunner
 
@@ -116,6 +119,13 @@ def test_dry_run_prints_the_calls(tmp_path: Path, tiny_embedder: Path, monkeypat
     assert "lambda.create_function_url_config(" in result.output
     assert result.output.count("lambda.add_permission(") == 2
     assert '"InvokedViaFunctionUrl": true' in result.output
+    assert "delete_function_url_config" not in result.output  # a URL where it was: nothing to remove
+    # Served through the alias: the function's own URL, where an earlier deploy made one, goes last.
+    moved = deploy(tmp_path, tiny_embedder, arn, "--dry-run", "--provisioned-concurrency", "2")
+    assert moved.exit_code == 0, moved.output
+    last = moved.output.split("(last, where an earlier deploy left a URL", 1)[1]
+    assert 'lambda.delete_function_url_config({\n "FunctionName": "infinity-cloud"\n})' in last
+    assert last.count("lambda.remove_permission(") == 2 and "Qualifier" not in last
     refused = deploy(tmp_path, tiny_embedder, arn, "--dry-run", "--backend", "torch")
     assert refused.exit_code == 2 and "serves without torch" in refused.output  # still checked
 
@@ -169,6 +179,108 @@ class LambdaWithProvisioning:
         return getattr(self.stubbed if name in self.STUBBED else self.moto, name)
 
 
+class PerQualifier:
+    """moto's Lambda, except function URLs and resource policies. moto keeps one URL per
+    function whatever the Qualifier, its published versions share the function's policy, and
+    it has no list_function_url_configs; Lambda keeps a URL and a policy per qualifier (the
+    function itself, or an alias of it: the only qualifier a deploy passes). Here they are kept
+    so: each request checked against botocore's model of the call as a real one is, answered
+    in Lambda's documented response shapes, and refused with Lambda's errors (no such function
+    or alias, no URL or policy there, a URL or statement id already there)."""
+
+    CALLS = frozenset({"create_function_url_config", "get_function_url_config", "update_function_url_config",
+                       "delete_function_url_config", "add_permission", "remove_permission", "get_policy"})
+
+    def __init__(self, moto: Any) -> None:
+        self.moto = moto
+        self.urls: dict[tuple[str, str | None], dict[str, Any]] = {}
+        self.statements: dict[tuple[str, str | None], dict[str, dict[str, Any]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.CALLS:
+            return getattr(self.moto, name)
+
+        def call(**params: Any) -> Any:
+            meta = self.moto.meta
+            operation = meta.method_to_api_mapping[name]
+            validate_parameters(params, meta.service_model.operation_model(operation).input_shape)
+            function, qualifier = params["FunctionName"], params.get("Qualifier")
+            arn = self.moto.get_function_configuration(FunctionName=function)["FunctionArn"]
+            if qualifier:
+                arn = self.moto.get_alias(FunctionName=function, Name=qualifier)["AliasArn"]
+            return getattr(self, f"_{name}")(operation, (function, qualifier), arn, params)
+
+        return call
+
+    def _refuse(self, operation: str, code: str, message: str, status: int) -> None:
+        error = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        raise getattr(self.moto.exceptions, code)(error, operation)
+
+    def _not_found(self, operation: str) -> None:
+        message = "The resource you requested does not exist."
+        self._refuse(operation, "ResourceNotFoundException", message, 404)
+
+    def _url(self, operation: str, where: tuple[str, str | None]) -> dict[str, Any]:
+        if where not in self.urls:
+            self._not_found(operation)
+        return self.urls[where]
+
+    def _create_function_url_config(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        if where in self.urls:
+            self._refuse(operation, "ResourceConflictException",
+                         f"Failed to create function url config for [functionArn = {arn}]. Error message: "
+                         "FunctionUrlConfig exists for this Lambda function", 409)
+        now = datetime.now(timezone.utc).isoformat()
+        self.urls[where] = {"FunctionUrl": f"https://{uuid.uuid4().hex}.lambda-url.{REGION}.on.aws/",
+                            "FunctionArn": arn, "AuthType": params["AuthType"], "CreationTime": now,
+                            "LastModifiedTime": now, "InvokeMode": params.get("InvokeMode", "BUFFERED")}
+        return {k: v for k, v in self.urls[where].items() if k != "LastModifiedTime"}
+
+    def _get_function_url_config(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        return dict(self._url(operation, where))
+
+    def _update_function_url_config(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        config = self._url(operation, where)
+        config.update(AuthType=params["AuthType"], LastModifiedTime=datetime.now(timezone.utc).isoformat())
+        return dict(config)
+
+    def _delete_function_url_config(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        self._url(operation, where)
+        del self.urls[where]
+        return {}
+
+    def _add_permission(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        held, sid = self.statements.setdefault(where, {}), params["StatementId"]
+        if sid in held:
+            self._refuse(operation, "ResourceConflictException", f"The statement id ({sid}) provided already "
+                         "exists. Please provide a new statement id, or remove the existing statement.", 409)
+        statement = {"Sid": sid, "Effect": "Allow", "Principal": params["Principal"],
+                     "Action": params["Action"], "Resource": arn}
+        if "FunctionUrlAuthType" in params:
+            auth = params["FunctionUrlAuthType"]
+            statement["Condition"] = {"StringEquals": {"lambda:FunctionUrlAuthType": auth}}
+        if "InvokedViaFunctionUrl" in params:
+            via = str(params["InvokedViaFunctionUrl"]).lower()
+            statement["Condition"] = {"Bool": {"lambda:InvokedViaFunctionUrl": via}}
+        held[sid] = statement
+        return {"Statement": json.dumps(statement)}
+
+    def _remove_permission(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        held, sid = self.statements.get(where, {}), params["StatementId"]
+        if sid not in held:
+            message = f"Statement {sid} is not found in resource policy."
+            self._refuse(operation, "ResourceNotFoundException", message, 404)
+        del held[sid]
+        return {}
+
+    def _get_policy(self, operation: str, where: Any, arn: str, params: dict) -> dict:
+        held = self.statements.get(where)
+        if not held:
+            self._not_found(operation)
+        policy = {"Version": "2012-10-17", "Id": "default", "Statement": list(held.values())}
+        return {"Policy": json.dumps(policy), "RevisionId": str(uuid.uuid4())}
+
+
 def provisioning(status: str, ready: int, requested: int = 2) -> dict[str, Any]:
     return {"Status": status, "RequestedProvisionedConcurrentExecutions": requested,
             "AvailableProvisionedConcurrentExecutions": ready,
@@ -181,16 +293,10 @@ def test_provisioned_concurrency_serves_through_a_published_alias(
 ) -> None:
     arn = role()
     moto_lambda, stubbed = (boto3.client("lambda", region_name=REGION) for _ in range(2))
-    lam = LambdaWithProvisioning(moto_lambda, stubbed)
+    per_qualifier = PerQualifier(moto_lambda)
+    lam = LambdaWithProvisioning(per_qualifier, stubbed)
     monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
                         lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
-    url_calls: list[dict[str, Any]] = []  # moto keeps one URL per function, whatever the qualifier
-
-    def sent(params: dict[str, Any], model: Any, **_: Any) -> None:
-        if model.name.endswith("FunctionUrlConfig"):
-            url_calls.append(params)
-
-    moto_lambda.meta.events.register("provide-client-params.lambda", sent)
     where = {"FunctionName": "emb", "Qualifier": "live"}
     with Stubber(stubbed) as stub:
         stub.add_response("put_provisioned_concurrency_config",
@@ -205,7 +311,7 @@ def test_provisioned_concurrency_serves_through_a_published_alias(
         assert moto_lambda.get_alias(FunctionName="emb", Name="live")["FunctionVersion"] == "1"
         versions = moto_lambda.list_versions_by_function(FunctionName="emb")["Versions"]
         assert [v["Version"] for v in versions] == ["$LATEST", "1"]
-        assert url_calls and all(call.get("Qualifier") == "live" for call in url_calls)
+        assert list(per_qualifier.urls) == [("emb", "live")]  # the alias's URL, and only that
 
         stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
         status = runner.invoke(cli, ["status", "aws-lambda", "--function-name", "emb", "--region", REGION])
@@ -220,6 +326,68 @@ def test_provisioned_concurrency_serves_through_a_published_alias(
                         image=IMAGE.replace(":1", ":2"))
         assert result.exit_code == 0, result.output
         assert moto_lambda.get_alias(FunctionName="emb", Name="live")["FunctionVersion"] == "2"
+        stub.assert_no_pending_responses()
+
+
+@mock_aws
+def test_a_provisioned_redeploy_moves_the_public_url_to_the_alias_and_deletes_the_old_one(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Public on the function itself, then with provisioned concurrency: the URL is the
+    alias's, and the function's own URL and its two public statements are gone (else the
+    function stays public at its old address), said in the notes. Back to 0, deploys stay on
+    the alias, and so does its URL. Then without a URL: the alias's goes too."""
+    arn = role()
+    moto_lambda, stubbed = (boto3.client("lambda", region_name=REGION) for _ in range(2))
+    per_qualifier = PerQualifier(moto_lambda)
+    lam = LambdaWithProvisioning(per_qualifier, stubbed)
+    monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
+                        lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
+    public = ["--function-name", "emb", "--auth", "NONE"]
+    assert deploy(tmp_path, tiny_embedder, arn, *public).exit_code == 0
+    old = lam.get_function_url_config(FunctionName="emb")["FunctionUrl"]
+    assert len(json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]) == 2
+    where = {"FunctionName": "emb", "Qualifier": "live"}
+    with Stubber(stubbed) as stub:
+        stub.add_response("put_provisioned_concurrency_config",
+                          {"RequestedProvisionedConcurrentExecutions": 2, "Status": "IN_PROGRESS"},
+                          {**where, "ProvisionedConcurrentExecutions": 2})
+        stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
+        result = deploy(tmp_path, tiny_embedder, arn, *public, "--provisioned-concurrency", "2")
+        assert result.exit_code == 0, result.output
+        with pytest.raises(lam.exceptions.ResourceNotFoundException):
+            lam.get_function_url_config(FunctionName="emb")
+        with pytest.raises(lam.exceptions.ResourceNotFoundException):  # no statement left on it at all
+            lam.get_policy(FunctionName="emb")
+        new = lam.get_function_url_config(**where)
+        assert new["AuthType"] == "NONE" and new["FunctionUrl"] != old and new["FunctionUrl"] in result.output
+        statements = json.loads(lam.get_policy(**where)["Policy"])["Statement"]
+        assert sorted((s["Sid"], s["Resource"].rsplit(":", 1)[1]) for s in statements) == [
+            (calls.PUBLIC_URL_STATEMENT, "live"), (calls.PUBLIC_INVOKE_STATEMENT, "live")]
+        output = " ".join(result.output.split())
+        assert (f"removed what an earlier deploy left on function 'emb' itself, where this deploy serves no "
+                f"URL: its URL {old} (auth NONE), the public grants ({calls.PUBLIC_URL_STATEMENT}, "
+                f"{calls.PUBLIC_INVOKE_STATEMENT})") in output
+
+        # Provisioned concurrency back to 0: still served through the alias, whose URL stays.
+        stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
+        stub.add_response("delete_provisioned_concurrency_config", {}, where)
+        again = deploy(tmp_path, tiny_embedder, arn, *public)
+        assert again.exit_code == 0, again.output
+        assert lam.get_function_url_config(**where)["FunctionUrl"] == new["FunctionUrl"]
+        assert list(per_qualifier.urls) == [("emb", "live")] and "removed what" not in again.output
+
+        # No URL wanted: the alias's and its grants go, and nothing else is asked of the function.
+        stub.add_client_error("get_provisioned_concurrency_config",
+                              "ProvisionedConcurrencyConfigNotFoundException", http_status_code=404,
+                              expected_params=where)
+        off = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--no-function-url")
+        assert off.exit_code == 0, off.output
+        assert per_qualifier.urls == {}
+        with pytest.raises(lam.exceptions.ResourceNotFoundException):
+            lam.get_policy(**where)
+        assert f"left on alias emb:live, where this deploy serves no URL: its URL {new['FunctionUrl']}" in \
+            " ".join(off.output.split())
         stub.assert_no_pending_responses()
 
 
@@ -356,6 +524,65 @@ def test_a_redeploy_with_iam_auth_removes_the_public_grants(tmp_path: Path, tiny
     assert [s["Sid"] for s in statements] == ["someone-elses"]  # only ours went
     assert "removed the public grants an earlier deploy gave the URL" in " ".join(result.output.split())
     assert "the function URL is public" not in result.output
+
+
+@mock_aws
+def test_a_redeploy_without_a_url_deletes_it_and_its_public_grants(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    arn = role()
+    lam = boto3.client("lambda", region_name=REGION)
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
+    old = lam.get_function_url_config(FunctionName="emb")["FunctionUrl"]
+    lam.add_permission(FunctionName="emb", StatementId="someone-elses", Action="lambda:InvokeFunction",
+                       Principal="s3.amazonaws.com")
+    result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--no-function-url")
+    assert result.exit_code == 0, result.output
+    with pytest.raises(lam.exceptions.ResourceNotFoundException):
+        lam.get_function_url_config(FunctionName="emb")
+    statements = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert [s["Sid"] for s in statements] == ["someone-elses"]  # only ours went
+    output = " ".join(result.output.split())
+    assert (f"removed what an earlier deploy left on function 'emb' itself, where this deploy serves no URL: "
+            f"its URL {old} (auth NONE), the public grants ({calls.PUBLIC_URL_STATEMENT}, "
+            f"{calls.PUBLIC_INVOKE_STATEMENT})") in output
+    assert "the function URL is public" not in output and "infinity-cloud invoke aws-lambda" in output
+    assert "printed above" not in output and "it has no URL" in output  # no URL said to be above
+    # Again: nothing there to remove, nothing said.
+    again = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--no-function-url")
+    assert again.exit_code == 0, again.output
+    assert "removed what" not in again.output
+
+
+@mock_aws
+def test_a_refused_url_removal_takes_nothing_back_and_says_the_old_url_stays(
+    tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old URL's deletion is the deploy's last step, past what the rollback covers: when it
+    is refused, the deploy (done) is not taken back, the URL stays as it was (still working,
+    its grants kept) and the error says so."""
+    arn = role()
+    moto_lambda, stubbed = (boto3.client("lambda", region_name=REGION) for _ in range(2))
+    lam = LambdaWith({"delete_function_url_config"}, moto_lambda, stubbed)
+    monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
+                        lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
+    assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
+    refusal = ("User: arn:aws:iam::123456789012:user/deployer is not authorized to perform: "
+               "lambda:DeleteFunctionUrlConfig")
+    with Stubber(stubbed) as stub:
+        stub.add_client_error("delete_function_url_config", "AccessDeniedException", refusal, 403,
+                              expected_params={"FunctionName": "emb"})
+        result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--no-function-url",
+                        image=IMAGE.replace(":1", ":2"))
+        stub.assert_no_pending_responses()
+    assert result.exit_code == 2, result.output
+    output = " ".join(result.output.split())
+    assert "AccessDeniedException" in output and "the deploy itself is done" in output
+    assert "rolled back" not in output
+    assert moto_lambda.get_function(FunctionName="emb")["Code"]["ImageUri"] == IMAGE.replace(":1", ":2")
+    assert moto_lambda.get_function_url_config(FunctionName="emb")["AuthType"] == "NONE"
+    statements = json.loads(moto_lambda.get_policy(FunctionName="emb")["Policy"])["Statement"]
+    assert {s["Sid"] for s in statements} == {calls.PUBLIC_URL_STATEMENT, calls.PUBLIC_INVOKE_STATEMENT}
 
 
 @mock_aws

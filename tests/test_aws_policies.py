@@ -100,8 +100,10 @@ def test_the_lambda_deployer_policy_allows_every_call(
     # What Lambda makes at the function's first invocation, which `delete` takes with it.
     boto3.client("logs", region_name=REGION).create_log_group(logGroupName="/aws/lambda/emb")
     sent.clear()  # from here on, only the CLI's own calls
-    # Public, then private again (its grants removed), then deleted.
+    # Public, then private again (its grants removed), then without a URL (it is deleted), then
+    # deleted.
     for command in ([*deploy, "--auth", "NONE"], [*deploy, "--auth", "AWS_IAM"],
+                    [*deploy, "--no-function-url"],
                     ["status", "aws-lambda", "--region", REGION, "--function-name", "emb"],
                     ["delete", "aws-lambda", "--region", REGION, "--function-name", "emb", "--yes"]):
         result = runner.invoke(cli, command)
@@ -113,7 +115,7 @@ def test_the_lambda_deployer_policy_allows_every_call(
     boto3.client("iam", region_name=REGION).put_user_policy(
         UserName="deployer", PolicyName="deploy", PolicyDocument=json.dumps(deployer))
     assert {"lambda:CreateFunction", "lambda:CreateFunctionUrlConfig", "lambda:AddPermission",
-            "lambda:RemovePermission", "logs:DeleteLogGroup"} <= made
+            "lambda:RemovePermission", "lambda:DeleteFunctionUrlConfig", "logs:DeleteLogGroup"} <= made
     assert made - allowed(deployer) == set()
     # What only a failed deploy's rollback calls (tests/test_aws_lambda_deploy.py), and the
     # push of the image (your Docker) a first deployment needs.

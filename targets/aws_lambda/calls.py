@@ -1,7 +1,7 @@
 """The Lambda API through boto3: create or update the function, wait until it is ready, its
-URL (and the permissions a public one needs, removed again when it is no longer public),
-what one deploy made taken back when a later step fails, deletion with its logs, and a
-direct invocation."""
+URL (and the permissions a public one needs, removed again when it is no longer public; a
+URL an earlier deploy made where this one serves none deleted), what one deploy made taken
+back when a later step fails, deletion with its logs, and a direct invocation."""
 
 from __future__ import annotations
 
@@ -125,6 +125,10 @@ def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool =
     return calls
 
 
+def delete_url_call(name: str, qualifier: str | None = None) -> Call:
+    return Call("lambda", "delete_function_url_config", {"FunctionName": name, **_qualified(qualifier)})
+
+
 def revoke_calls(name: str, statements: Iterable[str], qualifier: str | None = None) -> list[Call]:
     where = _qualified(qualifier)
     return [Call("lambda", "remove_permission", {"FunctionName": name, "StatementId": sid, **where})
@@ -190,8 +194,7 @@ def ensure_url(
     write, *permissions = url_calls(settings, qualifier, exists=before is not None)
     url = run(client, write)["FunctionUrl"]
     if before is None:
-        rollback.made("deleted the function URL", Call("lambda", "delete_function_url_config", {
-            "FunctionName": name, **_qualified(qualifier)}))
+        rollback.made("deleted the function URL", delete_url_call(name, qualifier))
     elif before["AuthType"] != settings.auth:
         rollback.made(f"set the URL's auth back to {before['AuthType']}", Call(
             "lambda", "update_function_url_config", {**write.params, "AuthType": before["AuthType"]}))
@@ -206,6 +209,39 @@ def ensure_url(
             run(client, call)
             rollback.made(f"removed permission {sid!r}", *revoke_calls(name, [sid], qualifier))
     return url, []
+
+
+def unwanted_url_places(settings: LambdaSpec, aliased: bool) -> list[str | None]:
+    """Where an earlier deploy may have left a URL that this one does not serve: the function
+    itself (None) and, once deploys serve through it, the alias; all of them without a URL
+    (--no-function-url), else all but the one this deploy's URL is on."""
+    serving = ALIAS if aliased else None
+    places: list[str | None] = [None, ALIAS] if aliased else [None]
+    return [place for place in places if not (settings.function_url and place == serving)]
+
+
+def remove_url(client: Callable[[str], Any], name: str, qualifier: str | None = None) -> list[str]:
+    """Delete the URL on the function (or its alias) where there is one, then the public
+    statements a deploy granted there (only those two: others stay). The URL goes first, so
+    a refusal of either leaves no URL that answers 403. Returns what went, for the notes.
+
+    Nothing here is handed to `Rollback`: a deleted URL cannot be brought back (a new one gets
+    another address), so the deploy calls this last, after every step a failure takes back."""
+    removed = []
+    config = _url_config(client, name, qualifier)
+    if config is not None:
+        run(client, delete_url_call(name, qualifier))
+        removed.append(f"its URL {config['FunctionUrl']} (auth {config['AuthType']})")
+    granted = public_grants(client, name, qualifier)
+    for call in revoke_calls(name, granted, qualifier):
+        run(client, call)
+    if granted:
+        removed.append(f"the public grants ({', '.join(granted)})")
+    return removed
+
+
+def place_of(name: str, qualifier: str | None) -> str:
+    return f"alias {name}:{qualifier}" if qualifier else f"function {name!r} itself"
 
 
 def log_group(name: str) -> str:

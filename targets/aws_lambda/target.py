@@ -111,12 +111,31 @@ class LambdaTarget(Target[LambdaSpec]):
             qualifier = lambda_calls.ALIAS if aliased else None
             url, revoked = (lambda_calls.ensure_url(client, settings, rollback, qualifier)
                             if settings.function_url else (None, []))
+        # Last, outside the rollback: a URL an earlier deploy left where this one serves none
+        # (the function's own, once deploys serve through the alias; any, without a URL) is
+        # deleted, so the function is not still reachable there. Its deletion cannot be taken
+        # back, so nothing may fail after it; a refusal leaves the deploy done and that URL as
+        # it was, and says so.
+        removed = []
+        for place in lambda_calls.unwanted_url_places(settings, aliased):
+            where = lambda_calls.place_of(name, place)
+            done = f"the deploy itself is done{f', its URL {url}' if url else ''}"
+            with aws_calls(f"remove the URL an earlier deploy left on {where} ({done}; that URL stays as it "
+                           "was until a deploy removes it)"):
+                gone = lambda_calls.remove_url(client, name, place)
+            if gone:
+                removed.append(f"removed what an earlier deploy left on {where}, where this deploy serves no "
+                               f"URL: {', '.join(gone)}")
         notes = []
         if settings.function_url and settings.auth == "NONE":
             notes.append(f"the function URL is public (auth NONE): anyone can call it unless "
                          f"{ENDPOINT_KEYS_ENV} is set in the function's environment")
         if revoked:
             notes.append(f"removed the public grants an earlier deploy gave the URL ({', '.join(revoked)})")
+        notes += removed
+        if not settings.function_url:
+            notes.append(f"no function URL (--no-function-url): call it with `infinity-cloud invoke "
+                         f"aws-lambda --function-name {name}` (lambda.invoke, IAM-signed)")
         if aliased:
             notes.append(f"served through alias {name}:{lambda_calls.ALIAS} with "
                          f"{settings.provisioned_concurrency} provisioned environment(s)")
@@ -165,6 +184,15 @@ class LambdaTarget(Target[LambdaSpec]):
                 for call in lambda_calls.revoke_calls(settings.function_name, names, qualifier):
                     print(call.describe())
         print("(if a step fails, what this deploy created is deleted again)")
+        unwanted = lambda_calls.unwanted_url_places(settings, aliased=qualifier is not None)
+        if unwanted:
+            print("(last, where an earlier deploy left a URL that this one does not serve, it is deleted, "
+                  "then the two public statements there; a deleted URL cannot be brought back:)")
+            names = (lambda_calls.PUBLIC_URL_STATEMENT, lambda_calls.PUBLIC_INVOKE_STATEMENT)
+            for place in unwanted:
+                for call in [lambda_calls.delete_url_call(settings.function_name, place),
+                             *lambda_calls.revoke_calls(settings.function_name, names, place)]:
+                    print(call.describe())
 
     def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
         """The execution role's trust policy and permissions, and what the deploying user needs:
