@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud.backends.registry import backend_entry, backend_extra, device_kind, resolve_auto
+from infinity_cloud.backends.registry import (
+    backend_entry,
+    backend_extra,
+    converter_extra,
+    device_kind,
+    resolve_auto,
+)
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.models.model_source import folder_model_name, local_model_dir
@@ -91,8 +97,10 @@ MEDIA_EXTRAS = ("audio", "vision")
 
 def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
     """The package extras the image needs: each model's serving backend's, on its device, and
-    the media extras. Each backend's brings what it needs to convert the model at build time too."""
-    extras = {backend_extra(serving_backend(m, device), device) for m in spec.models}
+    the media extras, and each backend's converter, which builds the exports at build time
+    (an image's run stage leaves it out: `serving_requirements`)."""
+    backends = {serving_backend(m, device) for m in spec.models}
+    extras = {backend_extra(name, device) for name in backends} | {converter_extra(name) for name in backends}
     if spec.server.cache_url:  # the shared result cache's client
         extras.add("cache")
     return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))

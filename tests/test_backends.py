@@ -372,7 +372,7 @@ for name in ("torch", "transformers", "sentence_transformers"):
 
 from infinity_cloud import Engine, ModelSpec
 
-cached, uncached, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+cached, uncached, shipped, texts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
 
 async def main():
@@ -383,6 +383,9 @@ async def main():
             out[backend + "-facts"] = engine.describe()[0]
     async with Engine(ModelSpec(model_id=cached)) as engine:
         out["auto-facts"] = engine.describe()[0]
+    async with Engine(ModelSpec(model_id=shipped, dtype="float32")) as engine:  # its own openvino/
+        out["shipped"] = (await engine.embed(texts)).embeddings.tolist()
+        out["shipped-facts"] = engine.describe()[0]
     for backend in ("onnx", "openvino", "auto"):
         try:
             async with Engine(ModelSpec(model_id=uncached, backend=backend, dtype="float32")):
@@ -400,16 +403,30 @@ asyncio.run(main())
 """
 
 
+def ship_openvino_ir(onnx_file: Path, model: Path) -> None:
+    """`openvino/openvino_model.xml` in the folder, as sentence-transformers' hub repos ship it
+    (optimum-intel's conversion of the same graph; its output named `last_hidden_state`)."""
+    import openvino as ov
+
+    ir = ov.convert_model(str(onnx_file))
+    ir.outputs[0].get_tensor().set_names({"last_hidden_state"})
+    (model / "openvino").mkdir()
+    ov.save_model(ir, str(model / "openvino" / "openvino_model.xml"))
+
+
 async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path: Path) -> None:
     cached = models["bert"]
     uncached = fresh_copy(models["bert"], tmp_path / "uncached")
     for backend in ("onnx", "openvino"):  # export here, where torch is (a no-op if cached)
         await run(cached, backend=backend, dtype="float32")
+    shipped = fresh_copy(models["bert"], tmp_path / "shipped")
+    (onnx_folder,) = exported(cached / ".infinity-cloud", "onnx")
+    ship_openvino_ir(onnx_folder / onnx_export.EXPORT_FILE, shipped)
     script = tmp_path / "no_torch.py"
     script.write_text(NO_TORCH)
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, str(script), str(cached), str(uncached), json.dumps(TEXTS)],
+        [sys.executable, str(script), str(cached), str(uncached), str(shipped), json.dumps(TEXTS)],
         capture_output=True, text=True, timeout=180,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -422,15 +439,20 @@ async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path
         assert out[f"{backend}-facts"]["backend"] == backend
         assert_close(np.array(out[backend], dtype=np.float32), want, "embed", "float32")
     assert out["auto-facts"]["backend"] == ("onnx" if has_nvidia_gpu() else "openvino")  # torch is not there
+    # A folder that ships its own OpenVINO IR is served from it, on the default backend.
+    if not has_nvidia_gpu():
+        assert out["shipped-facts"]["backend"] == "openvino"
+    assert_close(np.array(out["shipped"], dtype=np.float32), want, "embed", "float32")
     for backend in ("onnx", "openvino"):  # no export and no torch: say what to install
         kind, message = out[f"{backend}-error"]
         assert kind == "BackendUnavailableError", message
-        # The backend's own extra brings the converter (torch, transformers, onnx) too.
-        assert f"pip install 'infinity-cloud[{backend}]'" in message and "model.onnx" in message, message
+        # The converter's extra, after torch's CPU build (PyPI's Linux torch is CUDA's).
+        assert onnx_export.EXPORT_INSTALL in message and "onnx/model.onnx" in message, message
+        assert ("openvino/openvino_model.xml" in message) == (backend == "openvino"), message
         assert str(uncached) in message
     kind, message = out["auto-error"]  # every installed backend said the same
     assert kind == "BackendUnavailableError", message
-    assert "infinity-cloud[openvino]" in message, message
+    assert "infinity-cloud[export]" in message and "whl/cpu" in message, message
     assert not (uncached / ".infinity-cloud").exists() or not any((uncached / ".infinity-cloud").iterdir())
 
 
@@ -529,7 +551,7 @@ async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
 
     loads = counting(monkeypatch, graphs, "load_model")
     monkeypatch.setitem(sys.modules, "onnx", None)
-    fix = r"onnx is not installed\): pip install 'infinity-cloud\[openvino\]'"
+    fix = r"onnx is not installed\): pip install torch .*whl/cpu && pip install 'infinity-cloud\[export\]'"
     with pytest.raises(BackendUnavailableError, match=fix):
         await run(models["bert"], backend="openvino", dtype="float32")
     assert loads == []

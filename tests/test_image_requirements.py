@@ -194,3 +194,23 @@ def test_without_the_index_a_build_says_its_pins_are_unchecked(
     output = " ".join(result.output.split())
     assert "could not ask the package index" in output and "Python 3.11 on linux/x86_64" in output
     assert f"typer=={container.installed_version('typer')}" in pins(tmp_path / "requirements.txt")
+
+
+@pytest.mark.parametrize("extra", ["openvino", "onnx"])
+def test_a_cpu_backends_extra_installs_no_torch(index: None, extra: str) -> None:
+    """`pip install 'infinity-cloud[openvino]'` on a Linux machine pulls no torch (from PyPI,
+    the CUDA build with 2.8 GB of NVIDIA wheels): it serves models that ship their exports;
+    the `export` extra is what converts the others, and brings torch."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    def declared(name: str) -> list[str]:  # the core and the extra, torch included
+        reqs = [Requirement(line) for line in importlib.metadata.requires("infinity-cloud") or []]
+        return [f"{r.name}{r.specifier}" for r in reqs if not r.marker or r.marker.evaluate({"extra": name})]
+
+    assert {"onnx", "torch", "transformers"} <= {Requirement(r).name for r in declared("export")}
+    wanted = declared(extra)
+    assert extra.replace("onnx", "onnxruntime") in {Requirement(r).name for r in wanted}
+    found = resolution.resolve(wanted, ImagePlatform("3.11", "x86_64"))
+    assert not {name for name in found if name == "torch" or name.startswith(("nvidia-", "triton"))}, found

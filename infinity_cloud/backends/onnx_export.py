@@ -16,21 +16,34 @@ from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
+# sentence-transformers' OpenVINO export (`export_static_quantized_openvino_model` and
+# friends write variants beside it, which are not this float model).
+OWN_OPENVINO_FILES = ("openvino_model.xml", "openvino/openvino_model.xml")
+OWN_EXPORT_FILES = {"onnx": OWN_ONNX_FILES, "openvino": OWN_ONNX_FILES + OWN_OPENVINO_FILES}
+# The conversion's packages, with torch's CPU build first: PyPI's torch for Linux is the CUDA
+# one (2.8 GB of NVIDIA libraries a CPU never uses).
+EXPORT_INSTALL = (
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
+    "pip install 'infinity-cloud[export]'"
+)
 EXPORT_FILE = "model.onnx"
 _OPSET = 17
 # What torch.onnx needs to write an ONNX file: without `onnx` it fails after the weights load.
 EXPORT_MODULES = ("torch", "transformers", "onnx")
 
 
-def own_onnx(info: ModelInfo, graph: GraphOutput | None = None) -> Path | None:
-    """An ONNX file the model folder ships (e.g. made by optimum-cli), used as is. Only for
-    graphs such a file holds (`Graph.own_onnx`: an encoder's states, a classifier's logits)."""
+def own_export(info: ModelInfo, names: tuple[str, ...], graph: GraphOutput | None = None) -> Path | None:
+    """A file of `names` that the model folder ships (made by optimum-cli or
+    sentence-transformers), used as is. Only for graphs such a file holds (`Graph.own_onnx`:
+    an encoder's states, a classifier's logits)."""
     if not info.family.graph(graph or info.towers["text"]).own_onnx:
         return None
-    for name in OWN_ONNX_FILES:
-        if (info.path / name).is_file():
-            return info.path / name
-    return None
+    return next((info.path / name for name in names if (info.path / name).is_file()), None)
+
+
+def own_onnx(info: ModelInfo, graph: GraphOutput | None = None) -> Path | None:
+    """The ONNX file the model folder ships, if any (`own_export`)."""
+    return own_export(info, OWN_ONNX_FILES, graph)
 
 
 class OnnxSource:
@@ -76,8 +89,8 @@ def export_onnx(
         # Checked before loading any weights, so a missing package costs nothing at each start.
         raise BackendUnavailableError(
             f"backend {backend!r} needs a one-time ONNX export of {info.path}, which needs torch, "
-            f"transformers and onnx ({missing} is not installed): pip install 'infinity-cloud[{backend}]', "
-            "or give a model folder that holds model.onnx"
+            f"transformers and onnx ({missing} is not installed): {EXPORT_INSTALL}; or give a model "
+            f"whose folder holds its own export ({' or '.join(OWN_EXPORT_FILES[backend])})"
         )
     import torch
 

@@ -1,7 +1,8 @@
 """OpenVINO backend (Intel CPUs): bfloat16 on AMX, several inference requests in flight.
 
-Converts the model's ONNX file (`onnx_export.OnnxSource`) to OpenVINO IR once and caches it;
-compiled blobs are cached beside it, so later starts skip compilation too.
+Converts the model's ONNX file (`onnx_export.OnnxSource`) to OpenVINO IR once and caches it,
+or takes the IR the model folder ships (`openvino/openvino_model.xml`); compiled blobs are
+cached beside it, so later starts skip compilation too.
 
 Each batch is split into length-sorted slices that run as parallel inference requests, one
 per stream, so every core is busy and each slice pads only to its own longest input, rounded
@@ -28,7 +29,7 @@ import openvino as ov
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import INPUT_NAMES, Backend, ModelInputs
-from infinity_cloud.backends.onnx_export import OnnxSource
+from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, own_export
 from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, PrecisionCrashError
@@ -90,13 +91,12 @@ class OpenVinoBackend(Backend):
             raise ConfigError(f"the openvino backend runs on cpu, not {spec.device!r}")
         self.core = ov.Core()
         self.dtype = self._resolve_dtype(spec.dtype)
-        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name)
+        label, convert = self._source(info)
 
         def converted() -> Path:
             return exports.cached_export(
-                info.path, "openvino",
-                {"source": source.label, "openvino": ov.__version__},
-                lambda out: ov.save_model(ov.convert_model(str(source.path())), str(out / IR_FILE), False),
+                info.path, "openvino", {"source": label, "openvino": ov.__version__},
+                lambda out: ov.save_model(convert(), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR",
             )
 
@@ -138,6 +138,15 @@ class OpenVinoBackend(Backend):
             self._solo_compiling.start()
         else:
             self.solo_ready.set()  # one stream already runs on every core
+
+    def _source(self, info: ModelInfo) -> tuple[str, Callable[[], ov.Model]]:
+        """What the IR is made from, named without its absolute path: the folder's own IR
+        (sentence-transformers' `openvino/`, read as is: no torch), else its ONNX file."""
+        own = own_export(info, OWN_OPENVINO_FILES, self.graph)
+        if own is not None:
+            return own.relative_to(info.path).as_posix(), lambda: self.core.read_model(str(own))
+        source = OnnxSource(info, self.graph, self.spec.trust_remote_code, self.name)
+        return source.label, lambda: ov.convert_model(str(source.path()))
 
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":

@@ -32,9 +32,11 @@ class BackendEntry:
     extras: Mapping[str, str] = field(default_factory=dict)
     # Inputs per batch when the spec does not say: the fastest measured for the backend.
     batch_size: int = DEFAULT_BATCH_SIZE
-    # The pip packages it serves with once its exports are built (an image's run stage);
-    # its extra adds the converter (torch, transformers, onnx) on top.
+    # The pip packages it serves with once its exports are built (an image's run stage).
     serving_packages: tuple[str, ...] = ()
+    # The pip extra of its one-time conversion (torch, transformers, onnx), kept apart from
+    # its runtime's so that serving a model that ships its exports installs no torch.
+    converter: str | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -52,13 +54,14 @@ _BACKENDS: dict[str, BackendEntry] = {
     "onnx": BackendEntry(
         "infinity_cloud.backends.onnx_backend", "OnnxBackend", "onnxruntime",
         ("float32", "float16", "int8"), {"cpu": "onnx"}, serving_packages=("onnxruntime",),
+        converter="export",
     ),
     # Measured on a 2-core AVX512-BF16 CPU (interleaved, in-process): batches of 16 beat 64
     # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
     "openvino": BackendEntry(
         "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino",
         ("float32", "bfloat16", "float16"), {"cpu": "openvino"}, batch_size=16,
-        serving_packages=("openvino",),
+        serving_packages=("openvino",), converter="export",
     ),
     # AWS Inferentia2 / Trainium: graphs compiled ahead of time for the spec's static shapes.
     "neuron": BackendEntry(
@@ -128,6 +131,11 @@ def backend_extra(name: str, device: str) -> str | None:
     """The pip extra that installs everything `name` needs on `device`; None when no extra
     packages it there (the backend does not run there, or needs a hand-installed runtime)."""
     return backend_entry(name).extras.get(device_kind(device))
+
+
+def converter_extra(name: str) -> str | None:
+    """The pip extra that `name` needs to convert a model that ships no export of its own."""
+    return None if is_import_path(name) else backend_entry(name).converter
 
 
 def default_batch_size(name: str) -> int:

@@ -85,15 +85,40 @@ def already_here(model_id: str, revision: str | None = None, local: bool = True)
     return None
 
 
+# What a hub repository may hold that serving it never reads: other frameworks' weights, and
+# the quantized or optimized variants beside the float exports (sentence-transformers'
+# all-MiniLM-L6-v2 holds its weights four times over, nine ONNX files and two OpenVINO models).
+_NEVER_READ = (
+    "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.gguf", "coreml/*",
+    "onnx/model_*", "openvino/openvino_model_*",
+)
+_TORCH_WEIGHTS = re.compile(r"(.*/)?([\w-]*pytorch_model[\w.-]*\.bin|[\w-]*\.pth?)$")
+
+
+def files_not_downloaded(repo_files: Sequence[str]) -> list[str]:
+    """Patterns (`snapshot_download`'s `ignore_patterns`) for the files of a hub repository
+    that serving does not read: `_NEVER_READ`, and torch's pickled weights in each folder
+    that has the same weights as safetensors (transformers and the modules read those)."""
+    import glob
+
+    with_safetensors = {name.rpartition("/")[0] for name in repo_files if name.endswith(".safetensors")}
+    pickled = [
+        glob.escape(name) for name in repo_files
+        if _TORCH_WEIGHTS.fullmatch(name) and name.rpartition("/")[0] in with_safetensors
+    ]
+    return [*_NEVER_READ, *pickled]
+
+
 def _download(model_id: str, revision: str | None) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
 
     from infinity_cloud.progress import slow_step
 
     # On a terminal the hub's own bars show each file; in a log, a line every few seconds.
     try:
+        skipped = files_not_downloaded(HfApi().list_repo_files(model_id, revision=revision))
         with slow_step(f"downloading {model_id} from the Hugging Face hub", spinner=False):
-            return Path(snapshot_download(model_id, revision=revision))
+            return Path(snapshot_download(model_id, revision=revision, ignore_patterns=skipped))
     except Exception as exc:  # the hub client raises many kinds; the message is what matters
         raise ModelLoadError(f"could not download model {model_id!r}: {exc}") from exc
 
