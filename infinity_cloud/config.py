@@ -260,6 +260,10 @@ class ServerSpec(_Frozen):
     body_timeout_s: float = Field(
         60.0, gt=0, description="408 for a client slower than this to send its body, in seconds."
     )
+    drain_s: float | None = Field(
+        None, gt=0, description="On SIGTERM the server stops taking connections and answers what it "
+        "admitted: for at most this many seconds, then it closes what is left (default: until done).",
+    )
     cache_mb: int = Field(
         0, ge=0, description="The in-process result cache: the most memory its rows take, held inside "
         "the memory budget; a repeated input (a re-indexed chunk, a frequent query) is answered from it "

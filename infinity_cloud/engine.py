@@ -332,11 +332,14 @@ class Engine:
     def healthy(self) -> bool:
         """Every model loaded and working, and those served as int8/uint8 calibrated (at
         start: their every answer needs the ranges). A model loaded while serving counts once
-        it is ready: its loading, failing or draining is the admin API's to report."""
+        it is ready: its loading, failing or draining is the admin API's to report. A server
+        with no model ready (the only one unloaded, or its replacement still loading) is not
+        healthy: it would answer every call 404."""
         calibrated = quantization.CALIBRATED_TYPES
-        return all(
+        models = list(self.models.values())
+        return any(m.state == "ready" for m in models) and all(
             m.healthy and (m.spec.embedding_dtype not in calibrated or m.name in self._calibration)
-            for m in list(self.models.values()) if not (m.hot and m.state != "ready")
+            for m in models if not (m.hot and m.state != "ready")
         )
 
     def facts(self) -> list[ModelFacts]:

@@ -105,6 +105,35 @@ async def test_what_was_admitted_finishes_before_the_model_is_freed(tiny_embedde
     assert unloaded.status_code == 200 and unloaded.json()["drained"] == 1, unloaded.text
 
 
+async def test_readiness_is_503_while_the_only_model_is_swapped(tiny_embedder: Path) -> None:
+    """A replica whose only model is being unloaded, or whose replacement still loads, serves
+    nothing: /health (the Kubernetes readiness probe) is 503 until a model is ready again."""
+    slow = fake(tiny_embedder, "only", backend_options={"delay_s": 0.4})
+    spec = spec_of(slow, admin_keys=["admin-secret"], admin_model_roots=[tiny_embedder.parent])
+    async with serve_in_process(spec) as client:
+        assert (await client.get("/health")).status_code == 200
+        body = {"model": "only", "input": ["x"]}
+        in_flight = asyncio.ensure_future(client.post("/v1/embeddings", json=body))
+        await asyncio.sleep(0.1)
+        unloading = asyncio.ensure_future(client.delete("/admin/models/only", headers=ADMIN))
+        await asyncio.sleep(0.05)
+        draining = await client.get("/health")
+        assert draining.status_code == 503 and draining.headers["Retry-After"], draining.text
+        assert (await in_flight).status_code == 200 and (await unloading).status_code == 200
+        empty = await client.get("/health")
+        assert empty.status_code == 503 and "no model is loaded" in empty.text, empty.text
+        loaded = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_embedder), "served_model_name": "next", "backend": "torch"})
+        assert loaded.status_code == 202, loaded.text
+        seen = []
+        for _ in range(600):
+            seen.append((await client.get("/health")).status_code)
+            if seen[-1] == 200:
+                break
+            await asyncio.sleep(0.05)
+    assert seen[-1] == 200 and set(seen[:-1]) <= {503}, seen
+
+
 async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
     tiny_embedder: Path, tiny_reranker: Path, tmp_path: Path
 ) -> None:

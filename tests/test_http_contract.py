@@ -300,6 +300,8 @@ async def test_metrics_per_model_series(client):
     assert delta("infinity_cloud_tokens_total", model="emb") == answer["usage"]["total_tokens"]
     assert delta("infinity_cloud_errors_total", model="emb", kind="InvalidInputError") == 1
     assert after[("infinity_cloud_queue_depth", frozenset({("model", "emb")}))] == 0
+    # The autoscalers' metric (targets/kubernetes).
+    assert after[("infinity_cloud_queued_tokens", frozenset({("model", "emb")}))] == 0
     assert after[("infinity_cloud_memory_held_bytes", frozenset())] == 0  # nothing in progress
     assert after[("infinity_cloud_memory_budget_bytes", frozenset())] > 0
     assert after[("process_resident_memory_bytes", frozenset())] > 0

@@ -55,6 +55,9 @@ VARIANTS: dict[str, tuple[list[str], ImagePlatform | None]] = {
     "lambda-x86_64": (["aws-lambda", "--architecture", "x86_64"], LAMBDA_X86),
     "lambda-arm64": (["aws-lambda", "--architecture", "arm64"], LAMBDA_ARM),
     "lambda-arm64-openvino": (["aws-lambda", "--architecture", "arm64", "--backend", "openvino"], None),
+    "kubernetes-cpu": (["kubernetes"], ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
+    "kubernetes-gpu": (["kubernetes", "--gpu", "L4"],
+                       ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
 }
 
 
@@ -83,6 +86,8 @@ def builds(
 def written_pins(name: str, out: Path) -> dict[str, list[str]]:
     if name.startswith("modal"):
         return {"app": modal_pins((out / "modal_app.py").read_text())}
+    if name.startswith("kubernetes"):  # the image beside the manifests
+        out = out / "image"
     files = ("requirements.txt", "requirements-serving.txt")
     return {file: pins(out / file) for file in files if (out / file).exists()}
 

@@ -113,6 +113,12 @@ class BatchQueue:
         return self._depth
 
     @property
+    def queued_tokens(self) -> int:
+        """Tokens of the inputs waiting for a batch: the work queued, which an autoscaler
+        divides by what a replica should hold (`infinity_cloud_queued_tokens`)."""
+        return self._tokens
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -21,6 +21,7 @@ BUILTIN = {
     "modal": "infinity_cloud.targets.modal.target:ModalTarget",
     "sagemaker": "infinity_cloud.targets.sagemaker.target:SageMakerTarget",
     "aws_lambda": "infinity_cloud.targets.aws_lambda.target:LambdaTarget",
+    "kubernetes": "infinity_cloud.targets.kubernetes.target:KubernetesTarget",
 }
 ENTRY_POINT_GROUP = "infinity_cloud.targets"
 _registered: dict[str, type[Any]] = {}

@@ -461,6 +461,7 @@ class ServedModel:
             modalities=list(facts.modalities),
             stats={
                 "queue_depth": sum(w.queue.depth for w in workers),
+                "queued_tokens": sum(w.queue.queued_tokens for w in workers),
                 "batches_done": sum(w.batches_done for w in workers),
                 "batches_failed": sum(w.batches_failed for w in workers),
                 "inputs_done": sum(w.inputs_done for w in workers),

@@ -32,6 +32,10 @@ class Metrics:
             "infinity_cloud_errors", "failed requests by kind", ["model", "kind"], registry=r
         )
         self.queue_depth = Gauge("infinity_cloud_queue_depth", "inputs waiting", ["model"], registry=r)
+        # What the Kubernetes autoscalers scale on (targets/kubernetes/manifests.py names it).
+        self.queued_tokens = Gauge(
+            "infinity_cloud_queued_tokens", "tokens of the inputs waiting for a batch", ["model"], registry=r
+        )
         self.memory_held = Gauge(
             "infinity_cloud_memory_held_bytes", "memory the admitted requests are estimated to hold",
             registry=r,
@@ -74,9 +78,11 @@ class Metrics:
         for seconds in report.queue_wait_s:
             wait.observe(seconds)
 
-    def render(self, queue_depths: dict[str, int], memory: MemoryBudget) -> bytes:
-        for model, depth in queue_depths.items():
-            self.queue_depth.labels(model).set(depth)
+    def render(self, queues: dict[str, dict[str, int]], memory: MemoryBudget) -> bytes:
+        """The registry's text; `queues`: each model's `queue_depth` and `queued_tokens`."""
+        for model, stats in queues.items():
+            self.queue_depth.labels(model).set(stats.get("queue_depth", 0))
+            self.queued_tokens.labels(model).set(stats.get("queued_tokens", 0))
         self.memory_held.set(memory.held_bytes)
         self.memory_budget.set(memory.limit_bytes or 0)
         return generate_latest(self.registry)

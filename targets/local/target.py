@@ -23,9 +23,59 @@ from infinity_cloud.targets.local.spec import LocalSpec
 from infinity_cloud.targets.platforms import image_platform, this_machine_arch
 
 IMAGE_MODELS = "/models"
+# HF_HOME inside the image: hub models are fetched into its cache, at build or, when the
+# image is built without them, where it runs (a volume mounted there).
+IMAGE_HF_HOME = "/models/hub"
 SPEC_FILE = "infinity-cloud.yaml"
 # The variable `infinity-cloud serve` reads its API keys from.
 SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
+
+
+def server_image(
+    spec: DeploymentSpec, out_dir: Path, base_image: str, gpu: bool, *,
+    bake_models: bool = True, user: int | None = None, rendered_by: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[Path]:
+    """The server's container image, as `build local` makes it and the Kubernetes target
+    reuses: a Dockerfile (and compose file), the pinned requirements, the package, the spec
+    it serves, and copies of local model folders. With `bake_models` the hub models and their
+    exports are built into the image; without, they are fetched where it runs (`download`)
+    into `IMAGE_HF_HOME`. `user`: the uid it runs as (None: the base image's, root).
+    `rendered_by`: the target whose image it is, which has no compose file (None: local's)."""
+    device = "cuda" if gpu else "cpu"
+    spec = container.with_served_names(spec)
+    container.check_backends(spec, device, "this image")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
+    served = container.image_spec(spec, model_dirs, host="0.0.0.0")
+    (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
+    extras = container.image_extras(spec, device)
+    platform = image_platform(base_image, this_machine_arch())  # docker builds for this CPU
+    container.check_installs(f"torch=={container.torch_version()}", platform)
+    requirements = container.write_requirements(out_dir, container.pinned_requirements(extras, platform))
+    package = container.stage_package(out_dir)
+    written = render_templates("local", out_dir, {
+        "spec": served,
+        "local": LocalSpec(base_image=base_image, gpu=gpu),
+        "torch": f"torch=={container.torch_version()}",
+        "torch_index": None if gpu else container.TORCH_CPU_INDEX,
+        "image_env": container.image_env(device),  # a GPU image refuses to serve on the CPU
+        "hub_models": container.hub_models(spec) if bake_models else [],
+        "bake_models": bake_models,
+        "hf_home": IMAGE_HF_HOME,
+        "user": user,
+        "model_copies": copies,
+        "requirements_file": requirements.name,
+        "package_dir": package.name,
+        "spec_file": SPEC_FILE,
+        "compose": rendered_by is None,
+        "rendered_by": rendered_by or "local",
+        **(extra or {}),
+    })
+    if rendered_by is not None:  # the compose file runs the image on this machine: local's alone
+        (out_dir / "compose.yaml").unlink()
+        written = [path for path in written if path.name != "compose.yaml"]
+    return [*written, out_dir / SPEC_FILE, requirements, package, *(out_dir / copy for copy, _ in copies)]
 
 
 class LocalTarget(Target[LocalSpec]):
@@ -57,6 +107,7 @@ class LocalTarget(Target[LocalSpec]):
         uvicorn.run(
             app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level,
             http=deadline_protocol(spec.server), ws="none",  # the API has no websockets: not imported
+            timeout_graceful_shutdown=spec.server.drain_s,
             **UVICORN_LOGS,
         )
 
@@ -64,32 +115,8 @@ class LocalTarget(Target[LocalSpec]):
         """A Dockerfile, a compose file, the pinned requirements, the package, the spec the
         container serves, and copies of local model folders; the image bakes the weights in."""
         settings = self.settings(spec)
-        spec = container.with_served_names(spec)
         container.refuse_spec_keys(spec, f"give them when it runs: docker run -e {SERVE_KEY_ENV}=KEY")
-        container.check_backends(spec, settings.device, "this image")
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        model_dirs, copies = container.copy_local_models(spec, out_dir, IMAGE_MODELS)
-        served = container.image_spec(spec, model_dirs, host="0.0.0.0")
-        (out_dir / SPEC_FILE).write_text(spec_yaml(served), encoding="utf-8")
-        extras = container.image_extras(spec, settings.device)
-        platform = image_platform(settings.base_image, this_machine_arch())  # docker builds for this CPU
-        container.check_installs(f"torch=={container.torch_version()}", platform)
-        requirements = container.write_requirements(out_dir, container.pinned_requirements(extras, platform))
-        package = container.stage_package(out_dir)
-        written = render_templates("local", out_dir, {
-            "spec": served,
-            "local": settings,
-            "torch": f"torch=={container.torch_version()}",
-            "torch_index": None if settings.gpu else container.TORCH_CPU_INDEX,
-            "image_env": container.image_env(settings.device),  # a GPU image refuses to serve on the CPU
-            "hub_models": container.hub_models(spec),
-            "model_copies": copies,
-            "requirements_file": requirements.name,
-            "package_dir": package.name,
-            "spec_file": SPEC_FILE,
-        })
-        return [*written, out_dir / SPEC_FILE, requirements, package, *(out_dir / copy for copy, _ in copies)]
+        return server_image(spec, Path(out_dir), settings.base_image, settings.gpu, extra={"local": settings})
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """Whether a server answers at the spec's address, and what it serves."""

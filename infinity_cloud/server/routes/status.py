@@ -72,7 +72,7 @@ def _health(request: Request) -> Response:
     if engine.healthy:
         return json_response({"status": "ok", "models": models})
     unwell = [m for m in models if m["state"] != "ready" or "error" in m]
-    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in unwell)
+    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in unwell) or "no model is loaded"
     retry = ModelNotReadyError.retry_after_s
     body = error_body(f"not ready: {problems}", "model_not_ready", 503, models=models, status="unavailable")
     return json_response(body, 503, {"Retry-After": str(retry)})
@@ -103,6 +103,6 @@ async def health_head(request: Request) -> Response:
 )
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    depths = {m["id"]: m.get("stats", {}).get("queue_depth", 0) for m in state.engine.describe()}
-    body = state.metrics.render(depths, state.engine.memory)
+    queues = {m["id"]: m.get("stats", {}) for m in state.engine.describe()}
+    body = state.metrics.render(queues, state.engine.memory)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,326 @@
+"""The Kubernetes objects of a deployment, as plain dicts, from the spec: the base every
+deployment has (ServiceAccount, ConfigMap with the served spec, Deployment, Service,
+PodDisruptionBudget, and the weights' claim) and the optional parts (autoscaler,
+ServiceMonitor, NetworkPolicy), each a Kustomize component in the rendered folder.
+
+The probes and the drain follow the server: `/health` is 503 while a model loads and when a
+worker died; on SIGTERM the server stops taking connections (a probe then fails at once)
+and answers what it admitted for `drain_s`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+from infinity_cloud.targets.local.target import IMAGE_HF_HOME
+
+# The server's own metric (server/metrics.py) that the autoscalers divide by a replica's
+# share: tokens waiting for a batch, per model, summed over the replica's models.
+SCALE_METRIC = "infinity_cloud_queued_tokens"
+MANAGED_BY = "infinity-cloud"
+# Where the served spec and the secrets are mounted in the container.
+CONFIG_DIR = "/etc/infinity-cloud"
+SPEC_KEY = "infinity-cloud.yaml"
+SECRETS_DIR = "/var/run/secrets/infinity-cloud"
+# An unprivileged uid the image's files are readable by (the image sets it as its USER).
+RUN_AS = 10001
+# Seconds between a pod's removal from the Service and its SIGTERM: endpoints controllers
+# and proxies on every node take a moment to stop sending it new connections.
+PRESTOP_S = 5
+PROBE_PERIOD_S = 5
+# The one writable folder of the container (an emptyDir): what OpenVINO compiles for this
+# CPU where the exports are read-only, and Python's temporary files.
+TEMP_DIR = "/tmp"
+
+
+def labels(settings: KubernetesSpec) -> dict[str, str]:
+    """The labels every object carries: `delete` removes exactly what has them."""
+    return {
+        "app.kubernetes.io/name": "infinity-cloud",
+        "app.kubernetes.io/instance": settings.name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def selector(settings: KubernetesSpec) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "infinity-cloud", "app.kubernetes.io/instance": settings.name}
+
+
+def _meta(settings: KubernetesSpec, name: str | None = None) -> dict[str, Any]:
+    return {"name": name or settings.name, "namespace": settings.namespace, "labels": labels(settings)}
+
+
+def default_target_tokens(spec: DeploymentSpec) -> int:
+    """Queued tokens a replica should hold before another is started: two batches of the
+    first model, which it clears within two batch times."""
+    return 2 * spec.models[0].batch_tokens
+
+
+def base_objects(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str) -> list[dict[str, Any]]:
+    """What every deployment has. `served_spec`: the YAML the server reads (no keys in it)."""
+    objects = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(settings),
+         "automountServiceAccountToken": False},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(settings, f"{settings.name}-spec"),
+         "data": {SPEC_KEY: served_spec}},
+        deployment(spec, settings, served_spec),
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(settings),
+         "spec": {"type": "ClusterIP", "selector": selector(settings),
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]}},
+        # One replica down at a time (a node drain, an upgrade); minAvailable would block a
+        # drain for ever where only one replica runs.
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(settings),
+         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(settings)}}},
+    ]
+    if settings.weights == "volume":
+        claim: dict[str, Any] = {
+            "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": settings.volume_size}},
+        }
+        if settings.storage_class:
+            claim["storageClassName"] = settings.storage_class
+        objects.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": _meta(settings, f"{settings.name}-weights"), "spec": claim})
+    return objects
+
+
+def grace_period_s(settings: KubernetesSpec) -> int:
+    """Longer than the preStop pause and the server's drain together, so Kubernetes' SIGKILL
+    never cuts an admitted request short."""
+    return PRESTOP_S + settings.drain_s + 10
+
+
+def _env(spec: DeploymentSpec, settings: KubernetesSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "INFINITY_CLOUD_CONFIG", "value": f"{CONFIG_DIR}/{SPEC_KEY}"},
+        {"name": "INFINITY_CLOUD_DRAIN_S", "value": str(settings.drain_s)},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TMPDIR", "value": TEMP_DIR},
+    ]
+    if settings.api_key_secret:
+        env.append({"name": "INFINITY_CLOUD_API_KEY_FILE", "value": f"{SECRETS_DIR}/api/api-keys"})
+    if settings.admin_key_secret:
+        env.append({"name": "INFINITY_CLOUD_ADMIN_KEY_FILE", "value": f"{SECRETS_DIR}/admin/admin-keys"})
+    if settings.cache_url_secret:
+        env.append({"name": "INFINITY_CLOUD_CACHE_URL", "valueFrom": {
+            "secretKeyRef": {"name": settings.cache_url_secret, "key": "url"}}})
+    return env
+
+
+def _volumes(settings: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the server's mounts: the spec, a writable temporary folder
+    (the root filesystem is read-only), the secrets as files, the weights."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "spec", "configMap": {"name": f"{settings.name}-spec"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": TEMP_DIR},
+    ]
+    for secret, name in ((settings.api_key_secret, "api"), (settings.admin_key_secret, "admin")):
+        if secret:
+            volumes.append({"name": f"{name}-keys", "secret": {"secretName": secret}})
+            mounts.append({"name": f"{name}-keys", "mountPath": f"{SECRETS_DIR}/{name}", "readOnly": True})
+    if settings.weights == "volume":
+        claim = {"claimName": f"{settings.name}-weights"}
+        volumes.append({"name": "weights", "persistentVolumeClaim": claim})
+        mounts.append({"name": "weights", "mountPath": IMAGE_HF_HOME, "readOnly": True})
+    return volumes, mounts
+
+
+def _security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str) -> dict[str, Any]:
+    health = f"{spec.server.url_prefix}/health"
+    volumes, mounts = _volumes(settings)
+    memory = f"{settings.memory_mib}Mi"
+    resources: dict[str, Any] = {"requests": {"cpu": _cores(settings.cpu), "memory": memory},
+                                 "limits": {"memory": memory}}
+    if settings.device == "cuda":
+        resources["requests"][settings.gpu_resource] = 1
+        resources["limits"][settings.gpu_resource] = 1
+    server: dict[str, Any] = {
+        "name": "server",
+        "image": settings.image,
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": "http", "containerPort": spec.server.port, "protocol": "TCP"}],
+        "env": _env(spec, settings),
+        "resources": resources,
+        "securityContext": _security(),
+        "volumeMounts": mounts,
+        # The load: the export is in the image (or volume), or built here at the first start.
+        "startupProbe": _probe(health, PROBE_PERIOD_S, -(-settings.startup_limit_s // PROBE_PERIOD_S)),
+        # Out of the Service as soon as it is unwell; a refused connection (a drain) fails it too.
+        "readinessProbe": _probe(health, PROBE_PERIOD_S, 1),
+        # /health answers from the event loop, never behind the batches: a busy replica
+        # passes; one whose worker died (503) is restarted after a minute.
+        "livenessProbe": _probe(health, 10, 6, timeout=5),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
+    }
+    pod: dict[str, Any] = {
+        "serviceAccountName": settings.name,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": grace_period_s(settings),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [server],
+        "volumes": volumes,
+    }
+    if settings.weights == "volume":
+        pod["initContainers"] = [_fetch_weights(spec, settings)]
+    if settings.selector:
+        pod["nodeSelector"] = settings.selector
+    if settings.device == "cuda":  # GPU nodes are commonly tainted so that only GPU work lands there
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    digest = hashlib.sha256(served_spec.encode()).hexdigest()[:16]
+    body: dict[str, Any] = {
+        "selector": {"matchLabels": selector(settings)},
+        "revisionHistoryLimit": 3,
+        # A new replica is ready before an old one stops: no capacity lost while rolling.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": {
+            # A changed spec (the ConfigMap) rolls the replicas.
+            "metadata": {"labels": labels(settings), "annotations": {"infinity-cloud/spec-sha256": digest}},
+            "spec": pod,
+        },
+    }
+    if settings.autoscaler == "none":  # else the autoscaler owns the count, and an apply must not reset it
+        body["replicas"] = settings.min_replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(settings), "spec": body}
+
+
+def _fetch_weights(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
+    """The init container that fetches the hub models (and, on CPU, builds their exports)
+    into the shared claim; a replica finding them there moves on in seconds."""
+    command = ["python", "-m", "infinity_cloud", "download"]
+    if settings.device == "cuda":  # the GPU's precision check needs the GPU: at the server's start
+        command.append("--files-only")
+    return {
+        "name": "fetch-weights",
+        "image": settings.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": [{"name": "INFINITY_CLOUD_CONFIG", "value": f"{CONFIG_DIR}/{SPEC_KEY}"},
+                {"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TMPDIR", "value": TEMP_DIR}],
+        "resources": {"requests": {"cpu": _cores(settings.cpu), "memory": f"{settings.memory_mib}Mi"},
+                      "limits": {"memory": f"{settings.memory_mib}Mi"}},
+        "securityContext": _security(),
+        "volumeMounts": [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": TEMP_DIR},
+                         {"name": "weights", "mountPath": IMAGE_HF_HOME}],
+    }
+
+
+def _cores(cpu: float) -> str:
+    return str(int(cpu)) if float(cpu).is_integer() else f"{int(cpu * 1000)}m"
+
+
+def scale_query(settings: KubernetesSpec) -> str:
+    """The PromQL the KEDA trigger asks: tokens queued over every replica of this deployment
+    (Prometheus' `namespace` and `service` labels come from the ServiceMonitor's scrape)."""
+    return f'sum({SCALE_METRIC}{{namespace="{settings.namespace}",service="{settings.name}"}})'
+
+
+def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dict[str, Any]:
+    """The autoscaler `kind` (keda, hpa, hpa-cpu) for this deployment."""
+    target = settings.target_queued_tokens or default_target_tokens(spec)
+    scaled = {"apiVersion": "apps/v1", "kind": "Deployment", "name": settings.name}
+    if kind == "keda":
+        return {
+            "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": _meta(settings),
+            "spec": {
+                "scaleTargetRef": {"name": settings.name},
+                "minReplicaCount": settings.min_replicas,
+                "maxReplicaCount": settings.max_replicas,
+                "pollingInterval": 15,
+                "cooldownPeriod": 300,
+                # desired = ceil(query / threshold): each replica holds about `threshold` tokens.
+                "triggers": [{"type": "prometheus", "metadata": {
+                    "serverAddress": settings.prometheus_url,
+                    "query": scale_query(settings),
+                    "threshold": str(target),
+                }}],
+            },
+        }
+    behavior = {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    if kind == "hpa":  # prometheus-adapter serves the metric per pod (docs/targets/kubernetes.md)
+        metric = {"type": "Pods", "pods": {"metric": {"name": SCALE_METRIC},
+                                           "target": {"type": "AverageValue", "averageValue": str(target)}}}
+    else:
+        utilization = {"type": "Utilization", "averageUtilization": 70}
+        metric = {"type": "Resource", "resource": {"name": "cpu", "target": utilization}}
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": _meta(settings),
+        "spec": {"scaleTargetRef": scaled, "minReplicas": max(1, settings.min_replicas),
+                 "maxReplicas": settings.max_replicas, "metrics": [metric], "behavior": behavior},
+    }
+
+
+def service_monitor(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
+    path = f"{spec.server.url_prefix}/metrics"
+    endpoint: dict[str, Any] = {"port": "http", "path": path, "interval": "15s"}
+    if settings.api_key_secret:  # /metrics asks for a key like every other route
+        endpoint["authorization"] = {"type": "Bearer",
+                                     "credentials": {"name": settings.api_key_secret, "key": "metrics-key"}}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(settings),
+        "spec": {"selector": {"matchLabels": selector(settings)}, "endpoints": [endpoint],
+                 "namespaceSelector": {"matchNames": [settings.namespace]}},
+    }
+
+
+def network_policy(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
+    """Only the namespace's own pods and the `monitoring` namespace (Prometheus) reach the port."""
+    port = [{"protocol": "TCP", "port": spec.server.port}]
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(settings),
+        "spec": {
+            "podSelector": {"matchLabels": selector(settings)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {}}], "ports": port},
+                {"from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": "monitoring"}}}], "ports": port},
+            ],
+        },
+    }
+
+
+def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict[str, Any]]:
+    """Every optional part by its component's name, chosen or not (the rendered folder holds
+    them all, so a user switches one on by a line)."""
+    return {
+        "keda": autoscaler(spec, settings, "keda"),
+        "hpa": autoscaler(spec, settings, "hpa"),
+        "hpa-cpu": autoscaler(spec, settings, "hpa-cpu"),
+        "service-monitor": service_monitor(spec, settings),
+        "network-policy": network_policy(spec, settings),
+    }
+
+
+# The kind of each component's object.
+COMPONENT_KINDS = {
+    "keda": "ScaledObject", "hpa": "HorizontalPodAutoscaler", "hpa-cpu": "HorizontalPodAutoscaler",
+    "service-monitor": "ServiceMonitor", "network-policy": "NetworkPolicy",
+}
+
+
+def chosen_components(settings: KubernetesSpec) -> list[str]:
+    chosen = [settings.autoscaler] if settings.autoscaler != "none" else []
+    if settings.service_monitor:
+        chosen.append("service-monitor")
+    if settings.network_policy:
+        chosen.append("network-policy")
+    return chosen
+

@@ -1,0 +1,188 @@
+"""The `kubernetes:` section of the deployment spec: how `infinity-cloud build/deploy
+kubernetes` lays the server out on the user's own cluster. Checked when the spec is built, so
+a bad setting is refused before anything is rendered or applied. The CLI makes a flag of
+each field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# GPU types and the `nvidia.com/gpu.product` label NVIDIA's GPU feature discovery (part of the
+# GPU operator) puts on a node that has one: a replica is scheduled onto such a node.
+GPU_PRODUCTS = {
+    "T4": "Tesla-T4",
+    "L4": "NVIDIA-L4",
+    "A10G": "NVIDIA-A10G",
+    "A10": "NVIDIA-A10",
+    "L40S": "NVIDIA-L40S",
+    "A100": "NVIDIA-A100-SXM4-80GB",
+    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+    "H100": "NVIDIA-H100-80GB-HBM3",
+    "H200": "NVIDIA-H200",
+    "B200": "NVIDIA-B200",
+}
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+# What a replica asks the device plugin for: a whole GPU; a MIG slice (nvidia.com/mig-1g.10gb,
+# the plugin's "mixed" strategy); or a time-sliced share (nvidia.com/gpu.shared, its
+# `renameByDefault` sharing). One unit per replica in each case.
+GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-\d+g\.\d+gb)$")
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+
+
+class KubernetesSpec(BaseModel):
+    """How the server runs as a fleet on a Kubernetes cluster (see docs/targets/kubernetes.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field("infinity-cloud", description="Name of every object (and their app label).")
+    namespace: str = Field("default", description="Namespace the objects live in.")
+    context: str | None = Field(
+        None, description="kubectl context to deploy with (default: the current one)."
+    )
+    image: str = Field(
+        "infinity-cloud:latest",
+        description="The image the nodes pull: build it from the rendered image/ folder and push it "
+        "to a registry the cluster reaches (REGISTRY/NAME:TAG).",
+    )
+    gpu: str | None = Field(
+        None, description="GPU type for one GPU per replica (L4, A10G, A100, H100, ...); none: CPU.",
+    )
+    gpu_resource: str = Field(
+        "nvidia.com/gpu",
+        description="The device plugin's resource a replica takes one of: nvidia.com/gpu, a MIG slice "
+        "(nvidia.com/mig-1g.10gb) or a time-sliced share (nvidia.com/gpu.shared).",
+    )
+    node_selector: tuple[str, ...] = Field(
+        (), description="KEY=VALUE labels a node must have (repeatable); with --gpu, its product label too.",
+    )
+    cpu: float = Field(2.0, gt=0, description="CPU cores a replica requests (and is limited to).")
+    memory_mib: int = Field(
+        4096, ge=512, description="Memory a replica requests and is limited to, MiB; the server's own "
+        "budget is 90% of it, so it refuses work before the kernel kills it.",
+        json_schema_extra={"flag": "--memory"},
+    )
+    min_replicas: int = Field(1, ge=1, description="Replicas when idle.")
+    max_replicas: int = Field(4, ge=1, description="Most replicas the autoscaler may run.")
+    autoscaler: Literal["keda", "hpa", "hpa-cpu", "none"] = Field(
+        "keda",
+        description="keda: a ScaledObject on the server's queued tokens (Prometheus); hpa: an "
+        "autoscaling/v2 HPA on the same metric through prometheus-adapter; hpa-cpu: on CPU use "
+        "(no metrics stack, a poorer signal); none: min-replicas, fixed.",
+    )
+    target_queued_tokens: int | None = Field(
+        None, ge=1, description="Queued tokens per replica the autoscaler aims for (default: two "
+        "batches' worth of the first model).",
+    )
+    prometheus_url: str = Field(
+        "http://prometheus-operated.monitoring.svc:9090",
+        description="Where KEDA queries Prometheus (the Prometheus operator's service by default).",
+    )
+    weights: Literal["image", "volume"] = Field(
+        "image",
+        description="image: weights and exports built into the image; volume: fetched once by an "
+        "init container into a PersistentVolumeClaim every replica mounts read-only.",
+    )
+    volume_size: str = Field("20Gi", description="Size of the weights' PersistentVolumeClaim.")
+    storage_class: str | None = Field(
+        None, description="StorageClass of the weights' claim (ReadWriteMany; default: the cluster's)."
+    )
+    service_monitor: bool = Field(
+        True, description="A ServiceMonitor, so the Prometheus operator scrapes /metrics."
+    )
+    network_policy: bool = Field(
+        False, description="A NetworkPolicy: only pods of the namespace, and Prometheus's, reach the port.",
+    )
+    api_key_secret: str | None = Field(
+        None, description="Secret whose key `api-keys` (one key a line) the server requires as bearer keys.",
+    )
+    admin_key_secret: str | None = Field(
+        None, description="Secret whose key `admin-keys` opens the admin API (load/unload while serving).",
+    )
+    cache_url_secret: str | None = Field(
+        None, description="Secret whose key `url` is the shared Redis (redis://:PASSWORD@HOST:6379/0), "
+        "so replicas share rows; its key `secret`, if present, signs them.",
+    )
+    drain_s: int = Field(
+        30, ge=1, le=3600, description="Seconds a stopping replica keeps answering what it admitted.",
+    )
+    startup_s: int | None = Field(
+        None, ge=10, description="Longest a replica may take to load its models (default: 5 min with "
+        "weights in the image, 20 min when fetched and exported at start).",
+    )
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits, '-', "
+                             "at most 63, starting with a letter)")
+        return value
+
+    @field_validator("api_key_secret", "admin_key_secret", "cache_url_secret", "storage_class")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        if value is not None and not _SECRET_NAME.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes object name")
+        return value
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        name = value.strip().upper()
+        if name not in GPU_PRODUCTS:
+            raise ValueError(f"unknown GPU {value!r}; choose one of {', '.join(GPU_PRODUCTS)}, or "
+                             f"leave it out and select nodes with --node-selector")
+        return name
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _gpu_resource(cls, value: str) -> str:
+        if not GPU_RESOURCE.match(value):
+            raise ValueError(f"{value!r} is not an NVIDIA device plugin resource (nvidia.com/gpu, "
+                             "nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb, ...)")
+        return value
+
+    @field_validator("volume_size")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if not _QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity (20Gi, 500Mi)")
+        return value
+
+    @field_validator("node_selector", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else list(value or ())
+        for item in items:
+            key, sep, _ = str(item).partition("=")
+            if not sep or not key:
+                raise ValueError(f"node selector {item!r} is not KEY=VALUE")
+        return items
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KubernetesSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        return self
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpu or self.gpu_resource != "nvidia.com/gpu" else "cpu"
+
+    @property
+    def selector(self) -> dict[str, str]:
+        pairs = dict(item.partition("=")[::2] for item in self.node_selector)
+        if self.gpu:
+            pairs.setdefault(PRODUCT_LABEL, GPU_PRODUCTS[self.gpu])
+        return pairs
+
+    @property
+    def startup_limit_s(self) -> int:
+        return self.startup_s or (300 if self.weights == "image" else 1200)

@@ -1,0 +1,471 @@
+"""The Kubernetes target, short of a cluster (none can run here): every rendered variant is
+rendered by Kustomize (the `kubectl kustomize` on this machine) into exactly the objects
+`deploy --dry-run` prints, validated strictly against the Kubernetes API's schemas of the
+oldest release we support and the newest (kubernetes-validate), the KEDA and Prometheus
+operator objects against those projects' published models (npm packages generated from their
+CRDs), and the promises the manifests make are checked against a real server process: the
+probes' path and answers, the drain on SIGTERM, the metric the autoscalers query.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+
+runner = CliRunner()
+# The oldest Kubernetes release the manifests are for, and the newest the validator knows.
+OLDEST, NEWEST = "1.30.0", "1.37.0"
+
+VARIANTS: dict[str, list[str]] = {
+    "cpu": [],
+    "gpu-volume-keys-cache": ["--gpu", "L4", "--weights", "volume", "--storage-class", "efs-sc",
+                              "--api-key-secret", "emb-keys", "--admin-key-secret", "emb-admin",
+                              "--cache-url-secret", "emb-redis", "--url-prefix", "/api"],
+    "hpa-network-policy": ["--autoscaler", "hpa", "--network-policy", "--min-replicas", "2",
+                           "--max-replicas", "8", "--target-queued-tokens", "20000"],
+    "cpu-autoscaler-no-monitor": ["--autoscaler", "hpa-cpu", "--no-service-monitor", "--namespace", "search"],
+    "mig-fixed": ["--gpu-resource", "nvidia.com/mig-1g.10gb", "--autoscaler", "none", "--min-replicas", "3",
+                  "--node-selector", "pool=inference"],
+}
+
+
+def dry_run(out: Path, model: Path, *args: str) -> tuple[list[dict[str, Any]], str]:
+    """`deploy kubernetes --dry-run`: it builds the folder, prints the objects it would apply
+    (stdout) and the commands it would run (stderr)."""
+    argv = ["deploy", "kubernetes", "--dry-run", "--out", str(out), "--model-id", str(model), *args]
+    result = runner.invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    objects = [doc for doc in yaml.safe_load_all(result.stdout.split("nothing deployed")[0]) if doc]
+    return objects, result.stderr
+
+
+@pytest.fixture(scope="module")
+def built(
+    tiny_embedder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, list[dict]]]:
+    """Each variant: its folder, and the objects `deploy` applies."""
+    out = {}
+    for name, args in VARIANTS.items():
+        folder = tmp_path_factory.mktemp(name)
+        objects, _ = dry_run(folder, tiny_embedder, *args)
+        out[name] = (folder, objects)
+    return out
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objects}
+
+
+def server_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# -- what Kustomize renders is what deploy applies, and both are valid ----------------------
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (which renders Kustomize folders) is not installed here")
+    done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def key(o: dict[str, Any]) -> tuple[str, str]:
+    return o["kind"], o["metadata"]["name"]
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_folder_renders_to_what_deploy_applies(built: dict, name: str) -> None:
+    folder, applied = built[name]
+    rendered = kustomize(folder)
+    assert sorted(rendered, key=key) == sorted(applied, key=key)
+
+
+@pytest.mark.parametrize("version", [OLDEST, NEWEST])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_object_is_valid_for_kubernetes(built: dict, name: str, version: str) -> None:
+    import kubernetes_validate
+
+    _, applied = built[name]
+    checked = 0
+    for obj in applied:
+        if obj["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
+            continue  # custom resources: their own projects' schemas, below
+        kubernetes_validate.validate(obj, version, strict=True)  # raises on any unknown or bad field
+        checked += 1
+    assert checked >= 5
+
+
+def test_a_bad_field_would_be_caught(built: dict) -> None:
+    """The validation above is strict: an unknown field or a wrong type fails it."""
+    import kubernetes_validate
+
+    deployment = json.loads(json.dumps(by_kind(built["cpu"][1])["Deployment"]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["startupprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, NEWEST, strict=True)
+
+
+# The published models of KEDA's and the Prometheus operator's objects (generated from their
+# CRDs' schemas, with a validate() that checks types, enums and required fields).
+CRD_MODELS = {
+    "ScaledObject": ("@kubernetes-models/keda@2.0.0",
+                     "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject"),
+    "ServiceMonitor": ("@kubernetes-models/prometheus-operator@6.0.0",
+                       "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor"),
+}
+VALIDATE_JS = """
+const [kind, module, file] = process.argv.slice(2);
+const Model = (await import(module))[kind];
+const objects = JSON.parse((await import("node:fs")).readFileSync(file, "utf8"));
+for (const obj of objects) { new Model(obj).validate(); }
+console.log(`${objects.length} valid`);
+"""
+
+
+@pytest.fixture(scope="module")
+def crd_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The npm packages, installed from the registry into a folder of their own."""
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI has node and npm, which validate the custom resources")
+        pytest.skip("node and npm are not installed here")
+    folder = tmp_path_factory.mktemp("crd-models")
+    (folder / "package.json").write_text('{"type": "module", "private": true}')
+    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", *(p for p, _ in CRD_MODELS.values())],
+                          cwd=folder, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI reaches the npm registry, but npm could not install: {done.stderr[-2000:]}")
+        pytest.skip(f"the npm registry is not reachable here: {done.stderr[-500:]}")
+    (folder / "validate.mjs").write_text(VALIDATE_JS)
+    return folder
+
+
+def validate_custom(
+    folder: Path, kind: str, objects: list[dict[str, Any]]
+) -> subprocess.CompletedProcess[str]:
+    data = folder / f"{kind}.json"
+    data.write_text(json.dumps(objects))
+    return subprocess.run(["node", "validate.mjs", kind, CRD_MODELS[kind][1], str(data)], cwd=folder,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", list(CRD_MODELS))
+def test_custom_resources_match_their_projects_schemas(built: dict, crd_models: Path, kind: str) -> None:
+    found = [o for _, objects in built.values() for o in objects if o["kind"] == kind]
+    # Every folder holds every component, chosen or not: validate those too.
+    for folder, _ in built.values():
+        files = (folder / "components").glob(f"*/{kind.lower()}.yaml")
+        found += [yaml.safe_load(p.read_text()) for p in files]
+    assert found
+    done = validate_custom(crd_models, kind, found)
+    assert done.returncode == 0, done.stderr[-3000:]
+    broken = json.loads(json.dumps(found[0]))
+    if kind == "ScaledObject":
+        broken["spec"]["minReplicaCount"] = "one"
+    else:
+        broken["spec"]["endpoints"][0]["interval"] = 15  # a duration is a string
+    assert validate_custom(crd_models, kind, [broken]).returncode != 0
+
+
+# -- field by field: what each object must say -----------------------------------------------
+
+
+def test_the_keda_trigger_queries_the_servers_own_metric(built: dict, tiny_embedder: Path) -> None:
+    """KEDA's Prometheus scaler (keda.sh/docs/scalers/prometheus): `serverAddress`, `query`,
+    and `threshold`, a string, the value per replica; desired = ceil(query / threshold)."""
+    scaled = by_kind(built["cpu"][1])["ScaledObject"]
+    assert scaled["spec"]["scaleTargetRef"] == {"name": "infinity-cloud"}
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (1, 4)
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    meta = trigger["metadata"]
+    assert meta["query"] == 'sum(infinity_cloud_queued_tokens{namespace="default",service="infinity-cloud"})'
+    assert meta["threshold"] == str(2 * 16384)  # two batches of the default batch_tokens
+    assert meta["serverAddress"].startswith("http://")
+    # The Deployment leaves the count to the autoscaler: an apply must not reset it.
+    assert "replicas" not in by_kind(built["cpu"][1])["Deployment"]["spec"]
+
+
+def test_the_hpa_reads_the_same_metric_per_pod(built: dict) -> None:
+    hpa = by_kind(built["hpa-network-policy"][1])["HorizontalPodAutoscaler"]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric == {"type": "Pods", "pods": {"metric": {"name": "infinity_cloud_queued_tokens"},
+                                               "target": {"type": "AverageValue", "averageValue": "20000"}}}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    cpu = by_kind(built["cpu-autoscaler-no-monitor"][1])["HorizontalPodAutoscaler"]
+    assert cpu["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert "ServiceMonitor" not in by_kind(built["cpu-autoscaler-no-monitor"][1])
+
+
+def test_the_metric_the_autoscalers_query_is_one_the_server_exports(built: dict, tiny_embedder: Path) -> None:
+    """The name in the manifests is read from /metrics of a real app, not restated."""
+    import asyncio
+
+    from conftest import serve_in_process, spec_of
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from infinity_cloud.config import ModelSpec
+
+    async def names() -> set[str]:
+        spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))
+        async with serve_in_process(spec) as client:
+            text = (await client.get("/metrics")).text
+        return {family.name for family in text_string_to_metric_families(text)}
+
+    exported = asyncio.run(names())
+    hpa = by_kind(built["hpa-network-policy"][1])["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] in exported
+    query = by_kind(built["cpu"][1])["ScaledObject"]["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.removeprefix("sum(").split("{")[0] in exported
+
+
+def test_gpu_replicas_take_one_gpu_on_a_gpu_node(built: dict) -> None:
+    objects = built["gpu-volume-keys-cache"][1]
+    pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    server = server_container(objects)
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    mig = built["mig-fixed"][1]
+    mig_server = server_container(mig)
+    assert mig_server["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == 1
+    assert "nvidia.com/gpu" not in mig_server["resources"]["limits"]
+    assert by_kind(mig)["Deployment"]["spec"]["replicas"] == 3  # no autoscaler: the count is ours
+    assert by_kind(mig)["Deployment"]["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "inference"}
+    cpu_server = server_container(built["cpu"][1])
+    assert set(cpu_server["resources"]["limits"]) == {"memory"}
+    assert "nodeSelector" not in by_kind(built["cpu"][1])["Deployment"]["spec"]["template"]["spec"]
+
+
+def test_secrets_are_referenced_never_written(built: dict, tiny_embedder: Path, tmp_path: Path) -> None:
+    objects = built["gpu-volume-keys-cache"][1]
+    server = server_container(objects)
+    env = {e["name"]: e for e in server["env"]}
+    secret = {"secretKeyRef": {"name": "emb-redis", "key": "url"}}
+    assert env["INFINITY_CLOUD_CACHE_URL"]["valueFrom"] == secret
+    files = {env["INFINITY_CLOUD_API_KEY_FILE"]["value"], env["INFINITY_CLOUD_ADMIN_KEY_FILE"]["value"]}
+    mounts = {m["mountPath"] for m in server["volumeMounts"]}
+    assert all(str(Path(f).parent) in mounts for f in files)
+    volumes = {v["name"]: v for v in by_kind(objects)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["api-keys"]["secret"] == {"secretName": "emb-keys"}
+    monitor = by_kind(objects)["ServiceMonitor"]["spec"]["endpoints"][0]
+    assert monitor["path"] == "/api/metrics"
+    assert monitor["authorization"]["credentials"] == {"name": "emb-keys", "key": "metrics-key"}
+    # Keys or a password given in the spec would land in a manifest: refused.
+    for flags, fix in ((["--api-key", "sk-123"], "--api-key-secret"),
+                       (["--admin-key", "ad-123"], "--admin-key-secret"),
+                       (["--cache-url", "redis://:hunter2@redis:6379/0"], "--cache-url-secret")):
+        result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / flags[0][2:]),
+                                     "--model-id", str(tiny_embedder), *flags])
+        assert result.exit_code != 0 and fix in result.output, result.output
+        assert not (tmp_path / flags[0][2:] / "base").exists()
+
+
+def test_the_pods_run_restricted(built: dict) -> None:
+    """The `restricted` Pod Security Standard: non-root, no privilege escalation, every
+    capability dropped, the runtime's seccomp profile; and a read-only root filesystem with
+    one writable temporary folder."""
+    for _, objects in built.values():
+        pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] >= 1000
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        memory = pod["containers"][0]["resources"]
+        assert memory["requests"]["memory"] == memory["limits"]["memory"]  # the server budgets 90 % of it
+
+
+def test_weights_on_a_volume_are_fetched_once_and_mounted_read_only(built: dict) -> None:
+    folder, objects = built["gpu-volume-keys-cache"]
+    claim = by_kind(objects)["PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and claim["spec"]["storageClassName"] == "efs-sc"
+    pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    # On a GPU the precision check needs the GPU: it runs at the server's start.
+    assert fetch["command"] == ["python", "-m", "infinity_cloud", "download", "--files-only"]
+    assert {"name": "weights", "mountPath": "/models/hub"} in fetch["volumeMounts"]
+    mounted = {"name": "weights", "mountPath": "/models/hub", "readOnly": True}
+    assert mounted in pod["containers"][0]["volumeMounts"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in pod["containers"][0]["env"]
+    dockerfile = (folder / "image" / "Dockerfile").read_text()
+    assert "RUN python -m infinity_cloud download" not in dockerfile
+    assert "USER 10001:10001" in dockerfile
+    baked = (built["cpu"][0] / "image" / "Dockerfile").read_text()
+    assert "RUN python -m infinity_cloud download" in baked and "PersistentVolumeClaim" not in by_kind(
+        built["cpu"][1])
+
+
+def test_probes_and_drain_match_the_server(built: dict) -> None:
+    objects = built["gpu-volume-keys-cache"][1]
+    server = server_container(objects)
+    pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/api/health", "port": "http"}
+    # Weights fetched and exported at the first start: a longer allowance than baked ones.
+    allowed = server["startupProbe"]["periodSeconds"] * server["startupProbe"]["failureThreshold"]
+    cpu = server_container(built["cpu"][1])
+    baked = cpu["startupProbe"]["periodSeconds"] * cpu["startupProbe"]["failureThreshold"]
+    assert allowed >= 1200 and baked >= 300
+    assert server["readinessProbe"]["failureThreshold"] == 1
+    assert server["livenessProbe"]["failureThreshold"] * server["livenessProbe"]["periodSeconds"] >= 60
+    pause = int(server["lifecycle"]["preStop"]["exec"]["command"][1])
+    drain = int({e["name"]: e for e in server["env"]}["INFINITY_CLOUD_DRAIN_S"]["value"])
+    assert pod["terminationGracePeriodSeconds"] > pause + drain
+    strategy = by_kind(objects)["Deployment"]["spec"]["strategy"]["rollingUpdate"]
+    assert strategy == {"maxUnavailable": 0, "maxSurge": 1}
+    assert by_kind(objects)["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+
+def test_every_variable_the_pod_sets_is_one_the_server_reads(built: dict, tmp_path: Path) -> None:
+    """Each INFINITY_CLOUD_* variable of the server container lands in the spec it serves
+    (a misspelt one would be ignored, and a key file never read)."""
+    server = server_container(built["gpu-volume-keys-cache"][1])
+    (tmp_path / "keys").write_text("k1\n")
+    values = {"INFINITY_CLOUD_CACHE_URL": "redis://redis:6379/0"}
+    env = {e["name"]: values.get(e["name"], e.get("value")) for e in server["env"]}
+    env = {k: str(tmp_path / "keys") if k.endswith("_FILE") else v for k, v in env.items()}
+    env.pop("INFINITY_CLOUD_CONFIG")  # the ConfigMap's file, read below as the server reads it
+    result = subprocess.run([sys.executable, "-m", "infinity_cloud", "config", "show", "--format", "json"],
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)["server"]
+    assert shown["drain_s"] == 30 and shown["cache_url"] == "redis://redis:6379/0"
+    assert shown["api_key_file"] == shown["admin_key_file"] == str(tmp_path / "keys")
+
+
+def test_dry_run_prints_the_commands_it_would_run(tiny_embedder: Path, tmp_path: Path) -> None:
+    _, said = dry_run(tmp_path, tiny_embedder, "--namespace", "search", "--context", "prod")
+    assert ("would run: kubectl --context prod --namespace search apply --server-side --field-manager "
+            "infinity-cloud -f -") in said
+    rollout = "would run: kubectl --context prod --namespace search rollout status deployment/infinity-cloud"
+    assert rollout in said
+
+
+def test_a_changed_spec_rolls_the_replicas(tiny_embedder: Path, tmp_path: Path) -> None:
+    first, _ = dry_run(tmp_path / "a", tiny_embedder)
+    second, _ = dry_run(tmp_path / "b", tiny_embedder, "--batch-tokens", "8192")
+
+    def digest(objects: list[dict[str, Any]]) -> str:
+        return by_kind(objects)["Deployment"]["spec"]["template"]["metadata"]["annotations"][
+            "infinity-cloud/spec-sha256"]
+
+    assert digest(first) != digest(second)
+    assert "batch_tokens: 8192" in by_kind(second)["ConfigMap"]["data"]["infinity-cloud.yaml"]
+
+
+def test_unknown_gpus_and_bad_names_are_refused_before_anything_is_written(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    for flags, said in ((["--gpu", "RTX9090"], "unknown GPU"),
+                        (["--name", "My_Server"], "not a Kubernetes name"),
+                        (["--gpu-resource", "amd.com/gpu"], "not an NVIDIA device plugin resource"),
+                        (["--min-replicas", "5", "--max-replicas", "2"], "exceeds")):
+        result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "x"),
+                                     "--model-id", str(tiny_embedder), *flags])
+        assert result.exit_code != 0 and said in result.output, result.output
+    assert not (tmp_path / "x").exists()
+
+
+
+
+# -- the promises, against a real server process ----------------------------------------------
+
+
+def test_a_replica_drains_as_the_manifests_promise(built: dict, tiny_embedder: Path, tmp_path: Path) -> None:
+    """The server started with the Deployment's own environment and probed on its readiness
+    path: while a slow batch runs, the liveness probe still answers within its timeout; on
+    SIGTERM the readiness probe fails within one period, the request admitted before it is
+    answered in full, and the process ends inside the grace period."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+    from conftest import FAKE, ROOT, free_port
+
+    objects = built["gpu-volume-keys-cache"][1]
+    server = server_container(objects)
+    pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in server["env"] if "value" in e}
+    config = tmp_path / "spec.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"model_id": str(tiny_embedder), "served_model_name": "slow", "backend": FAKE,
+                    "backend_options": {"delay_s": 3.0}}],
+        "server": {"url_prefix": "/api"},
+    }))
+    port = free_port()
+    keep = {"INFINITY_CLOUD_DRAIN_S", "HF_HUB_OFFLINE"}  # the rest name files of the pod
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infinity_cloud", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **{k: v for k, v in env.items() if k in keep},
+             "INFINITY_CLOUD_CONFIG": str(config)},
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    ready = f"{base}{server['readinessProbe']['httpGet']['path']}"
+    live = f"{base}{server['livenessProbe']['httpGet']['path']}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(ready, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        answers: list[httpx.Response] = []
+        call = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{base}/api/v1/embeddings", json={"model": "slow", "input": ["a", "b", "c"]}, timeout=60)))
+        call.start()
+        time.sleep(0.5)  # admitted: its batch runs for 3 s
+        busy = httpx.get(live, timeout=server["livenessProbe"]["timeoutSeconds"])
+        assert busy.status_code == 200, busy.text
+        proc.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        failed_within = None
+        while time.monotonic() - stopped_at < server["readinessProbe"]["periodSeconds"]:
+            try:
+                if httpx.get(ready, timeout=1).status_code == 503:
+                    failed_within = time.monotonic() - stopped_at
+                    break
+            except httpx.TransportError:  # the listener closed: a probe fails the same way
+                failed_within = time.monotonic() - stopped_at
+                break
+            time.sleep(0.1)
+        assert failed_within is not None, "still ready a probe period after SIGTERM"
+        call.join(60)
+        (answer,) = answers
+        assert answer.status_code == 200 and len(answer.json()["data"]) == 3, answer.text
+        code = proc.wait(pod["terminationGracePeriodSeconds"])
+        assert code in (0, -signal.SIGTERM), (tmp_path / "serve.log").read_text()
+        assert time.monotonic() - stopped_at < pod["terminationGracePeriodSeconds"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
