@@ -483,6 +483,60 @@ def download(
             typer.echo(prepare_model(model, build_exports=not files_only))
 
 
+class Runner(str, Enum):
+    local = "local"
+
+
+@_base.command()
+@with_spec
+def embed(
+    spec: DeploymentSpec,
+    inputs: Annotated[list[str], typer.Argument(
+        help="Input files, globs or s3:// prefixes: JSON Lines, Parquet, CSV or plain text "
+        "(one text a line).",
+        show_default=False,
+    )],
+    out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) of the Parquet dataset.")],
+    runner: Annotated[Runner, typer.Option(
+        "--runner", help="Where it runs: local (this machine).")] = Runner.local,
+    text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
+    id_field: Annotated[str, typer.Option(
+        "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
+    keep_field: Annotated[list[str] | None, typer.Option(
+        "--keep-field", help="An input field to copy beside each vector; repeatable.")] = None,
+    shard_rows: Annotated[int, typer.Option(
+        "--shard-rows", min=1, help="Rows per output file (each written whole).")] = 1000,
+    max_errors: Annotated[int | None, typer.Option(
+        "--max-errors", min=0, help="Stop once more rows than this were bad (default: never).")] = None,
+    prompt_name: Annotated[str | None, typer.Option(
+        "--prompt-name", help="One of the model's named prompts (query, passage, ...) before each text.",
+    )] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate/--no-truncate", help="Cut texts past the model's length (else they are bad rows).",
+    )] = True,
+) -> None:
+    """Embed a corpus into a Parquet dataset: resumable (a run started again with the same
+    arguments embeds only the shards not yet written), every row exactly once."""
+    import asyncio
+    import json
+
+    from infinity_cloud.bulk import sources
+    from infinity_cloud.bulk.job import EmbedJob
+    from infinity_cloud.bulk.local_runner import run_local
+
+    _show_steps(spec)
+    if len(spec.models) != 1:
+        raise fail("a bulk job embeds with one model: give one --model-id")
+    with reported_errors():
+        kind = spec.models[0].embedding_dtype
+        job = EmbedJob(
+            tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
+            max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate,
+        )
+        summary = asyncio.run(run_local(spec, job))
+    typer.echo(json.dumps(summary, indent=1))
+
+
 def _infinity_v2(**given: Any) -> None:
     """Serve as Infinity's `infinity_emb v2` would, from its flags and INFINITY_* variables
     (`;` between models); prints the infinity-cloud command that means the same, once."""

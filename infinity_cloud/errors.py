@@ -7,10 +7,13 @@ from __future__ import annotations
 class InfinityCloudError(Exception):
     """Base of every error the engine raises on purpose."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, index: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        # Which input of the call it is about, where it is about one (a bulk job sets that row
+        # aside and goes on with the rest).
+        self.index = index
 
 
 class InvalidInputError(InfinityCloudError):
@@ -28,7 +31,8 @@ class InputTooLongError(InvalidInputError):
 
     def naming(self, field: str, value: str = "true") -> InputTooLongError:
         """The same error telling the caller's own field (Voyage's `truncation=true`)."""
-        return InputTooLongError(self.message.replace(self.REMEDY, f"send {field}={value}"), param=self.param)
+        return InputTooLongError(self.message.replace(self.REMEDY, f"send {field}={value}"), param=self.param,
+                                 index=self.index)
 
 
 class PayloadTooLargeError(InfinityCloudError):

@@ -44,12 +44,12 @@ def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") 
     check_count(len(texts), limits, param)
     for index, text in enumerate(texts):
         if not text:
-            raise InvalidInputError(f"'{param}' item {index} is an empty string", param=param)
+            raise InvalidInputError(f"'{param}' item {index} is an empty string", param=param, index=index)
         if len(text) > limits.max_chars_per_text:
             raise PayloadTooLargeError(
                 f"'{param}' item {index} has {len(text)} characters, more than the limit of "
                 f"{limits.max_chars_per_text}",
-                param=param,
+                param=param, index=index,
             )
         if not text.isascii():  # HTTP bodies are checked as they are parsed; Python callers here
             try:
@@ -58,7 +58,7 @@ def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") 
                 raise InvalidInputError(
                     f"'{param}' item {index} is not well-formed Unicode (a lone surrogate at character "
                     f"{exc.start})",
-                    param=param,
+                    param=param, index=index,
                 ) from None
 
 

@@ -62,7 +62,7 @@ def _too_long(index: int, count: str, limit: int) -> InputTooLongError:
     return InputTooLongError(
         f"input {index} has {count} tokens, more than the model's limit of {limit}; shorten it or "
         + InputTooLongError.REMEDY,
-        param="input",
+        param="input", index=index,
     )
 
 

@@ -1,0 +1,143 @@
+"""What a bulk embedding job is (its inputs, output and options), how its input splits into
+shards, and how one shard is embedded by an engine: the one piece every runner (this
+machine, a Ray actor) shares."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from infinity_cloud import __version__
+from infinity_cloud.bulk.sources import Row
+from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
+
+if TYPE_CHECKING:
+    from infinity_cloud.engine import Engine
+
+DEFAULT_SHARD_ROWS = 1000
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    files: tuple[str, ...]  # the input files, expanded and in order
+    out: str
+    text_field: str = "text"
+    id_field: str = "id"
+    keep: tuple[str, ...] = ()  # input fields copied beside each vector
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    max_errors: int | None = None
+    output_dtype: str | None = None  # float32 (default), int8, uint8, binary, ubinary
+    prompt_name: str | None = None  # one of the model's named prompts ("query", "passage", ...)
+    truncate: bool = True  # off: a text past the model's length is a bad row
+
+    def fingerprint(self, model: dict[str, Any]) -> dict[str, Any]:
+        """What the vectors depend on, and where the rows come from: a run that differs in any
+        of these must not add shards to this job's output."""
+        options = asdict(self)
+        for name in ("out", "max_errors"):  # where the output goes, and when to stop, change no row
+            options.pop(name)
+        options["files"] = list(self.files)
+        options["keep"] = list(self.keep)
+        served = {
+            key: model.get(key)
+            for key in ("id", "backend", "dtype", "dimensions", "capabilities", "max_input_tokens")
+        }
+        return {**options, "model": served, "infinity_cloud": __version__}
+
+
+def shards(rows: Iterable[Row], size: int, skip: set[int] = frozenset()) -> Iterator[tuple[int, list[Row]]]:  # type: ignore[assignment]
+    """The rows in shards of `size` by their place in the input; those in `skip` (done) are
+    read past, not returned."""
+    batch: list[Row] = []
+    for row in rows:
+        shard = row.number // size
+        if shard in skip:
+            continue
+        if batch and batch[0].number // size != shard:
+            yield batch[0].number // size, batch
+            batch = []
+        batch.append(row)
+    if batch:
+        yield batch[0].number // size, batch
+
+
+@dataclass
+class ShardResult:
+    table: Any  # pyarrow.Table: id, row, embedding, and the kept fields
+    errors: list[dict[str, Any]]
+    tokens: int
+
+
+async def embed_shard(
+    engine: Engine, job: EmbedJob, rows: list[Row], model: str | None = None
+) -> ShardResult:
+    """Embed the shard's good rows in one call (the engine batches them by length within its
+    token budget), setting aside each row the model refuses on its own (too long with
+    truncation off, past the character limit) with the reason, and each bad row from the input."""
+    errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
+    good = [r for r in rows if r.text is not None]
+    served = engine.model(model)
+    capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
+    result = None
+    while good:
+        try:
+            result = await _embed(engine, capability, [r.text for r in good], job, model)  # type: ignore[misc]
+            break
+        except (InvalidInputError, PayloadTooLargeError) as exc:
+            if exc.index is None or not 0 <= exc.index < len(good):
+                raise  # about the whole call (an option the model lacks): the job cannot go on
+            bad = good.pop(exc.index)
+            errors.append({"row": bad.number, "id": bad.id, "error": exc.message})
+    errors.sort(key=lambda e: e["row"])
+    table = _table(good, result, capability, dimensions, job)
+    return ShardResult(table, errors, result.prompt_tokens if result else 0)
+
+
+async def _embed(engine: Engine, capability: str, texts: list[str], job: EmbedJob, model: str | None) -> Any:
+    if capability == "sparse":
+        return await engine.embed_sparse(texts, model, truncate=job.truncate, prompt_name=job.prompt_name)
+    if capability == "multi_vector":
+        return await engine.embed_multi_vector(texts, model, truncate=job.truncate, role="document")
+    return await engine.embed(
+        texts,
+        model,
+        truncate=job.truncate,
+        prompt_name=job.prompt_name,
+        output_dtype=job.output_dtype,
+        wait=True,
+    )
+
+
+def _table(rows: list[Row], result: Any, capability: str, dimensions: int, job: EmbedJob) -> Any:
+    """The shard as columns: `id` (the input's, as text), `row` (its place in the input),
+    `embedding` of one type in every shard (the model's width, whatever rows this one has),
+    then the kept fields."""
+    import numpy as np
+    import pyarrow as pa
+
+    columns: dict[str, Any] = {
+        "id": pa.array([str(r.id) for r in rows], pa.string()),
+        "row": pa.array([r.number for r in rows], pa.int64()),
+    }
+    if capability == "sparse":
+        vectors = result.embeddings if result else []
+        columns["embedding"] = pa.array(
+            [{"indices": v.indices.astype(np.int64), "values": v.values.astype(np.float32)} for v in vectors],
+            pa.struct([("indices", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))]),
+        )
+    elif capability == "multi_vector":
+        vectors = result.embeddings if result else []
+        columns["embedding"] = pa.array(
+            [v.astype(np.float32).tolist() for v in vectors], pa.list_(pa.list_(pa.float32(), dimensions))
+        )
+    else:
+        kind = job.output_dtype or "float32"
+        width = dimensions // 8 if kind in ("binary", "ubinary") else dimensions
+        element = {"float32": pa.float32(), "int8": pa.int8(), "binary": pa.int8()}.get(kind, pa.uint8())
+        matrix = result.embeddings if result else np.zeros((0, width))
+        flat = pa.array(np.ascontiguousarray(matrix).reshape(-1), element)
+        columns["embedding"] = pa.FixedSizeListArray.from_arrays(flat, width)
+    for name in job.keep:
+        columns[name] = pa.array([r.kept.get(name) for r in rows])
+    return pa.table(columns)

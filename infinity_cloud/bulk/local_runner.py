@@ -1,0 +1,112 @@
+"""`infinity-cloud embed --runner local`: the engine in this process, through its Python API
+(no HTTP), with several shards in flight so that its batcher always has a long queue to cut
+length-sorted, token-budget batches from, and the writing of one shard overlaps the
+embedding of the next."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from infinity_cloud.bulk import sources
+from infinity_cloud.bulk.dataset import Dataset
+from infinity_cloud.bulk.job import EmbedJob, embed_shard, shards
+from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import ConfigError, InfinityCloudError
+
+# Shards embedded at once: enough that the queue holds several thousand texts to sort by
+# length, few enough that memory stays a few shards' worth.
+IN_FLIGHT = 4
+EMBEDDING_CAPABILITIES = ("embed", "sparse", "multi_vector")
+
+
+class TooManyErrors(InfinityCloudError):
+    """More bad rows than --max-errors allows."""
+
+
+def bulk_spec(spec: DeploymentSpec, job: EmbedJob) -> DeploymentSpec:
+    """The spec for a job: no model refuses its work for load (a job waits its turn: no
+    queueing deadline), its queue holds the shards in flight, and a shard is one call."""
+    room = IN_FLIGHT * job.shard_rows
+    models = tuple(
+        m.model_copy(update={"deadline_s": None, "queue_size": max(m.queue_size, room)}) for m in spec.models
+    )
+    limits = spec.server.limits
+    limits = limits.model_copy(
+        update={"max_inputs_per_request": max(limits.max_inputs_per_request, job.shard_rows)}
+    )
+    return spec.model_copy(
+        update={"models": models, "server": spec.server.model_copy(update={"limits": limits})}
+    )
+
+
+def check_model(facts: dict[str, Any], job: EmbedJob) -> None:
+    capability = facts["capabilities"][0]
+    if capability not in EMBEDDING_CAPABILITIES:
+        raise ConfigError(
+            f"model {facts['id']} {'ranks' if capability == 'rerank' else 'classifies'} "
+            "texts; a bulk job embeds them: give an embedding model"
+        )
+    if job.output_dtype not in (None, "float32") and capability != "embed":
+        raise ConfigError(f"--output-dtype {job.output_dtype} is for dense embeddings, not {capability}")
+
+
+async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
+    """Run the job to its end (or to --max-errors); returns its summary."""
+    from infinity_cloud.engine import Engine
+
+    async with Engine(bulk_spec(spec, job)) as engine:
+        facts = engine.describe()[0]
+        check_model(facts, job)
+        dataset = Dataset(job.out, job.fingerprint(facts))
+        done = await asyncio.to_thread(dataset.open)
+        total = await asyncio.to_thread(sources.count_rows, job.files)
+        before = sum(min(job.shard_rows, (total or 0) - s * job.shard_rows) for s in done) if total else 0
+        meter = Meter(total, before=before, errors=await asyncio.to_thread(dataset.errors))
+        with meter:
+            await _embed_all(engine, job, dataset, done, meter)
+        summary = {
+            **meter.summary(),
+            "shards_skipped": len(done),
+            "model": facts["id"],
+            "backend": facts["backend"],
+            "dtype": facts["dtype"],
+        }
+        await asyncio.to_thread(dataset.finish, summary)
+        return summary
+
+
+async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int], meter: Meter) -> None:
+    rows = sources.read_rows(job.files, job.text_field, job.id_field, job.keep)
+    pending: set[asyncio.Task[None]] = set()
+
+    async def one(shard: int, batch: list[sources.Row]) -> None:
+        result = await embed_shard(engine, job, batch)
+        await asyncio.to_thread(dataset.write_shard, shard, result.table, result.errors)
+        meter.add(len(batch), result.tokens, len(result.errors))
+        if job.max_errors is not None and meter.errors > job.max_errors:
+            raise TooManyErrors(
+                f"{meter.errors} bad rows, more than --max-errors {job.max_errors}: see "
+                f"{dataset.out}/errors/; the shards done are kept, and a run with the same arguments "
+                "goes on from there"
+            )
+
+    try:
+        # Reading the input runs in a thread: a large Parquet or S3 file never stalls the loop.
+        iterator = shards(rows, job.shard_rows, done)
+        while True:
+            item = await asyncio.to_thread(next, iterator, None)
+            if item is None:
+                break
+            while len(pending) >= IN_FLIGHT:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    task.result()  # a failed shard stops the job
+            pending.add(asyncio.create_task(one(*item)))
+        for task in asyncio.as_completed(pending):
+            await task
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

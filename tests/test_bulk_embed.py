@@ -1,0 +1,332 @@
+"""`infinity-cloud embed`: a corpus into a Parquet dataset, on this machine. Vectors against
+sentence-transformers on the same model; every input format; bad rows set aside with their
+reason; a run killed with SIGKILL and started again lands every row exactly once; a run with
+other settings refuses to add to the output."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from conftest import FAKE, ROOT, cosines
+from typer.testing import CliRunner
+
+from infinity_cloud.cli import app as cli
+
+runner = CliRunner()
+WORDS = [
+    "the",
+    "server",
+    "batches",
+    "passages",
+    "by",
+    "length",
+    "so",
+    "every",
+    "core",
+    "stays",
+    "busy",
+    "while",
+    "a",
+    "corpus",
+    "streams",
+    "through",
+    "an",
+    "embedding",
+    "model",
+    "and",
+    "lands",
+    "in",
+    "parquet",
+    "shards",
+]
+
+
+def corpus(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    return [
+        {"id": f"doc-{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(2, 40)))), "lang": "en"}
+        for i in range(count)
+    ]
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def embed(*argv: str) -> Any:
+    result = runner.invoke(cli, ["embed", *argv])
+    return result
+
+
+def read(out: Path) -> pa.Table:
+    table = pq.read_table(sorted(out.glob("part-*.parquet")))
+    return table.sort_by("row")
+
+
+def summary_of(result: Any) -> dict[str, Any]:
+    return json.loads(result.stdout[result.stdout.index("{") :])
+
+
+def test_a_corpus_is_embedded_as_sentence_transformers_embeds_it(minilm_dir: Path, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    records = corpus(300)
+    source = write_jsonl(tmp_path / "corpus.jsonl", records)
+    result = embed(
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--model-id",
+        str(minilm_dir),
+        "--dtype",
+        "float32",
+        "--keep-field",
+        "lang",
+        "--shard-rows",
+        "128",
+    )
+    assert result.exit_code == 0, result.output
+    table = read(tmp_path / "out")
+    assert table.column_names == ["id", "row", "embedding", "lang"]
+    assert table["id"].to_pylist() == [r["id"] for r in records]
+    assert table["row"].to_pylist() == list(range(300)) and set(table["lang"].to_pylist()) == {"en"}
+    assert pa.types.is_fixed_size_list(table.schema.field("embedding").type)
+    assert table.schema.field("embedding").type.value_type == pa.float32()
+    got = np.array(table["embedding"].to_pylist(), dtype=np.float32)
+    want = SentenceTransformer(str(minilm_dir), device="cpu").encode([r["text"] for r in records])
+    assert cosines(got, want).min() > 0.9999
+    summary = summary_of(result)
+    assert summary["rows"] == 300 and summary["bad_rows"] == 0 and summary["tokens"] > 300
+    assert len(list((tmp_path / "out").glob("part-*.parquet"))) == 3  # 128-row shards
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["summary"]["rows"] == 300 and manifest["job"]["model"]["dtype"] == "float32"
+
+
+def test_every_input_format_gives_the_same_rows(tiny_embedder: Path, tmp_path: Path) -> None:
+    records = corpus(40, seed=1)
+    texts = [r["text"] for r in records]
+    write_jsonl(tmp_path / "a.jsonl", records)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in records))
+    with (tmp_path / "c.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["id", "text", "lang"])
+        writer.writeheader()
+        writer.writerows(records)
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "d.parquet")
+    (tmp_path / "e.txt").write_text("".join(t + "\n" for t in texts))
+    vectors = {}
+    for name in ("a.jsonl", "b.jsonl.gz", "c.csv", "d.parquet", "e.txt"):
+        out = tmp_path / f"out-{name}"
+        result = embed(
+            str(tmp_path / name),
+            "--out",
+            str(out),
+            "--model-id",
+            str(tiny_embedder),
+            "--backend",
+            "torch",
+            "--dtype",
+            "float32",
+        )
+        assert result.exit_code == 0, f"{name}: {result.output}"
+        table = read(out)
+        expected = [r["id"] for r in records] if name != "e.txt" else [str(i) for i in range(40)]
+        assert table["id"].to_pylist() == expected, name
+        vectors[name] = np.array(table["embedding"].to_pylist())
+    for name, got in vectors.items():
+        np.testing.assert_allclose(got, vectors["a.jsonl"], atol=1e-5, err_msg=name)
+    # A glob takes every file it matches, in order, as one input.
+    both = embed(
+        str(tmp_path / "[ad].*"),
+        "--out",
+        str(tmp_path / "glob"),
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+    )
+    assert both.exit_code == 0, both.output
+    assert read(tmp_path / "glob")["row"].to_pylist() == list(range(80))
+
+
+def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, tmp_path: Path) -> None:
+    good = corpus(20, seed=2)
+    lines = [json.dumps(r) for r in good[:5]]
+    lines += [
+        '{"id": "empty", "text": "  "}',
+        '{"id": "none"}',
+        '{"id": "number", "text": 42}',
+        "{not json",
+        '["a list"]',
+    ]
+    lines += [json.dumps({"id": "long", "text": "word " * 5000})]
+    lines += [json.dumps(r) for r in good[5:]]
+    source = tmp_path / "mixed.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    result = embed(
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+        "--no-truncate",
+        "--shard-rows",
+        "8",
+    )
+    assert result.exit_code == 0, result.output
+    errors = [
+        json.loads(line)
+        for f in sorted((tmp_path / "out" / "errors").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+    reasons = {e["id"]: e["error"] for e in errors}
+    assert reasons["empty"] == "empty text" and reasons["none"] == "no 'text' field"
+    assert reasons["number"] == "'text' is int, not text"
+    assert "more than the model's limit" in reasons["long"]
+    assert [e["row"] for e in errors if "not JSON" in e["error"] or "not a JSON object" in e["error"]] == [
+        8,
+        9,
+    ]
+    table = read(tmp_path / "out")
+    assert table["id"].to_pylist() == [r["id"] for r in good]  # every good row, once, in order
+    assert summary_of(result)["bad_rows"] == 6
+
+
+def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, tmp_path: Path) -> None:
+    records = corpus(30, seed=3)
+    for record in records[10:]:
+        record["text"] = ""
+    source = write_jsonl(tmp_path / "bad.jsonl", records)
+    result = embed(
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+        "--shard-rows",
+        "10",
+        "--max-errors",
+        "5",
+    )
+    assert result.exit_code != 0
+    assert "more than --max-errors 5" in " ".join(result.output.split())
+    written = {p.name for p in (tmp_path / "out").glob("part-*.parquet")}
+    assert len(written) < 3
+    # Allowed more, the same job goes on from the shards it wrote.
+    more = embed(
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+        "--shard-rows",
+        "10",
+        "--max-errors",
+        "50",
+    )
+    assert more.exit_code == 0, more.output
+    assert summary_of(more)["shards_skipped"] == len(written)
+    assert read(tmp_path / "out")["row"].to_pylist() == list(range(10))
+
+
+def test_a_run_with_other_settings_refuses_to_add_to_the_output(tiny_embedder: Path, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "c.jsonl", corpus(10, seed=4))
+    first = embed(
+        str(source), "--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder), "--backend", "torch"
+    )
+    assert first.exit_code == 0, first.output
+    again = embed(
+        str(source), "--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder), "--backend", "torch"
+    )
+    assert (
+        again.exit_code == 0 and summary_of(again)["shards_skipped"] == 1 and summary_of(again)["rows"] == 0
+    )
+    other = embed(
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+        "--no-truncate",
+    )
+    assert other.exit_code != 0
+    said = " ".join(other.output.split())
+    assert "holds the output of another job" in said and "truncate: True then, False now" in said
+
+
+def test_a_killed_run_resumes_and_lands_every_row_exactly_once(tiny_embedder: Path, tmp_path: Path) -> None:
+    """SIGKILL in the middle (shards written, others in flight), then the same command: the
+    rest is embedded, nothing twice, nothing lost."""
+    records = corpus(400, seed=5)
+    records[123]["text"] = ""
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    config = tmp_path / "spec.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "model_id": str(tiny_embedder),
+                        "backend": FAKE,
+                        "max_batch_size": 8,
+                        "backend_options": {"delay_s": 0.05},
+                    }
+                ]
+            }
+        )
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "infinity_cloud",
+        "embed",
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--config",
+        str(config),
+        "--shard-rows",
+        "25",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "out").glob("part-*.parquet"))) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    killed_with = len(list((tmp_path / "out").glob("part-*.parquet")))
+    assert killed_with < 16, "it finished before the kill: nothing was resumed"
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
+    assert summary["shards_skipped"] >= killed_with >= 4
+    table = read(tmp_path / "out")
+    assert table["row"].to_pylist() == [i for i in range(400) if i != 123]  # each once, in order
+    assert table["id"].to_pylist() == [r["id"] for i, r in enumerate(records) if i != 123]
+    errors = (tmp_path / "out" / "errors").glob("*.jsonl")
+    assert [json.loads(line)["row"] for f in errors for line in f.read_text().splitlines()] == [123]
+    assert not list((tmp_path / "out").glob(".*.tmp"))  # a half-written shard never shows as one
