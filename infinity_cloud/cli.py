@@ -485,6 +485,7 @@ def download(
 
 class Runner(str, Enum):
     local = "local"
+    ray = "ray"
 
 
 @_base.command()
@@ -498,7 +499,10 @@ def embed(
     )],
     out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) of the Parquet dataset.")],
     runner: Annotated[Runner, typer.Option(
-        "--runner", help="Where it runs: local (this machine).")] = Runner.local,
+        "--runner", help="Where it runs: local (this machine), ray (the cluster at RAY_ADDRESS, else one "
+        "started here).")] = Runner.local,
+    actors: Annotated[int | None, typer.Option(
+        "--actors", min=1, help="Ray: engines at once (default: one per GPU, or one on CPUs).")] = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
     id_field: Annotated[str, typer.Option(
         "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
@@ -533,7 +537,12 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate,
         )
-        summary = asyncio.run(run_local(spec, job))
+        if runner is Runner.ray:
+            from infinity_cloud.bulk.ray_runner import run_ray
+
+            summary = run_ray(spec, job, actors)
+        else:
+            summary = asyncio.run(run_local(spec, job))
     typer.echo(json.dumps(summary, indent=1))
 
 

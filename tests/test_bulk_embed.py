@@ -9,6 +9,7 @@ import csv
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from conftest import FAKE, ROOT, cosines
 from typer.testing import CliRunner
@@ -330,3 +332,61 @@ def test_a_killed_run_resumes_and_lands_every_row_exactly_once(tiny_embedder: Pa
     errors = (tmp_path / "out" / "errors").glob("*.jsonl")
     assert [json.loads(line)["row"] for f in errors for line in f.read_text().splitlines()] == [123]
     assert not list((tmp_path / "out").glob(".*.tmp"))  # a half-written shard never shows as one
+
+
+def test_shards_read_by_a_worker_are_the_rows_read_in_order(tmp_path: Path) -> None:
+    """`plan` + `read_shard` (what a Ray actor reads on its own, from byte offsets and row
+    groups) give exactly the rows that one sequential read gives, shard by shard, in every
+    format: blank lines, CRLF, a line that is not JSON, compressed files, several row groups."""
+    from infinity_cloud.bulk import sources
+    from infinity_cloud.bulk.job import shards
+
+    records = corpus(57, seed=7)
+    lines = [json.dumps(r) for r in records[:20]]
+    crlf = "\r\n".join(lines[:10]) + "\r\n\n\n"
+    (tmp_path / "a.jsonl").write_text(crlf + "\n".join(lines[10:]) + "\n{oops\n")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in records[20:30]))
+    with (tmp_path / "c.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["id", "text", "lang"])
+        writer.writeheader()
+        writer.writerows([{**r, "text": r["text"] + "\nsecond line"} for r in records[30:40]])
+    pq.write_table(pa.Table.from_pylist(records[40:]), tmp_path / "d.parquet", row_group_size=4)
+    (tmp_path / "e.txt").write_text("one\n\ntwo\r\nthree")
+    files = sources.expand([str(tmp_path / "*")])
+    sequential = list(sources.read_rows(files, keep=("lang",)))
+    assert len(sequential) == 20 + 1 + 10 + 10 + 17 + 4
+    for size in (1, 3, 8, 1000):
+        planned = list(sources.plan(files, size))
+        assert [p.shard for p in planned] == list(range(len(planned)))
+        read = {p.shard: sources.read_shard(p, keep=("lang",)) for p in planned}
+        assert read == dict(shards(sequential, size)), size
+
+
+def test_ray_finishes_a_job_the_local_runner_was_killed_in(tiny_embedder: Path, tmp_path: Path) -> None:
+    """A real local Ray cluster (two actors, one engine each) takes up a job whose local run
+    was killed: the shards already written are skipped, the rest land once, and the vectors
+    are the local runner's."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    records = corpus(300, seed=8)
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    model = ["--model-id", str(tiny_embedder), "--backend", "torch", "--dtype", "float32",
+             "--shard-rows", "20"]
+    whole = embed(str(source), "--out", str(tmp_path / "whole"), *model)
+    assert whole.exit_code == 0, whole.output
+    out = Path(shutil.copytree(tmp_path / "whole", tmp_path / "out"))
+    for shard in range(15):  # what a killed run leaves: its manifest and some shards, not in order
+        if shard not in (0, 3, 4):
+            (out / f"part-{shard:06d}.parquet").unlink()
+    command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), *model,
+               "--runner", "ray", "--actors", "2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["runner"] == "ray" and summary["workers"] == 2 and summary["shards_skipped"] == 3
+    assert summary["rows"] == 240 and summary["engines"] == ["torch float32"]
+    got, want = read(out), read(tmp_path / "whole")
+    assert got["row"].to_pylist() == list(range(300)) and got["id"].to_pylist() == want["id"].to_pylist()
+    vectors = [np.array(table["embedding"].to_pylist()) for table in (got, want)]
+    np.testing.assert_allclose(*vectors, atol=1e-5)

@@ -10,12 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from infinity_cloud import __version__
 from infinity_cloud.bulk.sources import Row
+from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
 
 if TYPE_CHECKING:
     from infinity_cloud.engine import Engine
 
 DEFAULT_SHARD_ROWS = 1000
+# The model's settings that change its vectors (the rest: batching, queueing, naming).
+ANSWER_FIELDS = ("model_id", "revision", "backend", "device", "dtype", "pooling", "normalize", "max_length",
+                 "trust_remote_code", "embedding_dtype")
 
 
 @dataclass(frozen=True)
@@ -31,18 +35,16 @@ class EmbedJob:
     prompt_name: str | None = None  # one of the model's named prompts ("query", "passage", ...)
     truncate: bool = True  # off: a text past the model's length is a bad row
 
-    def fingerprint(self, model: dict[str, Any]) -> dict[str, Any]:
+    def fingerprint(self, model: ModelSpec) -> dict[str, Any]:
         """What the vectors depend on, and where the rows come from: a run that differs in any
-        of these must not add shards to this job's output."""
+        of these must not add shards to this job's output. The model as the spec names it
+        (which runner resolves `auto` where is told per shard: `engines` in the summary)."""
         options = asdict(self)
         for name in ("out", "max_errors"):  # where the output goes, and when to stop, change no row
             options.pop(name)
         options["files"] = list(self.files)
         options["keep"] = list(self.keep)
-        served = {
-            key: model.get(key)
-            for key in ("id", "backend", "dtype", "dimensions", "capabilities", "max_input_tokens")
-        }
+        served = model.model_dump(mode="json", include=set(ANSWER_FIELDS))
         return {**options, "model": served, "infinity_cloud": __version__}
 
 

@@ -59,7 +59,7 @@ async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
     async with Engine(bulk_spec(spec, job)) as engine:
         facts = engine.describe()[0]
         check_model(facts, job)
-        dataset = Dataset(job.out, job.fingerprint(facts))
+        dataset = Dataset(job.out, job.fingerprint(spec.models[0]))
         done = await asyncio.to_thread(dataset.open)
         total = await asyncio.to_thread(sources.count_rows, job.files)
         before = sum(min(job.shard_rows, (total or 0) - s * job.shard_rows) for s in done) if total else 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import glob
 import io
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -115,12 +116,21 @@ def _known(path: str) -> bool:
     return True
 
 
-def _open_text(uri: str) -> io.TextIOBase:
+def _compression(uri: str) -> str | None:
+    suffix = next((s[1:] for s in COMPRESSED if uri.lower().endswith(s)), None)
+    return {"gz": "gzip", "zst": "zstd", "lz4": "lz4_frame"}.get(suffix or "", suffix)  # pyarrow's names
+
+
+def _open_text(uri: str, offset: int | None = None) -> io.TextIOBase:
+    """The file as text, split into lines at "\n" only (as `plan` counts them in bytes),
+    from `offset` (bytes) where given."""
     filesystem_, path = filesystem(uri)
-    compression = next((s[1:] for s in COMPRESSED if uri.lower().endswith(s)), None)
-    names = {"gz": "gzip", "zst": "zstd", "lz4": "lz4_frame"}  # pyarrow's codec names
-    stream = filesystem_.open_input_stream(path, compression=names.get(compression, compression))
-    return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline="")
+    if offset is not None:
+        handle = filesystem_.open_input_file(path)
+        handle.seek(offset)
+        return io.TextIOWrapper(handle, encoding="utf-8", errors="strict", newline="\n")
+    stream = filesystem_.open_input_stream(path, compression=_compression(uri))
+    return io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline="\n")
 
 
 def count_rows(files: Sequence[str]) -> int | None:
@@ -132,16 +142,20 @@ def count_rows(files: Sequence[str]) -> int | None:
             return None
         kind = file_format(uri)
         if kind == "parquet":
-            import pyarrow.parquet as pq
-
-            filesystem_, path = filesystem(uri)
-            with filesystem_.open_input_file(path) as handle:
-                total += pq.ParquetFile(handle).metadata.num_rows
+            total += _parquet_rows(uri)
         else:
             with _open_text(uri) as handle:
                 lines = sum(1 for line in handle if line.strip() or kind == "text")
             total += lines - (1 if kind == "csv" and lines else 0)
     return total
+
+
+def _parquet_rows(uri: str) -> int:
+    import pyarrow.parquet as pq
+
+    filesystem_, path = filesystem(uri)
+    with filesystem_.open_input_file(path) as handle:
+        return int(pq.ParquetFile(handle).metadata.num_rows)
 
 
 def read_rows(
@@ -155,37 +169,142 @@ def read_rows(
             number += 1
 
 
-def _records(uri: str, text_field: str) -> Iterator[tuple[dict[str, Any], str | None]]:
+def _records(
+    uri: str, text_field: str, skip: int = 0, offset: int | None = None
+) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """The file's records from its row `skip` on (entered at byte `offset` where given)."""
     kind = file_format(uri)
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        filesystem_, path = filesystem(uri)
-        with filesystem_.open_input_file(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=4096):
-                for record in batch.to_pylist():
-                    yield record, None
+        yield from _parquet_records(uri, skip)
         return
-    with _open_text(uri) as handle:
+    with _open_text(uri, offset) as handle:
         if kind == "csv":
-            for record in csv.DictReader(handle):
-                yield record, None
+            yield from itertools.islice(((r, None) for r in csv.DictReader(handle)), skip, None)
             return
-        for line_number, line in enumerate(handle, 1):
-            if kind == "text":
-                yield {text_field: line.rstrip("\r\n")}, None
-                continue
-            if not line.strip():
+        row = 0 if offset is None else skip
+        for line in handle:
+            if kind == "jsonl" and not line.strip():
                 continue  # blank lines between JSON records are no rows
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                yield {}, f"{uri} line {line_number} is not JSON: {exc}"
+            row += 1
+            if row <= skip:
                 continue
-            if not isinstance(record, dict):
-                yield {}, f"{uri} line {line_number} is not a JSON object"
-                continue
-            yield record, None
+            yield _parse(kind, line, f"{uri} row {row}", text_field)
+
+
+def _parse(kind: str, line: str, where: str, text_field: str) -> tuple[dict[str, Any], str | None]:
+    if kind == "text":
+        return {text_field: line.rstrip("\r\n")}, None
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        return {}, f"{where} is not JSON: {exc}"
+    if not isinstance(record, dict):
+        return {}, f"{where} is not a JSON object"
+    return record, None
+
+
+def _parquet_records(uri: str, skip: int) -> Iterator[tuple[dict[str, Any], None]]:
+    """From row `skip` on, reading only the row groups from the one that holds it."""
+    import pyarrow.parquet as pq
+
+    filesystem_, path = filesystem(uri)
+    with filesystem_.open_input_file(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        first, seen = 0, 0
+        while first < parquet.num_row_groups and seen + parquet.metadata.row_group(first).num_rows <= skip:
+            seen += parquet.metadata.row_group(first).num_rows
+            first += 1
+        groups = list(range(first, parquet.num_row_groups))
+        if not groups:
+            return
+        for batch in parquet.iter_batches(batch_size=4096, row_groups=groups):
+            records = batch.to_pylist()
+            start = max(0, skip - seen)
+            seen += len(records)
+            for record in records[start:]:
+                yield record, None
+
+
+# -- shards that a worker reads on its own ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows `skip` to `skip + count` of one file; `offset`: the byte where the first begins,
+    where the file can be entered there (uncompressed JSON Lines and text)."""
+
+    file: str
+    skip: int
+    count: int
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Where a shard's rows are, so that a worker reads them itself: the driver holds only
+    this, never the rows."""
+
+    shard: int
+    first: int  # the number of its first row in the whole input
+    segments: tuple[Segment, ...]
+
+
+def plan(files: Sequence[str], shard_rows: int) -> Iterator[ShardPlan]:
+    """The input's shards, found in one pass over it (Parquet from its footer)."""
+    shard, first, segments = 0, 0, []
+    number = 0
+    for uri in files:
+        start: tuple[int, int | None] | None = None  # (row in file, offset) where the open segment began
+        for row, offset in _row_starts(uri):
+            if number and number % shard_rows == 0:
+                if start is not None:
+                    segments.append(Segment(uri, start[0], row - start[0], start[1]))
+                    start = None
+                yield ShardPlan(shard, first, tuple(segments))
+                shard, first, segments = shard + 1, number, []
+            if start is None:
+                start = (row, offset)
+            number += 1
+            last = row
+        if start is not None:
+            segments.append(Segment(uri, start[0], last + 1 - start[0], start[1]))
+    if segments:
+        yield ShardPlan(shard, first, tuple(segments))
+
+
+def _row_starts(uri: str) -> Iterator[tuple[int, int | None]]:
+    """Each row of the file: its index, and its byte offset where the file can be entered there."""
+    kind = file_format(uri)
+    if kind == "parquet":
+        yield from ((row, None) for row in range(_parquet_rows(uri)))
+        return
+    if kind == "csv" or _compression(uri):
+        with _open_text(uri) as handle:
+            rows = sum(1 for _ in csv.DictReader(handle)) if kind == "csv" else sum(
+                1 for line in handle if kind == "text" or line.strip())
+        yield from ((row, None) for row in range(rows))
+        return
+    filesystem_, path = filesystem(uri)
+    with filesystem_.open_input_file(path) as raw:
+        handle, offset, row = io.BufferedReader(raw, 1 << 20), 0, 0
+        for line in handle:
+            if kind == "text" or line.strip():
+                yield row, offset
+                row += 1
+            offset += len(line)
+
+
+def read_shard(
+    shard: ShardPlan, text_field: str = "text", id_field: str = "id", keep: Sequence[str] = ()
+) -> list[Row]:
+    """The shard's rows, read by whoever runs it, the same as `read_rows` reads them."""
+    rows, number = [], shard.first
+    for segment in shard.segments:
+        records = _records(segment.file, text_field, segment.skip, segment.offset)
+        for record, problem in itertools.islice(records, segment.count):
+            rows.append(_row(number, record, problem, text_field, id_field, keep))
+            number += 1
+    return rows
 
 
 def _row(
