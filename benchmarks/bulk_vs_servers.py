@@ -49,6 +49,8 @@ from vs_infinity import (
     start_server,
 )
 
+from infinity_cloud.models.model_source import folder_model_name
+
 ST_SCRIPT = r"""
 import json, sys, time
 from sentence_transformers import SentenceTransformer
@@ -75,6 +77,12 @@ def cpu_name() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's matrix-unit flags (what decides bf16 and int8 speed here)."""
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    return sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "avx_vnni")))
 
 
 def run_embed(model: Path, texts: list[str], work: Path) -> float:
@@ -190,7 +198,8 @@ def main() -> None:
             server.proc.send_signal(18)
     rates = {side: round(len(texts) * len(s) / sum(s), 1) for side, s in seconds.items() if s}
     report: dict[str, Any] = {
-        "cpu": cpu_name(), "cores": len(os.sched_getaffinity(0)), "model": str(args.model),
+        "cpu": cpu_name(), "flags": cpu_flags(), "cores": len(os.sched_getaffinity(0)),
+        "model": folder_model_name(args.model),
         "corpus": describe(args.corpus), "texts": len(texts), "tokens": tokens, "rounds": args.rounds,
         "client": f"{args.client_requests} requests of {args.client_batch} texts in flight",
         "seconds": seconds, "sentence_transformers_modes": st_modes, "texts_per_s": rates,
@@ -200,9 +209,10 @@ def main() -> None:
         "infinity": "included" if args.infinity_python.exists() else f"left out: no {args.infinity_python}",
     }
     args.out.write_text(json.dumps(report, indent=1))
-    title = f"# Bulk embedding: {Path(args.model).name}, {len(texts):,} texts x {args.rounds} rounds"
+    title = f"# Bulk embedding: {folder_model_name(args.model)}, {len(texts):,} texts x {args.rounds} rounds"
     lines = [title,
-             "", f"{report['cpu']} ({report['cores']} cores); {report['client']} for the servers.", "",
+             "", f"{report['cpu']} ({report['cores']} cores; {', '.join(report['flags'])}); "
+             f"{report['client']} for the servers.", "",
              "| side | texts/s | tokens/s | embed is |", "|---|---|---|---|"]
     for side, rate in rates.items():
         ratio = "" if side == "embed" else f"{report['embed_vs'][side]}x"

@@ -486,6 +486,7 @@ def download(
 class Runner(str, Enum):
     local = "local"
     ray = "ray"
+    sagemaker = "sagemaker"
 
 
 @_base.command()
@@ -500,9 +501,20 @@ def embed(
     out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) of the Parquet dataset.")],
     runner: Annotated[Runner, typer.Option(
         "--runner", help="Where it runs: local (this machine), ray (the cluster at RAY_ADDRESS, else one "
-        "started here).")] = Runner.local,
+        "started here), sagemaker (a Batch Transform job).")] = Runner.local,
     actors: Annotated[int | None, typer.Option(
         "--actors", min=1, help="Ray: engines at once (default: one per GPU, or one on CPUs).")] = None,
+    sagemaker_model: Annotated[str | None, typer.Option(
+        "--sagemaker-model", help="SageMaker: the model a Batch Transform job runs (one `deploy sagemaker` "
+        "made: NAME-YYYYMMDD-HHMMSS).")] = None,
+    instance_type: Annotated[str, typer.Option(
+        "--instance-type", help="SageMaker: the job's instance type.")] = "ml.c7i.xlarge",
+    instance_count: Annotated[int, typer.Option(
+        "--instance-count", min=1, help="SageMaker: the job's instances.")] = 1,
+    staging: Annotated[str | None, typer.Option(
+        "--staging", help="SageMaker: s3://BUCKET/PREFIX the job reads its input from and writes to "
+        "(default: OUT/_staging when OUT is on S3).")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="SageMaker: the AWS region.")] = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
     id_field: Annotated[str, typer.Option(
         "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
@@ -541,6 +553,16 @@ def embed(
             from infinity_cloud.bulk.ray_runner import run_ray
 
             summary = run_ray(spec, job, actors)
+        elif runner is Runner.sagemaker:
+            from infinity_cloud.targets.sagemaker.batch import run_batch_transform
+
+            if not sagemaker_model:
+                raise fail("--runner sagemaker needs --sagemaker-model: a model `deploy sagemaker` made")
+            where = staging or (f"{out.rstrip('/')}/_staging" if out.startswith("s3://") else None)
+            if where is None:
+                raise fail("--runner sagemaker needs --staging s3://BUCKET/PREFIX (or an s3:// --out)")
+            summary = run_batch_transform(spec, job, model_name=sagemaker_model, instance_type=instance_type,
+                                          instance_count=instance_count, staging=where, region=region)
         else:
             summary = asyncio.run(run_local(spec, job))
     typer.echo(json.dumps(summary, indent=1))

@@ -94,6 +94,8 @@ def test_a_corpus_is_embedded_as_sentence_transformers_embeds_it(minilm_dir: Pat
         str(tmp_path / "out"),
         "--model-id",
         str(minilm_dir),
+        "--backend",
+        "torch",
         "--dtype",
         "float32",
         "--keep-field",

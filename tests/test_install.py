@@ -10,6 +10,7 @@ in one module-scoped venv.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -52,8 +53,10 @@ def copy_tree(dest: Path) -> Path:
 def readme_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The venv the README's set-up command makes, in a copy of this tree."""
     tree = copy_tree(tmp_path_factory.mktemp("clone"))
+    # One retry, not pip's five with back-off, where PyTorch's index cannot be reached (.ci/run too).
+    env = {**os.environ, "PIP_RETRIES": os.environ.get("PIP_RETRIES", "1")}
     done = subprocess.run(
-        ["bash", "-c", readme_setup_command()], cwd=tree, capture_output=True, timeout=900,
+        ["bash", "-c", readme_setup_command()], cwd=tree, capture_output=True, timeout=900, env=env,
         encoding="utf-8", errors="replace",  # pip's progress bars, whatever this process's locale
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

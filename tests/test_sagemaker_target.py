@@ -6,6 +6,7 @@ SageMaker's payload limits as 413, and SIGTERM letting in-flight requests finish
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from conftest import FAKE, ROOT, free_port, serve_in_process, spec_of
@@ -251,6 +253,47 @@ async def test_invocations_answer_as_the_local_server_does(
     assert {k: v for k, v in answer.json().items() if k not in ignore} == {
         k: v for k, v in expected.items() if k not in ignore
     }
+
+
+def test_batch_transform_asks_the_container_for_its_settings(container: Serve) -> None:
+    """The Batch Transform agent's GET /execution-parameters (AWS: "How Containers Serve
+    Requests" for batch transform, docs.aws.amazon.com/sagemaker/latest/dg/your-algorithms-batch-code.html):
+    the three settings, in their documented names and ranges."""
+    container.wait_ready()
+    answer = httpx.get(f"{container.url}/execution-parameters", timeout=30)
+    assert answer.status_code == 200, answer.text
+    settings = answer.json()
+    assert set(settings) == {"MaxConcurrentTransforms", "BatchStrategy", "MaxPayloadInMB"}
+    assert settings["BatchStrategy"] in ("MULTI_RECORD", "SINGLE_RECORD")
+    assert isinstance(settings["MaxConcurrentTransforms"], int) and settings["MaxConcurrentTransforms"] >= 1
+    assert isinstance(settings["MaxPayloadInMB"], int) and 1 <= settings["MaxPayloadInMB"] <= 100
+    assert settings["MaxPayloadInMB"] * 2**20 <= REALTIME_PAYLOAD_BYTES  # within what the server takes
+
+
+async def test_batch_transform_mini_batches_are_answered_line_for_line(
+    container: Serve, three_models: list[dict[str, Any]]
+) -> None:
+    """What the agent sends with SplitType=Line and BatchStrategy=MultiRecord: several input
+    lines in one POST /invocations with the job's ContentType, the last ending in a newline;
+    the answer must have one line per input line, in order (AssembleWith=Line, and a join
+    with the input), so a bad record answers an error line and the others their vectors."""
+    container.wait_ready()
+    records = [json.dumps({"text": "first passage"}), json.dumps("second, a bare string"), "{not json",
+               json.dumps({"id": 7}), json.dumps({"text": ""}), json.dumps({"input": "last one"})]
+    body = "\n".join(records) + "\n"
+    answer = httpx.post(f"{container.url}/invocations", content=body,
+                        headers={"Content-Type": "application/jsonlines"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("application/jsonlines")
+    lines = [json.loads(line) for line in answer.text.splitlines()]
+    assert len(lines) == len(records)
+    assert "not JSON" in lines[2]["error"] and "no text" in lines[3]["error"] and "empty" in lines[4]["error"]
+    spec = spec_of(*(ModelSpec(**m) for m in three_models))
+    async with serve_in_process(spec) as local:
+        texts = ["first passage", "second, a bare string", "last one"]
+        expected = (await local.post("/embeddings", json={"model": "emb", "input": texts})).json()["data"]
+    got = [lines[i]["embedding"] for i in (0, 1, 5)]
+    np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
 
 
 def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud import __version__
 from infinity_cloud.bulk.sources import Row
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
+from infinity_cloud.per_input import setting_aside
 
 if TYPE_CHECKING:
     from infinity_cloud.engine import Engine
@@ -81,18 +81,12 @@ async def embed_shard(
     good = [r for r in rows if r.text is not None]
     served = engine.model(model)
     capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
-    result = None
-    while good:
-        try:
-            result = await _embed(engine, capability, [r.text for r in good], job, model)  # type: ignore[misc]
-            break
-        except (InvalidInputError, PayloadTooLargeError) as exc:
-            if exc.index is None or not 0 <= exc.index < len(good):
-                raise  # about the whole call (an option the model lacks): the job cannot go on
-            bad = good.pop(exc.index)
-            errors.append({"row": bad.number, "id": bad.id, "error": exc.message})
+    result, kept, refused = await setting_aside(
+        lambda texts: _embed(engine, capability, texts, job, model), [r.text for r in good]
+    )
+    errors += [{"row": good[i].number, "id": good[i].id, "error": reason} for i, reason in refused.items()]
     errors.sort(key=lambda e: e["row"])
-    table = _table(good, result, capability, dimensions, job)
+    table = _table([good[i] for i in kept], result, capability, dimensions, job)
     return ShardResult(table, errors, result.prompt_tokens if result else 0)
 
 
@@ -112,34 +106,48 @@ async def _embed(engine: Engine, capability: str, texts: list[str], job: EmbedJo
 
 
 def _table(rows: list[Row], result: Any, capability: str, dimensions: int, job: EmbedJob) -> Any:
-    """The shard as columns: `id` (the input's, as text), `row` (its place in the input),
-    `embedding` of one type in every shard (the model's width, whatever rows this one has),
-    then the kept fields."""
+    """The shard's `embedding` column for the model's kind of vectors, of one type in every
+    shard (the model's width, whatever rows this one has), in a `shard_table`."""
     import numpy as np
+    import pyarrow as pa
+
+    vectors = result.embeddings if result else []
+    if capability == "sparse":
+        column = pa.array(
+            [{"indices": v.indices.astype(np.int64), "values": v.values.astype(np.float32)} for v in vectors],
+            pa.struct([("indices", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))]),
+        )
+    elif capability == "multi_vector":
+        column = pa.array([v.astype(np.float32).tolist() for v in vectors],
+                          pa.list_(pa.list_(pa.float32(), dimensions)))
+    else:
+        kind = job.output_dtype or "float32"
+        width = dimensions // 8 if kind in ("binary", "ubinary") else dimensions
+        column = dense_column(result.embeddings if result else np.zeros((0, width)), width, kind)
+    return shard_table(rows, column, job)
+
+
+def dense_column(matrix: Any, width: int, kind: str = "float32") -> Any:
+    """Dense vectors as `fixed_size_list<element, width>` (int8 for int8 and binary, uint8 for
+    uint8 and ubinary, float32 else)."""
+    import numpy as np
+    import pyarrow as pa
+
+    element = {"float32": pa.float32(), "int8": pa.int8(), "binary": pa.int8()}.get(kind, pa.uint8())
+    flat = pa.array(np.ascontiguousarray(matrix).reshape(-1), element)
+    return pa.FixedSizeListArray.from_arrays(flat, width)
+
+
+def shard_table(rows: list[Row], embedding: Any, job: EmbedJob) -> Any:
+    """The shard as columns: `id` (the input's, as text), `row` (its place in the input),
+    `embedding`, then the kept fields."""
     import pyarrow as pa
 
     columns: dict[str, Any] = {
         "id": pa.array([str(r.id) for r in rows], pa.string()),
         "row": pa.array([r.number for r in rows], pa.int64()),
+        "embedding": embedding,
     }
-    if capability == "sparse":
-        vectors = result.embeddings if result else []
-        columns["embedding"] = pa.array(
-            [{"indices": v.indices.astype(np.int64), "values": v.values.astype(np.float32)} for v in vectors],
-            pa.struct([("indices", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))]),
-        )
-    elif capability == "multi_vector":
-        vectors = result.embeddings if result else []
-        columns["embedding"] = pa.array(
-            [v.astype(np.float32).tolist() for v in vectors], pa.list_(pa.list_(pa.float32(), dimensions))
-        )
-    else:
-        kind = job.output_dtype or "float32"
-        width = dimensions // 8 if kind in ("binary", "ubinary") else dimensions
-        element = {"float32": pa.float32(), "int8": pa.int8(), "binary": pa.int8()}.get(kind, pa.uint8())
-        matrix = result.embeddings if result else np.zeros((0, width))
-        flat = pa.array(np.ascontiguousarray(matrix).reshape(-1), element)
-        columns["embedding"] = pa.FixedSizeListArray.from_arrays(flat, width)
     for name in job.keep:
         columns[name] = pa.array([r.kept.get(name) for r in rows])
     return pa.table(columns)

@@ -1,0 +1,131 @@
+"""`infinity-cloud embed --runner sagemaker`: a Batch Transform job on a SageMaker model made
+by `deploy sagemaker` (the same image answers endpoints and jobs). The shards not yet written
+go to S3 as JSON Lines (one text a line), the job embeds them (SplitType=Line,
+BatchStrategy=MultiRecord, AssembleWith=Line: one answer line per input line, in order), and
+each shard's answers become its Parquet file, written whole as the local runner writes it, so
+the output and its resume are the same whichever runner made them."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from infinity_cloud.bulk import sources
+from infinity_cloud.bulk.dataset import Dataset, filesystem
+from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_table
+from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import ConfigError
+from infinity_cloud.server.dialects.sagemaker import BATCH_CONCURRENCY, BATCH_PAYLOAD_MB
+from infinity_cloud.targets.aws import AwsError, aws_calls, clients
+
+POLL_S = 15.0
+JSON_LINES = "application/jsonlines"
+
+
+def input_key(staging: str, shard: int) -> str:
+    return f"{staging}/input/part-{shard:06d}.jsonl"
+
+
+def output_key(staging: str, shard: int) -> str:
+    """Where the job writes a shard's answers: the input's name and `.out` (AWS's rule)."""
+    return f"{staging}/output/part-{shard:06d}.jsonl.out"
+
+
+def run_batch_transform(
+    spec: DeploymentSpec, job: EmbedJob, *, model_name: str, instance_type: str, instance_count: int,
+    staging: str, region: str | None = None, poll_s: float = POLL_S,
+) -> dict[str, Any]:
+    """Stage the shards not yet written, run one transform job over them, and write each
+    shard's answers into the dataset."""
+    staging = staging.rstrip("/")
+    if not staging.startswith("s3://"):
+        raise ConfigError(f"--staging {staging!r}: a Batch Transform job reads and writes S3: give "
+                          "s3://BUCKET/PREFIX")
+    dataset = Dataset(job.out, job.fingerprint(spec.models[0]))
+    done = dataset.open()
+    planned = list(sources.plan(job.files, job.shard_rows))
+    todo = [p for p in planned if p.shard not in done]
+    total = sum(s.count for p in planned for s in p.segments)
+    left = sum(s.count for p in todo for s in p.segments)
+    meter = Meter(total, before=total - left, errors=dataset.errors())
+    if todo:
+        fs, _ = filesystem(staging)
+        for shard in todo:  # one object a shard: its good rows' texts, one a line
+            rows = sources.read_shard(shard, job.text_field, job.id_field, job.keep)
+            lines = "".join(json.dumps({"text": r.text}) + "\n" for r in rows if r.text is not None)
+            with fs.open_output_stream(input_key(staging, shard.shard).removeprefix("s3://")) as handle:
+                handle.write(lines.encode())
+        client = clients(region)("sagemaker")
+        name = f"embed-{time.strftime('%Y%m%d-%H%M%S')}-{abs(hash(job.out)) % 10**6:06d}"
+        with aws_calls("create the transform job"):
+            client.create_transform_job(
+                TransformJobName=name, ModelName=model_name,
+                MaxConcurrentTransforms=BATCH_CONCURRENCY, MaxPayloadInMB=BATCH_PAYLOAD_MB,
+                BatchStrategy="MultiRecord",
+                TransformInput={"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix",
+                                                                "S3Uri": f"{staging}/input/"}},
+                                "ContentType": JSON_LINES, "SplitType": "Line", "CompressionType": "None"},
+                TransformOutput={"S3OutputPath": f"{staging}/output/", "Accept": JSON_LINES,
+                                 "AssembleWith": "Line"},
+                TransformResources={"InstanceType": instance_type, "InstanceCount": instance_count},
+            )
+        _wait(client, name, poll_s)
+        answers = {shard.shard: _answers(fs, staging, shard.shard) for shard in todo}
+        found = (len(a["embedding"]) for lines in answers.values() for a in lines if "embedding" in a)
+        width = next(found, 0)
+        with meter:
+            for shard in todo:
+                _collect(dataset, job, shard, answers[shard.shard], width, meter)
+    summary = {**meter.summary(workers=instance_count), "shards_skipped": len(done), "runner": "sagemaker",
+               "model": spec.models[0].model_id, "sagemaker_model": model_name}
+    dataset.finish(summary)
+    return summary
+
+
+def _wait(client: Any, name: str, poll_s: float) -> None:
+    started = time.perf_counter()
+    while True:
+        with aws_calls("read the transform job"):
+            described = client.describe_transform_job(TransformJobName=name)
+        status = described["TransformJobStatus"]
+        if status == "Completed":
+            return
+        if status in ("Failed", "Stopped"):
+            reason = described.get("FailureReason", "no reason given")
+            raise AwsError(f"transform job {name} {status.lower()}: {reason} (its CloudWatch log group is "
+                           "/aws/sagemaker/TransformJobs)")
+        print(f"transform job {name}: {status} after {time.perf_counter() - started:.0f} s", flush=True)
+        time.sleep(poll_s)
+
+
+def _answers(fs: Any, staging: str, shard: int) -> list[dict[str, Any]]:
+    with fs.open_input_stream(output_key(staging, shard).removeprefix("s3://")) as handle:
+        return [json.loads(line) for line in handle.read().decode().splitlines() if line.strip()]
+
+
+def _collect(
+    dataset: Dataset, job: EmbedJob, shard: sources.ShardPlan, answers: list[dict[str, Any]], width: int,
+    meter: Meter,
+) -> None:
+    """The shard's answer lines, matched to its good rows in order, as its Parquet file."""
+    import numpy as np
+
+    rows = sources.read_shard(shard, job.text_field, job.id_field, job.keep)
+    good = [r for r in rows if r.text is not None]
+    if len(answers) != len(good):
+        raise AwsError(f"the job answered {len(answers)} lines for the {len(good)} of shard {shard.shard}: "
+                       "its output cannot be matched to the input")
+    errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
+    kept, vectors = [], []
+    for row, answer in zip(good, answers, strict=True):
+        if "embedding" in answer:
+            kept.append(row)
+            vectors.append(answer["embedding"])
+        else:
+            errors.append({"row": row.number, "id": row.id, "error": answer.get("error", "no embedding")})
+    errors.sort(key=lambda e: e["row"])
+    matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), width)
+    dataset.write_shard(shard.shard, shard_table(kept, dense_column(matrix, width), job), errors)
+    meter.add(len(rows), 0, len(errors))
