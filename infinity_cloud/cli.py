@@ -483,12 +483,6 @@ def download(
             typer.echo(prepare_model(model, build_exports=not files_only))
 
 
-class Runner(str, Enum):
-    local = "local"
-    ray = "ray"
-    sagemaker = "sagemaker"
-
-
 @_base.command()
 @with_spec
 def embed(
@@ -499,22 +493,21 @@ def embed(
         show_default=False,
     )],
     out: Annotated[str, typer.Option("--out", help="Folder (or s3:// prefix) of the Parquet dataset.")],
-    runner: Annotated[Runner, typer.Option(
+    runner: Annotated[str, typer.Option(
         "--runner", help="Where it runs: local (this machine), ray (the cluster at RAY_ADDRESS, else one "
-        "started here), sagemaker (a Batch Transform job).")] = Runner.local,
+        "started here), or a deployment target that runs batch jobs (docs/bulk.md).")] = "local",
     actors: Annotated[int | None, typer.Option(
         "--actors", min=1, help="Ray: engines at once (default: one per GPU, or one on CPUs).")] = None,
-    sagemaker_model: Annotated[str | None, typer.Option(
-        "--sagemaker-model", help="SageMaker: the model a Batch Transform job runs (one `deploy sagemaker` "
-        "made: NAME-YYYYMMDD-HHMMSS).")] = None,
-    instance_type: Annotated[str, typer.Option(
-        "--instance-type", help="SageMaker: the job's instance type.")] = "ml.c7i.xlarge",
+    job_model: Annotated[str | None, typer.Option(
+        "--job-model", help="A target's job: the platform's model it runs (one its deploy made).")] = None,
+    instance_type: Annotated[str | None, typer.Option(
+        "--instance-type", help="A target's job: its instance type.")] = None,
     instance_count: Annotated[int, typer.Option(
-        "--instance-count", min=1, help="SageMaker: the job's instances.")] = 1,
+        "--instance-count", min=1, help="A target's job: its instances.")] = 1,
     staging: Annotated[str | None, typer.Option(
-        "--staging", help="SageMaker: s3://BUCKET/PREFIX the job reads its input from and writes to "
-        "(default: OUT/_staging when OUT is on S3).")] = None,
-    region: Annotated[str | None, typer.Option("--region", help="SageMaker: the AWS region.")] = None,
+        "--staging", help="A target's job: where its input and output go (default: OUT/_staging for an "
+        "s3:// OUT).")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="A target's job: its region.")] = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
     id_field: Annotated[str, typer.Option(
         "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
@@ -549,22 +542,23 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate,
         )
-        if runner is Runner.ray:
+        if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray
 
             summary = run_ray(spec, job, actors)
-        elif runner is Runner.sagemaker:
-            from infinity_cloud.targets.sagemaker.batch import run_batch_transform
-
-            if not sagemaker_model:
-                raise fail("--runner sagemaker needs --sagemaker-model: a model `deploy sagemaker` made")
-            where = staging or (f"{out.rstrip('/')}/_staging" if out.startswith("s3://") else None)
-            if where is None:
-                raise fail("--runner sagemaker needs --staging s3://BUCKET/PREFIX (or an s3:// --out)")
-            summary = run_batch_transform(spec, job, model_name=sagemaker_model, instance_type=instance_type,
-                                          instance_count=instance_count, staging=where, region=region)
-        else:
+        elif runner == "local":
             summary = asyncio.run(run_local(spec, job))
+        else:
+            from infinity_cloud.targets.base import JobOptions
+
+            target = target_registry.target_class(runner.replace("-", "_"))
+            if not target.runs_jobs:
+                names = target_registry.target_names()
+                jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
+                raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
+                           f"{', '.join(jobs)}")
+            options = JobOptions(job_model, instance_type, instance_count, staging, region)
+            summary = target().embed_job(spec, job, options)
     typer.echo(json.dumps(summary, indent=1))
 
 

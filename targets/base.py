@@ -62,6 +62,17 @@ class Deployment:
 
 
 @dataclass(frozen=True)
+class JobOptions:
+    """What `infinity-cloud embed --runner TARGET` passes a target that runs batch jobs."""
+
+    model_name: str | None = None  # the platform's model the job runs (one a deploy made)
+    instance_type: str | None = None
+    instance_count: int = 1
+    staging: str | None = None  # where the job's input and output go (s3://...)
+    region: str | None = None
+
+
+@dataclass(frozen=True)
 class Endpoint:
     url: str
     headers: dict[str, str] = field(default_factory=dict)
@@ -79,6 +90,8 @@ class Target(Generic[Settings]):
     spec_class: ClassVar[type[BaseModel] | None] = None
     verbs: ClassVar[tuple[str, ...]] = ()
     default_out: ClassVar[str | None] = None  # where `build` writes by default: build/<name>
+    # Whether `infinity-cloud embed --runner <name>` runs a bulk job on the platform (`embed_job`).
+    runs_jobs: ClassVar[bool] = False
 
     def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""
@@ -104,6 +117,10 @@ class Target(Generic[Settings]):
         raise NotImplementedError
 
     def delete(self, spec: DeploymentSpec) -> None:
+        raise NotImplementedError
+
+    def embed_job(self, spec: DeploymentSpec, job: Any, options: JobOptions) -> dict[str, Any]:
+        """Run a bulk embedding job (`bulk.job.EmbedJob`) on the platform; its summary."""
         raise NotImplementedError
 
     def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:

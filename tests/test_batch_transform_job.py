@@ -160,7 +160,7 @@ def test_a_batch_transform_job_embeds_an_s3_corpus_into_an_s3_dataset(
                 "sagemaker",
                 "--region",
                 "us-east-1",
-                "--sagemaker-model",
+                "--job-model",
                 "emb-20261204-000000",
             ],
         )

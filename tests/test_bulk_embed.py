@@ -324,7 +324,8 @@ def test_a_killed_run_resumes_and_lands_every_row_exactly_once(tiny_embedder: Pa
     proc.wait(10)
     killed_with = len(list((tmp_path / "out").glob("part-*.parquet")))
     assert killed_with < 16, "it finished before the kill: nothing was resumed"
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8",
+                          errors="replace", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["shards_skipped"] >= killed_with >= 4
@@ -383,7 +384,8 @@ def test_ray_finishes_a_job_the_local_runner_was_killed_in(tiny_embedder: Path, 
     command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), *model,
                "--runner", "ray", "--actors", "2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8",
+                          errors="replace", timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout[done.stdout.index("{"):])
     assert summary["runner"] == "ray" and summary["workers"] == 2 and summary["shards_skipped"] == 3

@@ -55,9 +55,8 @@ VARIANTS: dict[str, tuple[list[str], ImagePlatform | None]] = {
     "lambda-x86_64": (["aws-lambda", "--architecture", "x86_64"], LAMBDA_X86),
     "lambda-arm64": (["aws-lambda", "--architecture", "arm64"], LAMBDA_ARM),
     "lambda-arm64-openvino": (["aws-lambda", "--architecture", "arm64", "--backend", "openvino"], None),
+    # `build local`'s image beside its manifests: the GPU one is local-gpu's.
     "kubernetes-cpu": (["kubernetes"], ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
-    "kubernetes-gpu": (["kubernetes", "--gpu", "L4"],
-                       ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
 }
 
 

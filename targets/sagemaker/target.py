@@ -14,7 +14,7 @@ from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, run
-from infinity_cloud.targets.base import Deployment, Target, render_templates, spec_yaml
+from infinity_cloud.targets.base import Deployment, JobOptions, Target, render_templates, spec_yaml
 from infinity_cloud.targets.platforms import ImagePlatform, required_platform
 from infinity_cloud.targets.sagemaker import aws
 from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE, NEURON_IMAGE_SHIPS, SageMakerSpec
@@ -67,9 +67,27 @@ class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
+    runs_jobs = True
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"SageMaker endpoint {self.settings(spec).endpoint_name!r}"
+
+    def embed_job(self, spec: DeploymentSpec, job: Any, options: JobOptions) -> dict[str, Any]:
+        """A Batch Transform job on a model `deploy` made (`batch.run_batch_transform`)."""
+        from infinity_cloud.targets.sagemaker.batch import run_batch_transform
+
+        if not options.model_name:
+            raise ConfigError("--runner sagemaker needs --job-model: a SageMaker model `deploy sagemaker` "
+                              "made (NAME-YYYYMMDD-HHMMSS)")
+        out = job.out.rstrip("/")
+        staging = options.staging or (f"{out}/_staging" if out.startswith("s3://") else None)
+        if staging is None:
+            raise ConfigError("--runner sagemaker needs --staging s3://BUCKET/PREFIX (or an s3:// --out)")
+        return run_batch_transform(
+            spec, job, model_name=options.model_name, instance_type=options.instance_type or "ml.c7i.xlarge",
+            instance_count=options.instance_count, staging=staging,
+            region=options.region or self.settings(spec).region,
+        )
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
         """The container for the endpoint: Dockerfile, the `serve` entrypoint, the pinned
