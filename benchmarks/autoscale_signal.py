@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from http_load import print_markdown
 from overload import MODEL, capacity, texts
 from prometheus_client.parser import text_string_to_metric_families
 from vs_infinity import PRESETS, Server, Side, free_port, servers_running, start_server
@@ -164,10 +165,7 @@ def main() -> None:
         lines.append(f"| {name} | {report['spearman_with_p95'][name]} | "
                      f"{report['seconds_to_rise_after_overload'][name]} s | "
                      f"{report['seconds_to_fall_after_load_drops'][name]} s |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    print_markdown(lines, args.markdown)
 
 
 if __name__ == "__main__":

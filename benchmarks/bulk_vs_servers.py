@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 from corpus import add_corpus_argument, describe, load_corpus
-from http_load import TokenCounter
+from http_load import TokenCounter, print_markdown
 from vs_infinity import (
     DEFAULT_INFINITY_PYTHON,
     PRESETS,
@@ -217,10 +217,7 @@ def main() -> None:
     for side, rate in rates.items():
         ratio = "" if side == "embed" else f"{report['embed_vs'][side]}x"
         lines.append(f"| {side} | {rate:,.0f} | {report['tokens_per_s'][side]:,} | {ratio} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    print_markdown(lines, args.markdown)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,14 @@ class Batch:
     tokens: int | None = None
 
 
+def print_markdown(lines: Sequence[str], path: Path | None) -> None:
+    """A benchmark's table: printed, and written to `path` (its --markdown) when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path is not None:
+        path.write_text(text)
+
+
 def make_batches(texts: Sequence[str], per_request: int, counter: TokenCounter | None = None) -> list[Batch]:
     """Consecutive full batches of `per_request` texts, with their real token counts if `counter`."""
     chunks = [list(texts[i : i + per_request]) for i in range(0, len(texts) - per_request + 1, per_request)]
