@@ -155,17 +155,22 @@ class Engine:
 
     def _load_one(self, model: ServedModel) -> None:
         before = resident_bytes()
-        model.load()
-        if self.memory.limit_bytes is not None:  # a budget counts what is built after load
-            model.settle()
-        self.memory.trim()
-        model.fit_batches(self.memory.room_for_batches())
-        self.memory.set_aside(model.working_set_bytes)
-        if model.hot:
-            self._keep_room_for_requests(model, resident_bytes() - before)
-        if self.cache.enabled:  # its files are read for their identity here, not in a request
-            for tower in model.towers:
-                self.cache.expect(model.cache_namespace(tower), model.row_form(tower))
+
+        def before_ready() -> None:
+            if self.memory.limit_bytes is not None:  # a budget counts what is built after load
+                model.settle()
+            self.memory.trim()
+            model.fit_batches(self.memory.room_for_batches())
+            self.memory.set_aside(model.working_set_bytes)
+            if model.hot:
+                self._keep_room_for_requests(model, resident_bytes() - before)
+            # Its files are read for their identity here, not in a request; and its rows' form
+            # is known before its first request, whose lookups would otherwise skip Redis.
+            if self.cache.enabled:
+                for tower in model.towers:
+                    self.cache.expect(model.cache_namespace(tower), model.row_form(tower))
+
+        model.load(before_ready)
 
     def _keep_room_for_requests(self, model: ServedModel, cost: int) -> None:
         """A model loaded while serving stays only if, measured after its load, the budget

@@ -263,7 +263,7 @@ async def test_a_second_default_a_second_delete_and_a_load_that_leaves_no_room_a
 
     def resident() -> int:
         loaded = engine.models.get("reranker")
-        return (400 + (250 if loaded is not None and loaded.state == "ready" else 0)) * MB
+        return (400 + (250 if loaded is not None and loaded.towers else 0)) * MB  # its weights are in
 
     async with serve_in_process(engine) as client:
         engine.memory = MemoryBudget(700 * MB, resident=resident)

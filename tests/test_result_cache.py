@@ -349,3 +349,23 @@ async def test_the_redis_password_is_never_logged_or_shown(
     assert "shared result cache at redis://:***@127.0.0.1" in logged and "hunter2" not in logged
     shown = CliRunner().invoke(app, ["config", "show", "--cache-url", url, "--admin-key", "adm1n"])
     assert shown.exit_code == 0 and "hunter2" not in shown.output and "adm1n" not in shown.output
+
+
+def test_a_models_row_form_is_known_before_it_is_ready(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lookups in Redis need the form of the model's rows; a request that found the model
+    ready before its form was registered (a busy machine, seen in CI) skipped Redis."""
+    from infinity_cloud.engine import Engine
+
+    engine = Engine(spec_of(ModelSpec(model_id=str(tiny_embedder), served_model_name="m", backend="torch"),
+                            cache_mb=8))
+    states: list[str] = []
+    expect = engine.cache.expect
+    monkeypatch.setattr(engine.cache, "expect",
+                        lambda *a: (states.append(engine.models["m"].state), expect(*a)))
+    try:
+        engine.load()
+    finally:
+        engine.close()
+    assert states == ["loading"]

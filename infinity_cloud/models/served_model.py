@@ -156,13 +156,18 @@ class ServedModel:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Blocking: find the files, load tokenizer and weights, start the worker."""
+    def load(self, before_ready: Callable[[], None] | None = None) -> None:
+        """Blocking: find the files, load tokenizer and weights, start the worker; then
+        `before_ready` (what the engine sets up around a loaded model), and only then is it
+        ready: a request never finds it ready and its surroundings not."""
         started = time.perf_counter()
         try:
             self._loaded = self._load()
+            if before_ready is not None:
+                before_ready()
         except Exception as exc:
-            self.state, self.error = "failed", str(exc)
+            if self.state != "failed":  # else `before_ready` failed it, with its own reason
+                self.state, self.error = "failed", str(exc)
             raise
         self.state = "ready"
         self.load_seconds = time.perf_counter() - started
@@ -374,8 +379,9 @@ class ServedModel:
         """What the rows of `tower` are cached under: the model's files by their content (not
         its served name: the same weights under two names share rows, new weights under an old
         name never do), and what else changes the numbers: its graph, backend, precision,
-        device model, backend options, pooling, normalisation, and this package's version."""
-        loaded = self.loaded
+        device model, backend options, pooling, normalisation, and this package's version. Known
+        from its load on (the engine registers it before the model is ready)."""
+        loaded = self._built()
         if tower not in loaded.namespaces:
             backend = loaded.towers[tower].backend
             spec = self.spec
@@ -394,8 +400,15 @@ class ServedModel:
     def row_form(self, tower: TowerName = "text") -> RowForm | None:
         """The form of the tower's rows, from its warm-up (None without one): what a row read
         back from a shared cache must have."""
-        sample = self.loaded.towers[tower].sample
-        return None if sample is None else RowForm.of(*sample, bound=self.loaded.info.vocab_size)
+        loaded = self._built()
+        sample = loaded.towers[tower].sample
+        return None if sample is None else RowForm.of(*sample, bound=loaded.info.vocab_size)
+
+    def _built(self) -> _Loaded:
+        """What its load built, ready or not yet."""
+        if self._loaded is None:
+            raise self._not_ready()
+        return self._loaded
 
     @property
     def towers(self) -> tuple[TowerName, ...]:
