@@ -69,6 +69,11 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
+def on_torch(model: Path) -> list[str]:
+    """The model options the tests run the tiny model with: torch, its own float32."""
+    return ["--model-id", str(model), "--backend", "torch"]
+
+
 def embed(*argv: str) -> Any:
     result = runner.invoke(cli, ["embed", *argv])
     return result
@@ -139,10 +144,7 @@ def test_every_input_format_gives_the_same_rows(tiny_embedder: Path, tmp_path: P
             str(tmp_path / name),
             "--out",
             str(out),
-            "--model-id",
-            str(tiny_embedder),
-            "--backend",
-            "torch",
+            *on_torch(tiny_embedder),
             "--dtype",
             "float32",
         )
@@ -158,10 +160,7 @@ def test_every_input_format_gives_the_same_rows(tiny_embedder: Path, tmp_path: P
         str(tmp_path / "[ad].*"),
         "--out",
         str(tmp_path / "glob"),
-        "--model-id",
-        str(tiny_embedder),
-        "--backend",
-        "torch",
+        *on_torch(tiny_embedder),
     )
     assert both.exit_code == 0, both.output
     assert read(tmp_path / "glob")["row"].to_pylist() == list(range(80))
@@ -185,10 +184,7 @@ def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, 
         str(source),
         "--out",
         str(tmp_path / "out"),
-        "--model-id",
-        str(tiny_embedder),
-        "--backend",
-        "torch",
+        *on_torch(tiny_embedder),
         "--no-truncate",
         "--shard-rows",
         "8",
@@ -221,10 +217,7 @@ def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, t
         str(source),
         "--out",
         str(tmp_path / "out"),
-        "--model-id",
-        str(tiny_embedder),
-        "--backend",
-        "torch",
+        *on_torch(tiny_embedder),
         "--shard-rows",
         "10",
         "--max-errors",
@@ -239,10 +232,7 @@ def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, t
         str(source),
         "--out",
         str(tmp_path / "out"),
-        "--model-id",
-        str(tiny_embedder),
-        "--backend",
-        "torch",
+        *on_torch(tiny_embedder),
         "--shard-rows",
         "10",
         "--max-errors",
@@ -269,10 +259,7 @@ def test_a_run_with_other_settings_refuses_to_add_to_the_output(tiny_embedder: P
         str(source),
         "--out",
         str(tmp_path / "out"),
-        "--model-id",
-        str(tiny_embedder),
-        "--backend",
-        "torch",
+        *on_torch(tiny_embedder),
         "--no-truncate",
     )
     assert other.exit_code != 0
@@ -324,8 +311,9 @@ def test_a_killed_run_resumes_and_lands_every_row_exactly_once(tiny_embedder: Pa
     proc.wait(10)
     killed_with = len(list((tmp_path / "out").glob("part-*.parquet")))
     assert killed_with < 16, "it finished before the kill: nothing was resumed"
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8",
-                          errors="replace", timeout=300)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8", errors="replace", timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["shards_skipped"] >= killed_with >= 4
@@ -373,21 +361,42 @@ def test_ray_finishes_a_job_the_local_runner_was_killed_in(tiny_embedder: Path, 
     pytest.importorskip("ray", reason="the ray extra is not installed")
     records = corpus(300, seed=8)
     source = write_jsonl(tmp_path / "c.jsonl", records)
-    model = ["--model-id", str(tiny_embedder), "--backend", "torch", "--dtype", "float32",
-             "--shard-rows", "20"]
+    model = [
+        "--model-id",
+        str(tiny_embedder),
+        "--backend",
+        "torch",
+        "--dtype",
+        "float32",
+        "--shard-rows",
+        "20",
+    ]
     whole = embed(str(source), "--out", str(tmp_path / "whole"), *model)
     assert whole.exit_code == 0, whole.output
     out = Path(shutil.copytree(tmp_path / "whole", tmp_path / "out"))
     for shard in range(15):  # what a killed run leaves: its manifest and some shards, not in order
         if shard not in (0, 3, 4):
             (out / f"part-{shard:06d}.parquet").unlink()
-    command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), *model,
-               "--runner", "ray", "--actors", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "infinity_cloud",
+        "embed",
+        str(source),
+        "--out",
+        str(out),
+        *model,
+        "--runner",
+        "ray",
+        "--actors",
+        "2",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": ""}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8",
-                          errors="replace", timeout=600)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, encoding="utf-8", errors="replace", timeout=600
+    )
     assert done.returncode == 0, done.stderr[-4000:]
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["runner"] == "ray" and summary["workers"] == 2 and summary["shards_skipped"] == 3
     assert summary["rows"] == 240 and summary["engines"] == ["torch float32"]
     got, want = read(out), read(tmp_path / "whole")

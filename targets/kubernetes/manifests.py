@@ -178,7 +178,7 @@ def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str)
         "volumes": volumes,
     }
     if settings.weights == "volume":
-        pod["initContainers"] = [_fetch_weights(spec, settings)]
+        pod["initContainers"] = [_fetch_weights(settings)]
     if settings.selector:
         pod["nodeSelector"] = settings.selector
     if settings.device == "cuda":  # GPU nodes are commonly tainted so that only GPU work lands there
@@ -200,7 +200,7 @@ def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str)
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(settings), "spec": body}
 
 
-def _fetch_weights(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
+def _fetch_weights(settings: KubernetesSpec) -> dict[str, Any]:
     """The init container that fetches the hub models (and, on CPU, builds their exports)
     into the shared claim; a replica finding them there moves on in seconds."""
     command = ["python", "-m", "infinity_cloud", "download"]
