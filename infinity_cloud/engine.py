@@ -56,6 +56,7 @@ from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
+    EmbeddingsByType,
     ModelFacts,
     MultiVectorResult,
     RankedDocument,
@@ -508,6 +509,7 @@ class Engine:
         kind = "float32" if kind == "float" else kind  # Cohere's name for it
         if kind != "float32":
             check_embedding_types([kind], quantization.EMBEDDING_TYPES)  # before any work
+            await self._calibrated_before_work(served, [kind], dimensions, wait)
         call = EmbedCall(inputs, dimensions, truncate, modality, openai_sender, prompt_name,
                          packed or kind != "float32", normalize is not False)
         result = await self.run_task(TASKS[Capability.EMBED], call, served.name)
@@ -517,6 +519,37 @@ class Engine:
             return result
         quantized = await self.quantize(result, kind, dimensions, wait=wait)
         return replace(result, embeddings=quantized, dtype=kind)
+
+    async def embed_by_type(
+        self,
+        inputs: Sequence[str],
+        types: Sequence[str],
+        model: str | None = None,
+        *,
+        dimensions: int | None = None,
+        truncate: bool = True,
+        modality: Modality = "text",
+        prompt_name: str | None = None,
+        wait: bool = True,
+    ) -> EmbeddingsByType:
+        """One embedding of `inputs` in each of `types` (as `embed`'s `output_dtype`): the
+        floats made once, each type made from them."""
+        served = self.model(model, Capability.EMBED)
+        check_embedding_types(types, quantization.EMBEDDING_TYPES)
+        await self._calibrated_before_work(served, types, dimensions, wait)
+        floats = await self.embed(inputs, served.name, dimensions=dimensions, truncate=truncate,
+                                  modality=modality, prompt_name=prompt_name, output_dtype="float32")
+        by_type = {kind: await self.quantize(floats, kind, dimensions) for kind in types}
+        return EmbeddingsByType(floats.model, by_type, floats.prompt_tokens)
+
+    async def _calibrated_before_work(
+        self, served: ServedModel, types: Sequence[str], dimensions: int | None, wait: bool
+    ) -> None:
+        """Without `wait`, the 503 while int8/uint8 ranges are calibrated comes before the
+        request's own work: under load that work may be refused by the deadline, and done it
+        would be thrown away."""
+        if not wait and any(kind in quantization.CALIBRATED_TYPES for kind in types):
+            await self.calibration(served.name, dimensions, wait=False)
 
     async def rerank(
         self,

@@ -16,6 +16,15 @@ class EmbeddingResult:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingsByType:
+    """One embedding of the inputs, in each of several types (Cohere's `embedding_types`)."""
+
+    model: str
+    by_type: dict[str, np.ndarray]  # type -> (inputs, dimensions) as `EmbeddingResult.dtype` says
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class SparseVector:
     """The non-zero terms of a vocabulary-sized vector: ids ascending, their weights."""
 

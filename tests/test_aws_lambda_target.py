@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import serve_in_process
+from lambda_runtime_standin import image_env
 from typer.testing import CliRunner
 
 from infinity_cloud.backends.exports import CACHE_ENV
@@ -47,18 +48,6 @@ def built(tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, tiny_re
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     return out
-
-
-def image_env(out: Path) -> tuple[dict[str, str], str]:
-    """The Dockerfile's ENV (with LAMBDA_TASK_ROOT at `out`) and the handler its CMD names."""
-    dockerfile = (out / "Dockerfile").read_text().replace("\\\n", " ")
-    env = {"LAMBDA_TASK_ROOT": str(out)}
-    for line in dockerfile.splitlines():
-        if line.startswith("ENV "):
-            for key, value in re.findall(r"(\w+)=(\S+)", line):
-                env[key] = value.replace("${LAMBDA_TASK_ROOT}", str(out))
-    (handler,) = json.loads(re.search(r"^CMD (.+)$", dockerfile, re.M).group(1))
-    return env, handler
 
 
 HARNESS = """

@@ -6,7 +6,6 @@ moto's control plane and the built image's own handler answering `lambda.invoke`
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import threading
@@ -20,6 +19,7 @@ import pytest
 from botocore.client import BaseClient
 from botocore.response import StreamingBody
 from conftest import FAKE, server_process
+from lambda_runtime_standin import LambdaRuntime
 from moto import mock_aws
 from test_sagemaker_deploy import RuntimeStandIn
 from test_sagemaker_target import Serve, write_config
@@ -123,7 +123,8 @@ def test_smoke_aws_lambda_deploys_checks_and_deletes(
     tiny_classifier: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """lambda.invoke is answered by the built image's own handler (moto runs functions in
-    Docker only), imported as Lambda imports it: from the task root, with its environment."""
+    Docker only), in a process of its own as Lambda runs it: from the task root, with its
+    environment."""
     out = tmp_path / "build"
     monkeypatch.setattr(lambda_calls, "POLL_S", 0.0)
     trust = {"Version": "2012-10-17", "Statement": [
@@ -132,33 +133,25 @@ def test_smoke_aws_lambda_deploys_checks_and_deletes(
         RoleName="exec", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
     flags = [*models(tiny_embedder, tiny_reranker, tiny_classifier), "--image-uri", IMAGE, "--role", role,
              "--region", REGION, "--function-name", "emb"]
-    handler: list[Any] = []
-
-    def function(event: dict[str, Any]) -> dict[str, Any]:
-        if not handler:  # Lambda's init: the handler module, imported once
-            monkeypatch.setenv("LAMBDA_TASK_ROOT", str(out))
-            monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(out / "exports"))
-            spec = importlib.util.spec_from_file_location(
-                "lambda_handler_under_test", out / "infinity_cloud/targets/aws_lambda/handler.py")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            handler.append(module.handler)
-        return handler[0](event, None)
+    function = LambdaRuntime(out, tmp_path)
 
     make_call = BaseClient._make_api_call
 
     def api_call(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
         if self.meta.service_model.service_name == "lambda" and operation == "Invoke":
-            payload = json.dumps(function(json.loads(params["Payload"]))).encode()
+            payload = json.dumps(function.invoke(json.loads(params["Payload"]))).encode()
             return {"StatusCode": 200, "Payload": StreamingBody(io.BytesIO(payload), len(payload))}
         return make_call(self, operation, params)
 
     monkeypatch.setattr(BaseClient, "_make_api_call", api_call)
-    result = runner.invoke(cli, ["smoke", "aws-lambda", "--out", str(out), *flags])
+    try:
+        result = runner.invoke(cli, ["smoke", "aws-lambda", "--out", str(out), *flags])
+    finally:
+        function.close()
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert any(line.startswith("deploy: Lambda function 'emb' in") for line in lines)
     assert sum(line.startswith(("embeddings: emb", "rerank: rr", "classify: cl")) for line in lines) == 3
     assert lines[-2:] == ["delete: Lambda function 'emb' and what its deploy made", "smoke: every check held"]
     assert boto3.client("lambda", region_name=REGION).list_functions()["Functions"] == []
-    assert handler, "the handler answered"
+    assert function.invocations, "the handler answered"

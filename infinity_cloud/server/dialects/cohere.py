@@ -11,10 +11,9 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictStr, model_validator
 from starlette.responses import Response
 
-from infinity_cloud.admission.validation import check_embedding_types
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.results import EmbeddingResult, RerankResult
+from infinity_cloud.results import EmbeddingResult, EmbeddingsByType, RerankResult
 from infinity_cloud.server.calls import answer, truncation_named
 from infinity_cloud.server.dialects.common import (
     Item,
@@ -61,7 +60,8 @@ class CohereEmbedRequest(_Request):
 
 
 def cohere_embed_body(
-    result: EmbeddingResult, texts: list[str], by_type: dict[str, np.ndarray] | None, version: int
+    result: EmbeddingResult | EmbeddingsByType, texts: list[str], by_type: dict[str, np.ndarray] | None,
+    version: int,
 ) -> dict[str, Any]:
     """Cohere's shapes: v1 without `embedding_types` gives a bare float list
     (`embeddings_floats`); otherwise `embeddings` maps each asked type to its vectors."""
@@ -71,6 +71,8 @@ def cohere_embed_body(
         "meta": {"api_version": {"version": str(version)},
                  "billed_units": {"input_tokens": result.prompt_tokens}},
     }
+    if by_type is None:
+        assert isinstance(result, EmbeddingResult)
     if version == 1 and by_type is None:
         return {**body, "response_type": "embeddings_floats", "embeddings": result.embeddings}
     by_type = by_type or {"float": result.embeddings}
@@ -102,24 +104,22 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
             param="truncate",
         )
-    check_embedding_types(body.embedding_types or (), EMBEDDING_TYPES)  # before any work
     if body.images:  # Cohere v2 sends images as data URIs, for a model that embeds images
         inputs, modality, prompt = body.images, "image", None
     else:
         inputs, modality = body.texts or [], "text"
         prompt = prompt_for_use(body.input_type, engine.prompts(model))
+    options = {"dimensions": body.output_dimension, "truncate": body.truncate != "NONE",
+               "prompt_name": prompt, "modality": modality, "wait": False}
     with truncation_named("truncate", "END"):
-        result = await answer(request, "embed", model, len(inputs), engine.embed(
-            inputs, model, dimensions=body.output_dimension, truncate=body.truncate != "NONE",
-            prompt_name=prompt, modality=modality, wait=False,
-            # The types asked are made from floats; without any, the model's --embedding-dtype.
-            output_dtype=None if body.embedding_types is None else "float32",
-        ))
-    types = body.embedding_types
-    if types is None:
-        by_type = None if result.dtype == "float32" else {result.dtype: result.embeddings}
-    else:
-        by_type = {t: await engine.quantize(result, t, body.output_dimension, wait=False) for t in types}
+        if body.embedding_types is None:  # the model's --embedding-dtype
+            result = await answer(request, "embed", model, len(inputs),
+                                  engine.embed(inputs, model, **options))
+            by_type = None if result.dtype == "float32" else {result.dtype: result.embeddings}
+        else:
+            typed = await answer(request, "embed", model, len(inputs),
+                                 engine.embed_by_type(inputs, body.embedding_types, model, **options))
+            result, by_type = typed, typed.by_type
     return json_response(cohere_embed_body(result, body.texts or [], by_type, version))
 
 
