@@ -41,7 +41,7 @@ rm -rf "$ROOT/.whl"
 download "$ROOT/.whl" fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
     annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 opentelemetry-api==1.45.2 \
     annotated-doc==0.0.7 orjson==3.13.0 uvicorn==0.54.0 httptools==0.9.0 posthog==7.91.1 backoff==2.2.1 \
-    prometheus-fastapi-instrumentator==8.1.0
+    prometheus-fastapi-instrumentator==8.1.0 swagger-ui-bundle==1.1.0 distro==1.9.0
 
 mkdir -p "$ROOT/.gpu"
 download "$TMP/inf" infinity-emb==0.0.78 transformers==4.57.6 sentence-transformers==3.4.1 \
