@@ -508,6 +508,9 @@ def embed(
         "--staging", help="A target's job: where its input and output go (default: OUT/_staging for an "
         "s3:// OUT).")] = None,
     region: Annotated[str | None, typer.Option("--region", help="A target's job: its region.")] = None,
+    job_secret: Annotated[str | None, typer.Option(
+        "--job-secret", help="A target's job: the platform's secret (holding AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY) its workers read and write S3 with.")] = None,
     text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
     id_field: Annotated[str, typer.Option(
         "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
@@ -557,7 +560,7 @@ def embed(
                 jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
                 raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
                            f"{', '.join(jobs)}")
-            options = JobOptions(job_model, instance_type, instance_count, staging, region)
+            options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret)
             summary = target().embed_job(spec, job, options)
     typer.echo(json.dumps(summary, indent=1))
 

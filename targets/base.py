@@ -70,6 +70,7 @@ class JobOptions:
     instance_count: int = 1
     staging: str | None = None  # where the job's input and output go (s3://...)
     region: str | None = None
+    secret: str | None = None  # the platform's secret its workers reach the data with (Modal)
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,16 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, IMAGE_DEVICE_ENV
+
+if TYPE_CHECKING:
+    from infinity_cloud.bulk.workers import ShardWorker
 
 
 def container_spec(spec_data: Mapping[str, Any], model_dirs: Mapping[str, str]) -> DeploymentSpec:
@@ -60,6 +63,16 @@ def start_engine(spec: DeploymentSpec) -> Engine:
     configure_logging(spec.server.log_level, spec.server.log_format)
     check_image_device()
     return Engine.loaded(spec)
+
+
+def start_job_worker(spec: DeploymentSpec, job_json: str) -> ShardWorker:
+    """A bulk job's worker (`bulk.workers.ShardWorker`): one engine for the container's life,
+    which reads, embeds and writes whole shards; a GPU image without its GPU stops first."""
+    from infinity_cloud.bulk.workers import ShardWorker, job_from_json
+
+    configure_logging(spec.server.log_level, spec.server.log_format)
+    check_image_device()
+    return ShardWorker(spec, job_from_json(job_json))
 
 
 def endpoint_keys(required: bool) -> tuple[str, ...]:

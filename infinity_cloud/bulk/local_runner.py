@@ -26,11 +26,14 @@ class TooManyErrors(InfinityCloudError):
 
 
 def bulk_spec(spec: DeploymentSpec, job: EmbedJob) -> DeploymentSpec:
-    """The spec for a job: no model refuses its work for load (a job waits its turn: no
-    queueing deadline), its queue holds the shards in flight, and a shard is one call."""
+    """The spec for a job: no model refuses its work for load or length (a job waits its
+    turn: no queueing deadline, and no limit on one call's time, which a container's spec
+    may carry for its platform's web requests), its queue holds the shards in flight, and a
+    shard is one call."""
     room = IN_FLIGHT * job.shard_rows
+    unlimited = {"deadline_s": None, "request_limit_s": None}
     models = tuple(
-        m.model_copy(update={"deadline_s": None, "queue_size": max(m.queue_size, room)}) for m in spec.models
+        m.model_copy(update={**unlimited, "queue_size": max(m.queue_size, room)}) for m in spec.models
     )
     limits = spec.server.limits
     limits = limits.model_copy(
@@ -50,6 +53,15 @@ def check_model(facts: dict[str, Any], job: EmbedJob) -> None:
         )
     if job.output_dtype not in (None, "float32") and capability != "embed":
         raise ConfigError(f"--output-dtype {job.output_dtype} is for dense embeddings, not {capability}")
+
+
+def check_errors(meter: Meter, job: EmbedJob, out: str) -> None:
+    """Stop the job once more rows were bad than --max-errors allows (every runner)."""
+    if job.max_errors is not None and meter.errors > job.max_errors:
+        raise TooManyErrors(
+            f"{meter.errors} bad rows, more than --max-errors {job.max_errors}: see {out}/errors/; the "
+            "shards done are kept, and a run with the same arguments goes on from there"
+        )
 
 
 async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
@@ -85,12 +97,7 @@ async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int
         result = await embed_shard(engine, job, batch)
         await asyncio.to_thread(dataset.write_shard, shard, result.table, result.errors)
         meter.add(len(batch), result.tokens, len(result.errors))
-        if job.max_errors is not None and meter.errors > job.max_errors:
-            raise TooManyErrors(
-                f"{meter.errors} bad rows, more than --max-errors {job.max_errors}: see "
-                f"{dataset.out}/errors/; the shards done are kept, and a run with the same arguments "
-                "goes on from there"
-            )
+        check_errors(meter, job, dataset.out)
 
     try:
         # Reading the input runs in a thread: a large Parquet or S3 file never stalls the loop.

@@ -20,13 +20,15 @@ class Meter:
     rows: int = 0  # rows this run
     tokens: int = 0
     errors: int = 0
+    # A bar on a terminal; off where another live display (Modal's) holds the terminal.
+    bar: bool = True
     started: float = field(default_factory=time.perf_counter)
     _said: float = 0.0
     _bar: Any = None
     _task: Any = None
 
     def __enter__(self) -> Meter:
-        if sys.stderr.isatty():
+        if self.bar and sys.stderr.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(

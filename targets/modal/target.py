@@ -15,11 +15,13 @@ from types import ModuleType
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (
     ENDPOINT_KEYS_ENV,
     Deployment,
     Endpoint,
+    JobOptions,
     Target,
     TargetError,
     render_templates,
@@ -30,6 +32,12 @@ from infinity_cloud.targets.platforms import DEBIAN_GLIBC, ImagePlatform
 
 APP_FILE = "modal_app.py"
 SERVER_NAME = "Server"
+# The class of the app's job app (`job_app`) that `embed --runner modal` maps shards over.
+JOB_CLASS = "ShardEmbedder"
+# The longest one shard may take in a job's container: a thousand long texts on a CPU take
+# minutes; more means the container is stuck, and the shard is retried.
+SHARD_TIMEOUT_S = 1800
+SHARD_RETRIES = 2
 # Where local model folders go in the image (and the hub cache the build step fills).
 IMAGE_MODELS = "/models"
 # Modal answers a web request still running after 150 s with a 303 to poll, which most API
@@ -69,20 +77,23 @@ def require_credentials() -> None:
 
 
 @contextmanager
-def modal_calls(action: str, spec: ModalSpec) -> Iterator[None]:
-    """Every call to Modal ends in one clear line: a rejected token, an unknown app, Modal's
-    refusal, or anything else that went wrong on the way (network, a client bug)."""
+def modal_calls(action: str, spec: ModalSpec, missing: str | None = None) -> Iterator[None]:
+    """Every call to Modal ends in one clear line: a rejected token, an unknown app (or what
+    `missing` says Modal may not have found), Modal's refusal, or anything else that went
+    wrong on the way (network, a client bug)."""
     modal = import_modal()
     try:
         yield
     except modal.exception.AuthError:
         raise ModalError(REJECTED_CREDENTIALS) from None
-    except modal.exception.NotFoundError:
+    except modal.exception.NotFoundError as exc:
+        if missing is not None:
+            raise ModalError(f"{missing}: {exc}") from None
         where = f" in environment {spec.environment!r}" if spec.environment else ""
         raise ModalError(f"no Modal app named {spec.app_name!r}{where}") from None
     except modal.exception.Error as exc:
         raise ModalError(f"Modal refused to {action}: {exc}") from exc
-    except (TargetError, KeyboardInterrupt):
+    except (InfinityCloudError, KeyboardInterrupt):  # ours already say what went wrong
         raise
     except Exception as exc:
         raise ModalError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
@@ -127,13 +138,19 @@ def render_context(
         "torch": f"torch=={container.torch_version()}",
         "torch_index": container.TORCH_INDEX.format(build=TORCH_CUDA if gpu else "cpu"),
         "image_env": container.image_env(device),
-        "requirements": container.pinned_requirements(container.image_extras(spec, device), platform),
+        # `bulk` (pyarrow) for the job class: jobs run on this same image.
+        "requirements": container.pinned_requirements(
+            tuple(sorted({*container.image_extras(spec, device), "bulk"})), platform
+        ),
         "max_concurrency": max_concurrency,
         "target_concurrency": target_concurrency,
         "unauthenticated": not settings.requires_proxy_auth,
         # GPUs are only reachable during a snapshot with Modal's GPU snapshots (alpha).
         "gpu_snapshot": gpu and settings.memory_snapshot,
         "server_name": SERVER_NAME,
+        "job_name": JOB_CLASS,
+        "shard_timeout_s": SHARD_TIMEOUT_S,
+        "shard_retries": SHARD_RETRIES,
         "image_models": IMAGE_MODELS,
         "package_dir": container.PACKAGE,
     }
@@ -164,9 +181,16 @@ class ModalTarget(Target[ModalSpec]):
     name = "modal"
     spec_class = ModalSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke")
+    runs_jobs = True
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Modal app {self.settings(spec).app_name!r}"
+
+    def embed_job(self, spec: DeploymentSpec, job: Any, options: JobOptions) -> dict[str, Any]:
+        """The job's shards mapped over containers of the app's own image (`job.run_modal_job`)."""
+        from infinity_cloud.targets.modal.job import run_modal_job
+
+        return run_modal_job(self, spec, job, options)
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
         """The Modal app file, the package it ships, and the spec it was made from (for
