@@ -14,8 +14,9 @@ Python running this file.
 Sides (--sides): `NAME` for a preset, or `NAME:FLAGS` to append FLAGS to the base command;
 a name starting with `ours` runs `infinity-cloud serve --model-id M --port P`, one starting
 with `infinity` runs `<infinity-python> -m infinity_emb.cli v2 --model-id M --host 127.0.0.1
---port P`. Presets: ours (our defaults), ours-torch (--backend torch), ours-int8 (--backend
-onnx --dtype int8), infinity-fp32 (--engine torch --device cpu: Infinity's defaults on CPU),
+--port P`. Presets: ours (our defaults), ours-torch (--backend torch), ours-int8 (--dtype int8:
+OpenVINO's static int8), ours-onnx-int8 (--backend onnx --dtype int8), infinity-fp32 (--engine
+torch --device cpu: Infinity's defaults on CPU),
 infinity-bf16 (plus --dtype bfloat16), infinity-best (the better of those two on this CPU:
 bf16 with AVX512-BF16 or AMX, else fp32; the default rival). E.g. --sides ours ours-int8
 infinity-best "ours-fp32:--backend torch --dtype float32". The CPU's flags and its measured
@@ -90,7 +91,8 @@ NO_SHEDDING = ("--deadline-s", "86400")
 PRESETS: dict[str, tuple[str, ...]] = {
     "ours": NO_SHEDDING,
     "ours-torch": ("--backend", "torch", *NO_SHEDDING),
-    "ours-int8": ("--backend", "onnx", "--dtype", "int8", *NO_SHEDDING),
+    "ours-int8": ("--dtype", "int8", *NO_SHEDDING),  # OpenVINO's static int8, the default install's
+    "ours-onnx-int8": ("--backend", "onnx", "--dtype", "int8", *NO_SHEDDING),
     "infinity-fp32": ("--engine", "torch", "--device", "cpu"),
     "infinity-bf16": ("--engine", "torch", "--device", "cpu", "--dtype", "bfloat16"),
 }

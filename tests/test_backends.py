@@ -28,8 +28,8 @@ import pytest
 from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwaited
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend
-from infinity_cloud.errors import ConfigError, ModelLoadError
+from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
+from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
 from infinity_cloud.models import backend_choice, fidelity
 
@@ -61,8 +61,11 @@ CONFIGS = {
     "ov-fp32": ("openvino", "float32"),
     "ov-bf16": ("openvino", "bfloat16"),
     "ov-auto": ("openvino", "auto"),
+    "ov-int8": ("openvino", "int8"),
 }
-MATRIX = [(model, config) for model in TINY for config in CONFIGS] + [
+# OpenVINO int8 is built by measuring (a few quantisations each): an embedder and a scorer.
+MATRIX = [(model, config) for model in TINY for config in CONFIGS
+          if config != "ov-int8" or model in ("bert", "reranker")] + [
     ("minilm", config) for config in ("onnx-fp32", "onnx-int8", "ov-auto")
 ]
 # Embeddings: the worst allowed 1 - cosine per row. Scores: the worst allowed error as a
@@ -580,11 +583,47 @@ async def test_auto_falls_back_when_openvino_cannot_take_the_model(
     assert not list(cache.glob("*.building-*"))
 
 
-async def test_auto_with_int8_serves_onnx(models, reference) -> None:
-    """OpenVINO has no int8 mode here; `auto` moves on to ONNX Runtime instead of failing."""
+async def test_auto_with_int8_serves_openvino_static_int8(models, reference) -> None:
+    """`--dtype int8` on the default install: OpenVINO, quantised statically (NNCF)."""
     got, facts = await run(models["bert"], dtype="int8")
-    assert (facts["backend"], facts["dtype"]) == ("onnx", "int8")
+    assert (facts["backend"], facts["dtype"]) == ("openvino", "int8")
     assert_close(got, await reference("bert"), "embed", "int8")
+
+
+async def test_the_openvino_int8_model_is_quantised_and_holds_the_bar(models) -> None:
+    """The int8 IR is really quantised (FakeQuantize before its matrix products), built from
+    the float IR, and its manifest says how far it agrees on the held-out texts and probes."""
+    await run(models["bert"], backend="openvino", dtype="int8")
+    folders = exported(models["bert"] / ".infinity-cloud", "openvino")
+    built = [f for f in folders if "scheme" in exports.export_metadata(f)]
+    assert len(built) == 1 and len(folders) == 2, folders  # the float IR it was made from, and it
+    facts = exports.export_metadata(built[0])
+    assert facts["held_out_agreement"] >= fidelity.MIN_AGREEMENT["int8"] + openvino_int8.MARGIN
+    assert facts["scheme"] == openvino_int8.SCHEME and facts["statistics_texts"] > 0
+    ir = openvino_backend.ov.Core().read_model(str(built[0] / openvino_backend.IR_FILE))
+    kinds = [op.get_type_name() for op in ir.get_ordered_ops()]
+    assert kinds.count("FakeQuantize") > 0
+    # The feed-forward outputs (one per layer) are among what stays float32 when the bar needs it.
+    (floats,) = set(folders) - set(built)
+    layers = json.loads((models["bert"] / "config.json").read_text())["num_hidden_layers"]
+    float_ir = openvino_backend.ov.Core().read_model(str(floats / openvino_backend.IR_FILE))
+    assert len(openvino_int8.feed_forward_outputs(float_ir)) == layers
+    assert set(facts["float32_layers"]) <= set(openvino_int8.sensitive_matmuls(float_ir))
+
+
+async def test_openvino_int8_that_cannot_hold_the_bar_fails_with_the_numbers(
+    models, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(fidelity.MIN_AGREEMENT, "int8", 0.99999)  # past what int8 can do
+    with pytest.raises(ModelLoadError, match=r"int8 cannot hold .* worst cosine to float32 0\.9\d+"):
+        await run(models["bert"], backend="openvino", dtype="int8")
+    assert [f for f in exported(cache, "openvino") if "scheme" in exports.export_metadata(f)] == []
+
+
+async def test_openvino_int8_without_nncf_names_the_extra(models, cache: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "nncf", None)  # not installed
+    with pytest.raises(BackendUnavailableError, match=r"infinity-cloud\[export\]"):
+        await run(models["bert"], backend="openvino", dtype="int8")
 
 
 # -- 7. dtype auto and the fidelity check ---------------------------------------------------
@@ -661,7 +700,6 @@ BAD = {
     "onnx-fp16-cpu": ({"backend": "onnx", "dtype": "float16", "device": "cpu"}, "float16"),
     "torch-int8": ({"backend": "torch", "dtype": "int8"}, "int8"),
     "openvino-cuda": ({"backend": "openvino", "device": "cuda"}, "cuda"),
-    "openvino-int8": ({"backend": "openvino", "dtype": "int8"}, "int8"),
     # auto: every backend it tries refuses, so the answer is a ConfigError naming each one
     "auto-cuda-without-gpu": ({"backend": "auto", "device": "cuda"}, "torch: .*cuda.*; onnx: .*cuda"),
 }

@@ -78,7 +78,7 @@ def test_the_simulation_is_the_real_int8_model(tmp_path: Path) -> None:
 
 def test_what_loses_most_stays_float32_until_the_bar_holds(tmp_path: Path) -> None:
     source = two_layers(tmp_path / "m.onnx", outlier=200.0)
-    calibration = Calibration(batches(2, 1), batches(2, 2), identity)
+    calibration = Calibration(batches(2, 1), batches(2, 2), identity, batches(2, 3))
 
     all_int8 = tmp_path / "all.onnx"
     onnx_int8.quantize(source, all_int8)

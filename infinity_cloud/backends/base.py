@@ -88,12 +88,14 @@ class ModelInputs:
 @dataclass(frozen=True)
 class Calibration:
     """Inputs for measuring a precision while building it (accuracy-aware int8): batches to
-    rank layers on, held-out batches to check the result on, and the task's head, so that what
-    is compared is what a caller gets (pooled, normalised vectors; scores)."""
+    rank layers on, held-out batches to check the result on, the task's head, so that what
+    is compared is what a caller gets (pooled, normalised vectors; scores), and batches to
+    collect static int8's activation ranges on (texts apart from the held-out ones)."""
 
     batches: list[ModelInputs]
     held_out: list[ModelInputs]
     head: Head
+    statistics: list[ModelInputs]
 
 
 class Backend(ABC):

@@ -28,18 +28,21 @@ import numpy as np
 import openvino as ov
 
 from infinity_cloud.backends import exports
-from infinity_cloud.backends.base import INPUT_NAMES, Backend, ModelInputs
+from infinity_cloud.backends.base import INPUT_NAMES, Backend, Calibration, ModelInputs
 from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, own_export
 from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, PrecisionCrashError
-from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
+from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.models.fidelity import MIN_AGREEMENT
 
 log = logging.getLogger(__name__)
 
 IR_FILE = "model.xml"
-_PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+# What OpenVINO computes in; int8 is the IR's own (its quantised matrix products), the rest of
+# it float32, as its fidelity was measured when it was built.
+_PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "f32"}
 # One request on N cores against N streams of one core: a lone batch goes to every core
 # when its slices' time on the streams is above its time on all cores divided by this.
 # Measured 0.92 on 2 cores (one 157-token MiniLM passage: 28 ms against 52 ms); taken lower
@@ -56,6 +59,12 @@ SHAPE_CACHE_ENTRIES = 256
 # Read by oneDNN when it makes its cache, the first compilation: set before any, unless the
 # operator chose a size.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(SHAPE_CACHE_ENTRIES))
+
+
+def input_names(ports: list[ov.Output]) -> list[str]:
+    """The graph's inputs by the names the ONNX file gave them: a port has several (a traced
+    image graph's pixel input also carries its first cast's)."""
+    return [next((n for n in port.get_names() if n in INPUT_NAMES), port.any_name) for port in ports]
 
 
 def compiled_cache(folder: Path) -> Path:
@@ -84,8 +93,12 @@ class OpenVinoBackend(Backend):
     name = "openvino"
     traced = True  # it starts from the ONNX trace; graphs that do not trace are torch's
     length_grain = LENGTH_GRAIN
+    calibrated_dtypes = frozenset({"int8"})
 
-    def __init__(self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None) -> None:
+    def __init__(
+        self, info: ModelInfo, spec: ModelSpec, graph: GraphOutput | None = None,
+        calibration: Callable[[], Calibration] | None = None,
+    ) -> None:
         super().__init__(info, spec, graph)
         if spec.device not in ("auto", "cpu"):
             raise ConfigError(f"the openvino backend runs on cpu, not {spec.device!r}")
@@ -94,11 +107,12 @@ class OpenVinoBackend(Backend):
         label, convert = self._source(info)
 
         def converted() -> Path:
-            return exports.cached_export(
+            folder = exports.cached_export(
                 info.path, "openvino", {"source": label, "openvino": ov.__version__},
                 lambda out: ov.save_model(convert(), str(out / IR_FILE), False),
-                f"converting {info.path.name} to OpenVINO IR",
+                f"converting {info.path.name} to OpenVINO IR", intermediate=self.dtype == "int8",
             )
+            return folder if self.dtype != "int8" else self._int8(folder, calibration)
 
         folder: list[Path] = []
 
@@ -125,12 +139,7 @@ class OpenVinoBackend(Backend):
         for _ in range(self.in_flight):
             self._free.put([self.compiled.create_infer_request() for _ in range(self.streams)])
         self.solo_batches = 0  # batches that ran on every core as one request
-        # A port has several names (a traced image graph's pixel input also carries its first
-        # cast's): take the one the ONNX file gave it.
-        self._inputs = [
-            next((n for n in port.get_names() if n in INPUT_NAMES), port.any_name)
-            for port in self.compiled.inputs
-        ]
+        self._inputs = input_names(self.compiled.inputs)
         if self.streams > 1 and not spec.latency:  # last: nothing after it may fail
             self._solo_compiling = threading.Thread(
                 target=self._compile_solo, args=(folder[0],), name=f"{info.path.name}-solo", daemon=True
@@ -148,13 +157,43 @@ class OpenVinoBackend(Backend):
         source = OnnxSource(info, self.graph, self.spec.trust_remote_code, self.name)
         return source.label, lambda: ov.convert_model(str(source.path()))
 
+    def _int8(self, floats: Path, calibration: Callable[[], Calibration] | None) -> Path:
+        """The int8 IR built from the float one (`openvino_int8`), cached beside it."""
+        from infinity_cloud.backends import openvino_int8
+
+        if calibration is None:
+            raise ConfigError("int8 on the openvino backend is built by calibration: load it with the engine")
+        if int8_kernels() not in ("vnni", "amx"):
+            log.warning(
+                "%s: int8 will not be faster than float32 on this CPU: it has no VNNI or AMX int8 "
+                "kernels (%s); serve --dtype float32 here, int8 on a CPU with them (Ice Lake, "
+                "Sapphire Rapids, Zen 4 and later)", self.info.path.name, int8_kernels(),
+            )
+        floor = MIN_AGREEMENT["int8"]
+
+        def compile_as_served(model: ov.Model) -> ov.CompiledModel:
+            return self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": _PRECISIONS["int8"]})
+
+        def build(out: Path) -> dict[str, object]:
+            model, facts = openvino_int8.quantize_holding(
+                self.core.read_model(str(floats / IR_FILE)), compile_as_served, calibration(), floor,
+            )
+            ov.save_model(model, str(out / IR_FILE), False)
+            return facts
+
+        return exports.cached_export(
+            self.info.path, "openvino",
+            {"source": floats.name, "openvino": ov.__version__, "int8": openvino_int8.SCHEME, "floor": floor},
+            build, f"quantising {self.info.path.name} to int8 (calibrated on built-in texts)",
+        )
+
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":
             capabilities = self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
             fast = cpu_has_fast_bf16() and "BF16" in capabilities
             return "bfloat16" if fast else "float32"
         if dtype not in _PRECISIONS:
-            raise ConfigError(f"the openvino backend runs float32, bfloat16 or float16, not {dtype}")
+            raise ConfigError(f"the openvino backend runs float32, bfloat16, float16 or int8, not {dtype}")
         return dtype
 
     def _compile_solo(self, folder: Path) -> None:

@@ -60,7 +60,7 @@ _BACKENDS: dict[str, BackendEntry] = {
     # by 7 % on MiniLM and 25 % on mpnet; each stream's slice stays cache-sized.
     "openvino": BackendEntry(
         "infinity_cloud.backends.openvino_backend", "OpenVinoBackend", "openvino",
-        ("float32", "bfloat16", "float16"), {"cpu": "openvino"}, batch_size=16,
+        ("float32", "bfloat16", "float16", "int8"), {"cpu": "openvino"}, batch_size=16,
         serving_packages=("openvino",), converter="export",
     ),
     # AWS Inferentia2 / Trainium: graphs compiled ahead of time for the spec's static shapes.

@@ -29,7 +29,7 @@ from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
-from infinity_cloud.models.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES
+from infinity_cloud.models.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.results import ModelFacts
 from infinity_cloud.tasks.heads import FINAL
@@ -231,17 +231,25 @@ class ServedModel:
 
         def calibration() -> Calibration:
             """Batches to build int8 with: standard-library docstrings, one batch in four to
-            rank layers on (a run per layer: few), the rest held out; media towers, which have
-            no such texts, their fixed probes."""
+            rank layers on (a run per layer: few), the rest held out with the load's probes,
+            and other docstrings for activation ranges; media towers, which have no such
+            texts, their fixed probes."""
             if preprocessor:
                 batch = collate(probes, static=False)
-                return Calibration([batch], [batch], compared)
+                return Calibration([batch], [batch], compared, [batch])
+
+            def batched(texts: list[str]) -> list[ModelInputs]:
+                return [collate(task.encode_probes(tokenizer, texts[i : i + CALIBRATION_ROWS]), static=False)
+                        for i in range(0, len(texts), CALIBRATION_ROWS)]
+
             texts = calibration_texts(CALIBRATION_BATCHES * CALIBRATION_ROWS)
-            batches = [
-                collate(task.encode_probes(tokenizer, texts[i : i + CALIBRATION_ROWS]), static=False)
-                for i in range(0, len(texts), CALIBRATION_ROWS)
-            ]
-            return Calibration(batches[0::4], [b for i, b in enumerate(batches) if i % 4], compared)
+            taken = set(texts)
+            others = [t for t in calibration_texts(4 * len(texts)) if t not in taken]
+            batches = batched(texts)
+            # The load's probes are held out too: what is built must pass the check at load.
+            held_out = [b for i, b in enumerate(batches) if i % 4] + [collate(probes, static=False)]
+            statistics = batched(others[: STATISTICS_BATCHES * CALIBRATION_ROWS])
+            return Calibration(batches[0::4], held_out, compared, statistics)
 
         backend = open_backend(info, spec, graph, collate(probes, static=False), compared, calibration)
         grain = backend.length_grain
