@@ -27,7 +27,8 @@ from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.errors import InfinityCloudError
 
 COMBINATIONS = (
-    "openvino:auto", "openvino:float32", "onnx:float32", "onnx:int8", "torch:float32", "torch:bfloat16",
+    "openvino:auto", "openvino:float32", "openvino:int8", "onnx:float32", "onnx:int8", "torch:float32",
+    "torch:bfloat16",
     "ctranslate2:float32", "ctranslate2:int8",
 )
 

@@ -18,7 +18,7 @@ from infinity_cloud.errors import ConfigError
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
 
-Dtype = Literal["auto", "float32", "float16", "bfloat16", "int8"]
+Dtype = Literal["auto", "fastest", "float32", "float16", "bfloat16", "int8"]
 # "splade": serve a bare masked-LM folder as a SPLADE sparse embedder.
 Pooling = Literal["mean", "cls", "lasttoken", "max", "mean_sqrt_len", "splade"]
 TokenIds = Literal["openai", "model", "refuse"]
@@ -57,8 +57,13 @@ class ModelSpec(_Frozen):
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or neuron.")
     dtype: Dtype = Field(
-        "auto", description="auto, float32, float16, bfloat16 or int8 (auto: bfloat16 on a CPU with AMX "
-        "where it agrees with float32)."
+        "auto", description="auto, fastest, float32, float16, bfloat16 or int8 (auto: bfloat16 on a CPU with "
+        "AMX or AVX512-BF16 where it agrees with float32; fastest: each precision the backend has, int8 "
+        "included, timed at load, and the fastest that agrees with float32 to --min-agreement served)."
+    )
+    min_agreement: float | None = Field(
+        None, gt=0, le=1, description="With --dtype fastest: the worst cosine to float32 on fixed probe "
+        "texts a precision must reach to be served (default 0.99, int8's bar).",
     )
     batch_tokens: int = Field(16384, ge=64, description="Padded tokens (longest x count) per batch.")
     max_batch_size: int | None = Field(
@@ -166,6 +171,13 @@ class ModelSpec(_Frozen):
                     "characters without spaces, in '/'-separated parts that are not empty, '.' or '..'"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _agreement_for_fastest(self) -> ModelSpec:
+        if self.min_agreement is not None and self.dtype != "fastest":
+            raise ValueError(f"min_agreement chooses among precisions for dtype fastest; dtype {self.dtype} "
+                             "serves one precision: drop min_agreement, or use dtype fastest")
+        return self
 
     @field_validator("length_buckets", "batch_buckets", mode="before")
     @classmethod

@@ -83,7 +83,7 @@ def check_backends(spec: DeploymentSpec, device: str, where: str) -> None:
                 f"model {model.name}: the {name} backend is packaged for {' and '.join(runs_on)} "
                 f"containers only, and {where} runs on {device}"
             )
-        if model.dtype != "auto" and model.dtype not in entry.dtypes:
+        if model.dtype not in ("auto", "fastest") and model.dtype not in entry.dtypes:
             raise ConfigError(
                 f"model {model.name}: the {name} backend takes {', '.join(entry.dtypes)} (or auto), "
                 f"not {model.dtype}"

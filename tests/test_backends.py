@@ -620,6 +620,31 @@ async def test_openvino_int8_that_cannot_hold_the_bar_fails_with_the_numbers(
     assert [f for f in exported(cache, "openvino") if "scheme" in exports.export_metadata(f)] == []
 
 
+async def test_fastest_times_every_precision_and_serves_the_fastest_that_agrees(
+    models, reference, cache
+) -> None:
+    """`--dtype fastest`: float32, bfloat16 where the CPU has it, and int8, each timed on a full
+    batch at load; the fastest that agrees with float32 to the bar (0.99) is served."""
+    got, facts = await run(models["bert"], backend="openvino", dtype="fastest")
+    (folder,) = exported(cache, "dtype-choice")
+    verdict = exports.export_metadata(folder)
+    measured = verdict["measured"]
+    assert set(measured) == {"float32", "int8", *(["bfloat16"] if cpu_has_fast_bf16() else [])}
+    agreeing = [d for d, m in measured.items() if d == "float32" or m["agreement"] >= 0.99]
+    assert facts["dtype"] == verdict["dtype"] == min(agreeing, key=lambda d: measured[d]["seconds"])
+    assert_close(got, await reference("bert"), "embed", facts["dtype"])
+
+
+async def test_fastest_serves_float32_where_no_reduced_precision_reaches_the_bar(models, cache) -> None:
+    _, facts = await run(models["bert"], backend="openvino", dtype="fastest", min_agreement=1.0)
+    assert facts["dtype"] == "float32"
+
+
+def test_min_agreement_without_fastest_is_refused() -> None:
+    with pytest.raises(ValueError, match="min_agreement chooses among precisions for dtype fastest"):
+        ModelSpec(model_id="m", dtype="int8", min_agreement=0.99)
+
+
 async def test_openvino_int8_without_nncf_names_the_extra(models, cache: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "nncf", None)  # not installed
     with pytest.raises(BackendUnavailableError, match=r"infinity-cloud\[export\]"):

@@ -149,6 +149,12 @@ class Backend(ABC):
         return ()
 
     @classmethod
+    def fastest_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        """Precisions `dtype fastest` times at load on `spec`'s device, float32 first: every
+        one the backend runs there, int8 included."""
+        return cls.auto_dtypes(spec) or ("float32",)
+
+    @classmethod
     def device_name(cls, spec: ModelSpec) -> str:
         """The device `spec` runs on, as specific as a measurement on it needs (a GPU's model)."""
         return spec.device

@@ -66,6 +66,10 @@ class OnnxBackend(Backend):
         self._inputs = {i.name for i in self.session.get_inputs()}
         self._output = self.session.get_outputs()[0].name
 
+    @classmethod
+    def fastest_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        return ("float32", "int8") if _resolve_device(spec.device) == "cpu" else ("float32", "float16")
+
     def _session(self, path: Path) -> ort.InferenceSession:
         spec = self.spec
         opts = ort.SessionOptions()

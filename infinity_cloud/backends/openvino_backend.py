@@ -157,6 +157,16 @@ class OpenVinoBackend(Backend):
         source = OnnxSource(info, self.graph, self.spec.trust_remote_code, self.name)
         return source.label, lambda: ov.convert_model(str(source.path()))
 
+    @classmethod
+    def device_name(cls, spec: ModelSpec) -> str:
+        return "cpu"
+
+    @classmethod
+    def fastest_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        bf16 = ("bfloat16",) if cpu_has_fast_bf16() and "BF16" in capabilities else ()
+        return ("float32", *bf16, "int8")
+
     def _int8(self, floats: Path, calibration: Callable[[], Calibration] | None) -> Path:
         """The int8 IR built from the float one (`openvino_int8`), cached beside it."""
         from infinity_cloud.backends import openvino_int8

@@ -125,6 +125,10 @@ class TorchBackend(Backend):
         return ("float32", *native_reduced_dtypes(device)) if device.type == "cuda" else ()
 
     @classmethod
+    def fastest_dtypes(cls, spec: ModelSpec) -> tuple[str, ...]:
+        return ("float32", *native_reduced_dtypes(resolve_device(spec.device)))
+
+    @classmethod
     def device_name(cls, spec: ModelSpec) -> str:
         device = resolve_device(spec.device)
         return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -64,8 +64,11 @@ def _verified(
     with the model's exports (keyed by its files, backend and precision), so only the first
     start pays for loading the float32 reference.
     """
+    if spec.dtype == "fastest":
+        floor = MIN_AGREEMENT["int8"] if spec.min_agreement is None else spec.min_agreement
+        return _fastest(cls, info, spec, graph, probes, head, calibration, cls.fastest_dtypes(spec), floor)
     if spec.dtype == "auto" and cls.auto_dtypes(spec):
-        return _fastest(cls, info, spec, graph, probes, head)
+        return _fastest(cls, info, spec, graph, probes, head, calibration, cls.auto_dtypes(spec), None)
     calibrated = spec.dtype in cls.calibrated_dtypes
     try:
         backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
@@ -127,20 +130,32 @@ TIMING_RUNS = 3
 
 def _fastest(
     cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head,
+    calibration: Callable[[], Calibration], candidates: tuple[str, ...], floor: float | None,
 ) -> Backend:
-    """`dtype auto` where the backend measures (`Backend.auto_dtypes`: torch on CUDA): each
-    precision is loaded, compared with float32 on the probes and timed on a full batch with
-    its head fused, and the fastest that agrees is served. Which is fastest depends on the
-    model and the device (a small model on a large GPU is bound by launches, not arithmetic),
-    so it is measured, once per model files, backend, graph and device model (cached)."""
-    candidates = cls.auto_dtypes(spec)
+    """Each of `candidates` (float32 first) is loaded, compared with float32 on the probes and
+    timed on a full batch with its head fused, and the fastest that agrees is served: to
+    `floor` (`dtype fastest --min-agreement`), else to each precision's own bar (`dtype
+    auto` where the backend measures, `Backend.auto_dtypes`: torch on CUDA). Which is fastest
+    depends on the model and the device (a small model on a large GPU is bound by launches,
+    not arithmetic; int8 is fast only with VNNI or AMX), so it is measured, once per model
+    files, backend, graph and device (cached). A precision that cannot be built (int8 that
+    cannot hold its own bar) is left out, with its reason."""
     timing = timing_batch(probes, info.max_length)
 
     def measure(_: object) -> dict[str, object]:
         measured: dict[str, dict[str, float]] = {}
+        left_out: dict[str, str] = {}
         reference: np.ndarray | None = None
         for dtype in candidates:
-            backend = cls(info, spec.model_copy(update={"dtype": dtype}), graph)
+            chosen = spec.model_copy(update={"dtype": dtype, "min_agreement": None})
+            try:
+                backend = (cls(info, chosen, graph, calibration=calibration) if dtype in cls.calibrated_dtypes
+                           else cls(info, chosen, graph))
+            except (ModelLoadError, ConfigError) as exc:
+                if dtype == "float32":
+                    raise
+                left_out[dtype] = str(exc)
+                continue
             try:
                 out = head(backend.forward(probes), probes.attention_mask)
                 reference = out if reference is None else reference
@@ -149,21 +164,33 @@ def _fastest(
                 measured[dtype] = {"agreement": score, "seconds": _seconds(backend, timing)}
             finally:
                 backend.close()
-        agreeing = [d for d in candidates if measured[d]["agreement"] >= MIN_AGREEMENT.get(d, 0.0)]
-        return {"dtype": min(agreeing, key=lambda d: measured[d]["seconds"]), "measured": measured}
+
+        def agrees(dtype: str) -> bool:  # float32 is the reference itself
+            bar = MIN_AGREEMENT.get(dtype, 0.0) if floor is None else floor
+            return dtype == "float32" or measured[dtype]["agreement"] >= bar
+
+        agreeing = [d for d in measured if agrees(d)]
+        return {"dtype": min(agreeing, key=lambda d: measured[d]["seconds"]), "measured": measured,
+                "left_out": left_out}
 
     verdict = exports.export_metadata(exports.cached_export(
         info.path, "dtype-choice",
         {"backend": cls.name, "graph": graph, "device": cls.device_name(spec), "candidates": list(candidates),
-         "timing": [TIMING_ROWS, TIMING_LENGTH]},
+         "timing": [TIMING_ROWS, TIMING_LENGTH], "floor": floor,
+         # On a CPU, what decides between float32, bfloat16 and int8: its matrix kernels.
+         "kernels": int8_kernels()},
         measure, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
     ))
     chosen, measured = verdict["dtype"], verdict["measured"]
     log.info(
-        "dtype auto on %s: %s serves %s (seconds per %dx%d batch: %s)", cls.device_name(spec), cls.name,
-        chosen, TIMING_ROWS, TIMING_LENGTH, ", ".join(f"{d} {m['seconds']:.4f}" for d, m in measured.items()),
+        "dtype %s on %s: %s serves %s (seconds per %dx%d batch, worst cosine to float32: %s)%s", spec.dtype,
+        cls.device_name(spec), cls.name, chosen, TIMING_ROWS, TIMING_LENGTH,
+        ", ".join(f"{d} {m['seconds']:.4f} {m['agreement']:.5f}" for d, m in measured.items()),
+        "".join(f"; {d} left out: {why}" for d, why in verdict.get("left_out", {}).items()),
     )
-    backend = cls(info, spec.model_copy(update={"dtype": chosen}), graph)
+    served = spec.model_copy(update={"dtype": chosen, "min_agreement": None})
+    backend = (cls(info, served, graph, calibration=calibration) if chosen in cls.calibrated_dtypes
+               else cls(info, served, graph))
     backend.agreement = None if chosen == "float32" else measured[chosen]["agreement"]
     return backend
 

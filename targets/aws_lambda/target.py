@@ -277,6 +277,11 @@ class LambdaTarget(Target[LambdaSpec]):
                 f"model {model.name}: a Lambda image serves without torch; use --backend "
                 f"{' or '.join(LAMBDA_BACKENDS)} (or auto, which is onnx)"
             )
+        if model.dtype == "fastest":
+            raise ConfigError(
+                f"model {model.name}: dtype fastest times each precision where the model is served, and a "
+                "Lambda image is read-only: name one (--dtype float32 or int8)"
+            )
         dtype = "float32" if model.dtype == "auto" else model.dtype
         options = {"threads": settings.vcpus, **model.backend_options}
         # An environment serves one invocation at a time: every core on it.
