@@ -138,6 +138,9 @@ class Backend(ABC):
         self.dtype = "float32"
         # Worst cosine to float32 on the fidelity probes, measured for reduced precisions.
         self.agreement: float | None = None
+        # The cached export it runs (its folder's name, a hash of how it was built): a
+        # precision verdict is about that build, and a rebuilt int8 needs its own.
+        self.export_name: str | None = None
 
     @abstractmethod
     def forward(self, inputs: ModelInputs) -> np.ndarray: ...

@@ -62,7 +62,11 @@ class OnnxBackend(Backend):
                 f"optimising {info.path.name} for ONNX Runtime ({self.dtype})",
             )
 
-        self.session = exports.load_cached(optimized, lambda folder: self._session(folder / OPTIMIZED_FILE))
+        def session(folder: Path) -> ort.InferenceSession:
+            self.export_name = folder.name
+            return self._session(folder / OPTIMIZED_FILE)
+
+        self.session = exports.load_cached(optimized, session)
         self._inputs = {i.name for i in self.session.get_inputs()}
         self._output = self.session.get_outputs()[0].name
 

@@ -121,6 +121,7 @@ class OpenVinoBackend(Backend):
             return self._compile(found, latency=spec.latency)
 
         self.compiled = exports.load_cached(converted, compiled)
+        self.export_name = folder[0].name
         self.streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         # Lone batches run on every core on a second compilation (from its cached blob: 0.12 s
         # and 145 MB on MiniLM), made in the background so it adds nothing to a cold start;

@@ -95,7 +95,7 @@ def _verified(
         info.path, "fidelity",
         # The CPU's integer kernels too: int8 that holds with VNNI may not without it.
         {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor,
-         "kernels": int8_kernels() if backend.device == "cpu" else None},
+         "kernels": int8_kernels() if backend.device == "cpu" else None, "export": backend.export_name},
         measure, f"checking {cls.name} {backend.dtype} against float32",
     )
     score = exports.export_metadata(verdict)["agreement"]
