@@ -186,8 +186,9 @@ class OpenVinoBackend(Backend):
             return self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": _PRECISIONS["int8"]})
 
         def build(out: Path) -> dict[str, object]:
+            floating = self.core.read_model(str(floats / IR_FILE))
             model, facts = openvino_int8.quantize_holding(
-                self.core.read_model(str(floats / IR_FILE)), compile_as_served, calibration(), floor,
+                floating, input_names(floating.inputs), compile_as_served, calibration(), floor,
             )
             ov.save_model(model, str(out / IR_FILE), False)
             return facts

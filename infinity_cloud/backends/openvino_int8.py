@@ -28,7 +28,6 @@ import numpy as np
 import openvino as ov
 
 from infinity_cloud.backends.base import Calibration, ModelInputs
-from infinity_cloud.backends.openvino_backend import input_names
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
 from infinity_cloud.models.fidelity import agreement
 
@@ -45,13 +44,14 @@ MARGIN = 0.002
 
 def quantize_holding(
     model: ov.Model,
+    names: list[str],
     compile_model: Callable[[ov.Model], ov.CompiledModel],
     calibration: Calibration,
     floor: float,
 ) -> tuple[ov.Model, dict[str, Any]]:
-    """`model` in int8 whose answers on the held-out texts agree with float32's to `floor`
-    (plus `MARGIN`), compiled for the check as it will be served (`compile_model`); with the
-    facts kept in the export's manifest."""
+    """`model` (its inputs by `names`) in int8 whose answers on the held-out texts agree with
+    float32's to `floor` (plus `MARGIN`), compiled for the check as it will be served
+    (`compile_model`); with the facts kept in the export's manifest."""
     try:
         import nncf
     except ImportError as exc:
@@ -62,7 +62,6 @@ def quantize_holding(
         ) from exc
     nncf.set_log_level(logging.WARNING)  # its progress bars and per-step info, in a server's log
     aim = min(floor + MARGIN, 1.0)
-    names = input_names(model.inputs)
 
     def feed(batch: ModelInputs) -> dict[str, np.ndarray]:
         return batch.feed(names)
