@@ -15,6 +15,7 @@ from infinity_cloud.bulk import sources
 from infinity_cloud.bulk.dataset import Dataset, filesystem
 from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_table
 from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.bulk.workers import plan_job
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.server.dialects.sagemaker import BATCH_CONCURRENCY, BATCH_PAYLOAD_MB
@@ -43,13 +44,8 @@ def run_batch_transform(
     if not staging.startswith("s3://"):
         raise ConfigError(f"--staging {staging!r}: a Batch Transform job reads and writes S3: give "
                           "s3://BUCKET/PREFIX")
-    dataset = Dataset(job.out, job.fingerprint(spec.models[0]))
-    done = dataset.open()
-    planned = list(sources.plan(job.files, job.shard_rows))
-    todo = [p for p in planned if p.shard not in done]
-    total = sum(s.count for p in planned for s in p.segments)
-    left = sum(s.count for p in todo for s in p.segments)
-    meter = Meter(total, before=total - left, errors=dataset.errors())
+    planned = plan_job(spec, job)
+    dataset, done, todo, meter = planned.dataset, planned.done, planned.todo, planned.meter
     if todo:
         fs, _ = filesystem(staging)
         for shard in todo:  # one object a shard: its good rows' texts, one a line
