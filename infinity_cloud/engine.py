@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from infinity_cloud.admission import cancellation
 from infinity_cloud.admission.memory import (
@@ -51,7 +52,7 @@ from infinity_cloud.errors import (
 )
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.models.model_source import model_dir_within
+from infinity_cloud.models.model_source import folder_model_name, model_dir_within
 from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.results import (
     ClassifyResult,
@@ -209,25 +210,22 @@ class Engine:
                 "server was started without --admin-trust-remote-code: the admin API does not load such "
                 "models", param="trust_remote_code",
             )
-        taken = [n for n in spec.names if any(n in m.spec.names for m in self.models.values())]
-        if taken:
-            raise ModelConflictError(f"model name {', '.join(taken)} is already served; unload it first",
-                                     param="served_model_name")
-        default = next((m.name for m in self.models.values() if m.spec.default), None)
-        if spec.default and default is not None:
-            raise ModelConflictError(
-                f"model {default!r} is the default for requests that name no model; load this one without "
-                "'default', or unload that one first", param="default",
-            )
         try:  # a folder that is not there, or not a model served here: the caller's to fix, now
             path = await asyncio.to_thread(model_dir_within, spec.model_id, spec.revision,
                                            server.admin_model_roots)
-            await asyncio.to_thread(read_model_info, path, spec.pooling)
+            info = await asyncio.to_thread(read_model_info, path, spec.pooling)
+            # What was checked is what loads: the folder itself, under the name the caller gave,
+            # else one that says what the folder holds (a path is no name a URL can carry).
+            spec = ModelSpec.model_validate({**spec.model_dump(exclude_unset=True), "model_id": str(path),
+                                             "revision": None, "served_model_name": spec.served_model_name
+                                             or folder_model_name(path), "aliases": spec.aliases})
         except ModelLoadError as exc:
             raise InvalidInputError(exc.message, param="model_id") from None
-        # What was checked is what loads: the folder itself, under the name the caller gave.
-        spec = spec.model_copy(update={"model_id": str(path), "revision": None,
-                                       "served_model_name": spec.name})
+        except ValidationError as exc:
+            raise InvalidInputError(exc.errors()[0]["msg"].removeprefix("Value error, "),
+                                    param="served_model_name") from None
+        # Checked with no await before the insert below: two loads sent at once both pass otherwise.
+        self._refuse_conflicts(spec, info.capability)
         need = weights_bytes(path) * LOAD_COST_PER_WEIGHT_BYTE
         room = self.memory.room_for_model()
         if room is not None and need > room:
@@ -250,6 +248,25 @@ class Engine:
         self._loading.add(task)
         task.add_done_callback(self._loading.discard)
         return model
+
+    def _refuse_conflicts(self, spec: ModelSpec, capability: Capability) -> None:
+        """409 for a load that would take a served name, or, marked default, take the requests
+        that name no model from the model that answers them now: the default among those doing
+        the same task, else the first listed (one still loading may be either)."""
+        taken = [n for n in spec.names if any(n in m.spec.names for m in self.models.values())]
+        if taken:
+            raise ModelConflictError(f"model name {', '.join(taken)} is already served; unload it first",
+                                     param="served_model_name")
+        if not spec.default:
+            return
+        answering = [m for m in self.models.values()
+                     if m.capability in (capability, None)]
+        if answering:
+            current = next((m for m in answering if m.spec.default), answering[0])
+            raise ModelConflictError(
+                f"model {current.name!r} is the default for requests that name no model; load this one "
+                "without 'default', or unload that one first", param="default",
+            )
 
     async def remove_model(self, name: str, drain_timeout_s: float = 120.0) -> dict[str, Any]:
         """Stop serving `name`: new calls get 503 at once, the calls already admitted finish

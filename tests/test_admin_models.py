@@ -245,7 +245,7 @@ async def test_a_second_default_a_second_delete_and_a_load_that_leaves_no_room_a
                    admin_keys=["admin-secret"], admin_model_roots=[tiny_reranker.parent])
     async with serve_in_process(spec) as client:
         second = await client.post("/admin/models", headers=ADMIN, json={
-            "model_id": str(tiny_reranker), "served_model_name": "other", "default": True})
+            "model_id": str(tiny_embedder), "served_model_name": "other", "default": True})
         assert second.status_code == 409 and "'embedder' is the default" in second.text, second.text
         busy = asyncio.ensure_future(client.post("/v1/embeddings", json={"model": "slow", "input": ["x"]}))
         await asyncio.sleep(0.05)
@@ -281,3 +281,43 @@ async def test_a_second_default_a_second_delete_and_a_load_that_leaves_no_room_a
         assert reranker["state"] == "failed" and "it was unloaded" in reranker["error"], reranker
         assert (await client.post("/v1/embeddings", json=body)).status_code == 200
         assert (await client.delete("/admin/models/reranker", headers=ADMIN)).status_code == 200
+
+
+async def test_a_default_load_never_takes_unnamed_requests_and_two_loads_of_a_name_are_one(
+    tiny_embedder: Path, tiny_reranker: Path
+) -> None:
+    """`serve --model-id X` marks nothing default, yet X answers the requests that name no
+    model: a load marked default for the same task is a 409 too (it took them over silently),
+    while one for another task is served. Two loads of one name sent at once: one is loaded,
+    the other is a 409 (both were 202, the first left loading and never unloadable). A load
+    without a name is served under its folder's, never its path; `~nosuchuser/x` is answered
+    as any path outside the roots (it was a 500 that told which users exist)."""
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_reranker.parent])
+    async with serve_in_process(spec) as client:
+        takeover = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_embedder), "served_model_name": "second", "default": True})
+        assert takeover.status_code == 409 and "'embedder' is the default" in takeover.text, takeover.text
+        reranker = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_reranker), "served_model_name": "reranker", "default": True,
+            "backend": "torch"})
+        assert reranker.status_code == 202, reranker.text
+        twin = {"model_id": str(tiny_embedder), "served_model_name": "twin", "backend": "torch"}
+        load = lambda: client.post("/admin/models", headers=ADMIN, json=twin)  # noqa: E731
+        twice = await asyncio.gather(load(), load())
+        assert sorted(t.status_code for t in twice) == [202, 409], [t.text for t in twice]
+        unnamed = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": f"{tiny_reranker.parent}/zz/../{tiny_embedder.name}", "backend": "torch"})
+        assert unnamed.status_code == 202 and unnamed.json()["id"] == tiny_embedder.name, unnamed.text
+        users = await client.post("/admin/models", headers=ADMIN, json={"model_id": "~nosuchuser/x"})
+        assert users.status_code == 400 and "not under a folder the admin API loads" in users.text, users.text
+        for name in ("reranker", "twin", tiny_embedder.name):
+            for _ in range(600):
+                listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+                state = {m["id"]: m["state"] for m in listed}
+                if state[name] != "loading":
+                    break
+                await asyncio.sleep(0.05)
+            assert state[name] == "ready", state
+        answered = await client.post("/v1/embeddings", json={"input": ["which model"]})
+        assert answered.json()["model"] == "embedder", answered.text

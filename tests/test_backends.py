@@ -813,6 +813,23 @@ def test_concurrent_first_starts_build_an_export_once(
     assert exports.export_metadata(results[0]) == {"built": 1}
 
 
+def test_exports_made_trusting_remote_code_are_kept_apart(
+    tiny_embedder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export made while trusting the repository's code is never the one a server that
+    does not trust it serves (the admin API may load a model either way): the two are
+    different cache entries, for ONNX's files and for what OpenVINO builds from them."""
+    from infinity_cloud.families import read_model_info
+
+    monkeypatch.setenv("INFINITY_CLOUD_CACHE", str(tmp_path / "cache"))
+    info = read_model_info(tiny_embedder)
+    graph = info.towers["text"]
+    untrusted = onnx_export.OnnxSource(info, graph, False, "onnx")
+    trusted = onnx_export.OnnxSource(info, graph, True, "onnx")
+    assert trusted.label != untrusted.label  # the key of OpenVINO's export (and ONNX's options)
+    assert trusted.path().parent != untrusted.path().parent
+
+
 async def test_openvino_meets_a_bounded_set_of_shapes_and_bounds_its_shape_caches(models) -> None:
     """OpenVINO keeps what it compiles per input shape: a shape per input length made memory
     grow with every new input (issue 34). Every batch of texts of 1 to 128 tokens reaches

@@ -349,6 +349,13 @@ async def test_the_redis_password_is_never_logged_or_shown(
     assert "shared result cache at redis://:***@127.0.0.1" in logged and "hunter2" not in logged
     shown = CliRunner().invoke(app, ["config", "show", "--cache-url", url, "--admin-key", "adm1n"])
     assert shown.exit_code == 0 and "hunter2" not in shown.output and "adm1n" not in shown.output
+    # redis-py also takes it as a query parameter
+    from infinity_cloud.cache.redis_store import redacted
+
+    assert redacted("redis://u@host:6379/0?Password=hunter2&ssl_cert_reqs=none") == (
+        "redis://u@host:6379/0?Password=***&ssl_cert_reqs=none")
+    shown = CliRunner().invoke(app, ["config", "show", "--cache-url", "redis://host/0?password=hunter2"])
+    assert shown.exit_code == 0 and "hunter2" not in shown.output, shown.output
 
 
 def test_a_models_row_form_is_known_before_it_is_ready(

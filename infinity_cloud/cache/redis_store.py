@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,18 @@ MAX_CONNECTIONS = 32
 
 
 def redacted(url: str) -> str:
-    """The URL without its password (`redis://:PASSWORD@host`), for logs and facts."""
+    """The URL without its password, for logs and facts: redis-py takes it in the netloc
+    (`redis://:PASSWORD@host`) or as a query parameter (`redis://host/0?password=PASSWORD`)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key.lower() == "password" for key, _ in query):
+        masked = [(key, "***" if key.lower() == "password" else value) for key, value in query]
+        parts = parts._replace(query=urlencode(masked, safe="*"))
+    return urlunsplit(parts)
 
 
 class RedisStore:
@@ -46,7 +51,7 @@ class RedisStore:
             from infinity_cloud.errors import ConfigError
 
             raise ConfigError(
-                f"--cache-url {url} needs the redis client: pip install 'infinity-cloud[cache]'"
+                f"--cache-url {redacted(url)} needs the redis client: pip install 'infinity-cloud[cache]'"
             ) from exc
         # Only its redacted form is kept: nothing here logs or shows the password.
         self.url, self.ttl_s, self.timeout_s, self.backoff_s = redacted(url), ttl_s, timeout_s, backoff_s

@@ -146,9 +146,8 @@ def model_dir_within(model_id: str, revision: str | None, roots: Sequence[Path])
     admin API): a path outside them is refused with one answer whether it exists or not (an
     error must not tell what is on this machine), and an id that is not a path is a hub id
     only, never a folder of the working directory."""
-    candidate = Path(model_id).expanduser()
-    try:
-        where = candidate.resolve()  # symlinks followed: one inside a root may lead out of it
+    try:  # `~nosuchuser/x` fails to expand: answered as any other path outside the roots
+        where = Path(model_id).expanduser().resolve()  # symlinks followed: one inside a root may lead out
         inside = next((r for r in roots if where.is_relative_to(Path(r).expanduser().resolve())), None)
     except (OSError, RuntimeError):
         inside = None
