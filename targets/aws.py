@@ -4,7 +4,9 @@ call fails mapped to one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,3 +111,31 @@ def check_known(client: Callable[[str], Any], calls: Iterable[Call]) -> None:
                 f"botocore {botocore.__version__} cannot make {call.service}.{call.operation} as it is "
                 f"needed: {one_line(str(exc))}; pip install -U 'infinity-cloud[aws]'"
             ) from None
+
+
+def delete_log_group(client: Callable[[str], Any], group: str) -> None:
+    """The log group AWS made for what `delete` takes (kept forever otherwise); none made (never
+    started or invoked) is fine."""
+    logs = client("logs")
+    with contextlib.suppress(logs.exceptions.ResourceNotFoundException):
+        logs.delete_log_group(logGroupName=group)
+
+
+def repository_arn(image_uri: str | None) -> str:
+    """The ECR repository of ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME[:TAG|@DIGEST], any
+    account and region (the ARN's own parts); every repository when no image is named yet."""
+    if not image_uri or "/" not in image_uri:
+        return "*"
+    path = image_uri.partition("/")[2].partition("@")[0]
+    return f"arn:aws:ecr:*:*:repository/{re.sub(r':[^/]*$', '', path)}"  # less its tag
+
+
+def image_push_statements(image_uri: str | None) -> list[dict[str, Any]]:
+    """What a first deployment's push of its image needs (your Docker, with a token from
+    `aws ecr get-login-password`): the repository made, then its layers and image uploaded."""
+    return [
+        {"Sid": "PushTheImage", "Effect": "Allow", "Resource": repository_arn(image_uri), "Action": [
+            "ecr:CreateRepository", "ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload",
+            "ecr:UploadLayerPart", "ecr:CompleteLayerUpload", "ecr:PutImage"]},
+        {"Sid": "LogInToEcr", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+    ]

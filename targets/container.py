@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 # The torch release the tests ran on; an image pins the installed one, or this without it.
 TESTED_TORCH = "2.13.0"
-# PyTorch's own index has a wheel of each torch release per CUDA build (cu126, cu128, ...);
+# PyTorch's own index has a wheel of each torch release per CUDA build (cu126, cu130, ...);
 # PyPI has only the newest CUDA's, which may need a newer driver than a platform's hosts run.
 TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 TORCH_CPU_INDEX = TORCH_INDEX.format(build="cpu")

@@ -34,6 +34,8 @@ class CudaFacts:
     driver: str | None = None  # the driver's release ("550.90.07")
     init_error: int = 0  # cuInit's result
     devices: int = 0
+    device_capability: tuple[int, int] | None = None  # the first GPU's, as torch reads it ((7, 0): V100)
+    torch_archs: tuple[str, ...] = ()  # what torch's kernels are built for ("sm_80", "compute_90")
 
 
 def cuda_facts() -> CudaFacts:
@@ -43,6 +45,9 @@ def cuda_facts() -> CudaFacts:
         torch_facts: tuple[str | None, str | None, bool] = (None, None, False)
     else:
         torch_facts = (torch.__version__, torch.version.cuda, torch.cuda.is_available())
+        if torch_facts[2]:  # torch sees a GPU: whether its kernels are built for it is the last question
+            return CudaFacts(*torch_facts, device_capability=torch.cuda.get_device_capability(0),
+                             torch_archs=tuple(torch.cuda.get_arch_list()))
     try:
         libcuda = ctypes.CDLL("libcuda.so.1")  # the driver's library, mounted by the GPU runtime
     except OSError:
@@ -66,7 +71,7 @@ def _driver_release() -> str | None:
 def cuda_problem(facts: CudaFacts) -> str | None:
     """Why torch cannot run on a GPU here, or None when it can."""
     if facts.torch_sees_gpu:
-        return None
+        return _unbuilt_arch(facts)
     if facts.driver_cuda is None:
         return ("no NVIDIA driver is visible in this container (libcuda.so.1 cannot be loaded): the machine "
                 "has no GPU, or the container was started without access to it")
@@ -85,6 +90,25 @@ def cuda_problem(facts: CudaFacts) -> str | None:
     if facts.init_error:
         return f"{driver} ({runs}) failed to start CUDA (cuInit error {facts.init_error})"
     return f"torch {facts.torch} does not see the {facts.devices} CUDA device(s) that {driver} ({runs}) has"
+
+
+def _unbuilt_arch(facts: CudaFacts) -> str | None:
+    """torch sees a GPU whose architecture none of its kernels are built for (a CUDA 13 build
+    on a V100): every kernel would fail with "no kernel image is available". A cubin runs on
+    its major version's later minors; PTX (compute_XY) is compiled for any newer GPU."""
+    if facts.device_capability is None or not facts.torch_archs:
+        return None
+    major, minor = facts.device_capability
+    for arch in facts.torch_archs:
+        kind, _, digits = arch.partition("_")
+        if not digits.isdigit():
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        binary = kind == "sm" and built[0] == major and built[1] <= minor
+        if binary or (kind == "compute" and built <= (major, minor)):
+            return None
+    return (f"this GPU's architecture is sm_{major}{minor}, and this image's torch {facts.torch} (CUDA "
+            f"{facts.torch_cuda}) has kernels only for {', '.join(facts.torch_archs)}")
 
 
 def require_usable_gpu(facts: CudaFacts | None = None) -> None:

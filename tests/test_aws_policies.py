@@ -74,7 +74,10 @@ def test_the_sagemaker_deployer_policy_allows_every_call(
     role = execution_role("sagemaker", "sagemaker-exec", *data)
     needed = ["--image-uri", ACCOUNT_IMAGE, "--role", role, "--region", REGION]
     deploy = ["deploy", "sagemaker", "--out", str(tmp_path / "b"), "--model-id", str(tiny_embedder), *needed,
-              "--instance-type", "ml.p3.2xlarge", "--pack-models", *data, "--autoscale", "1:2"]
+              "--instance-type", "ml.g4dn.xlarge", "--pack-models", *data, "--autoscale", "1:2"]
+    # What SageMaker makes as the endpoint's containers start, which `delete` takes with it.
+    logs = boto3.client("logs", region_name=REGION)
+    logs.create_log_group(logGroupName="/aws/sagemaker/Endpoints/infinity-cloud")
     sent.clear()  # from here on, only the CLI's own calls
     for command in (deploy, ["status", "sagemaker", "--region", REGION],
                     ["delete", "sagemaker", "--region", REGION, "--yes"]):
@@ -83,11 +86,16 @@ def test_the_sagemaker_deployer_policy_allows_every_call(
     made = set(sent)
     iam = boto3.client("iam", region_name=REGION)
     iam.create_user(UserName="deployer")  # the printed policy is one IAM takes for a user
-    deployer = policy("sagemaker", "deployer", *data, "--role", role)
+    deployer = policy("sagemaker", "deployer", *data, "--role", role, "--image-uri", ACCOUNT_IMAGE)
     iam.put_user_policy(UserName="deployer", PolicyName="deploy", PolicyDocument=json.dumps(deployer))
-    assert {"sagemaker:CreateModel", "application-autoscaling:PutScalingPolicy", "s3:PutObject"} <= made
+    assert {"sagemaker:CreateModel", "application-autoscaling:PutScalingPolicy", "s3:PutObject",
+            "logs:DeleteLogGroup"} <= made
     assert made - allowed(deployer) == set()
     assert "sagemaker:InvokeEndpoint" in allowed(deployer)  # invoke and smoke
+    # The push of the image (your Docker) a first deployment needs, to the image's repository only.
+    push = next(s for s in deployer["Statement"] if "ecr:PutImage" in s["Action"])
+    assert push["Resource"] == "arn:aws:ecr:*:*:repository/infinity-cloud"
+    assert {"ecr:CreateRepository", "ecr:GetAuthorizationToken", "ecr:UploadLayerPart"} <= allowed(deployer)
 
 
 @mock_aws

@@ -116,11 +116,16 @@ def test_layers_put_the_weights_before_the_code(gpu_app: tuple[Any, str]) -> Non
 def test_a_gpu_app_installs_the_cuda_build_modals_drivers_run_and_refuses_the_cpu(
     gpu_app: tuple[Any, str]
 ) -> None:
-    """PyPI's torch is CUDA 13 (driver 580 and newer); the app takes the CUDA 12.8 build, which
-    runs on any 12 driver and has kernels from the T4 to the B200. Its image names its device,
-    so a container without a usable GPU stops, saying why, before the exports are built."""
+    """The app takes PyTorch's CUDA 13.0 build, which has kernels from the T4 to the B200 and
+    runs on Modal's R580 drivers, and which PyTorch publishes for the torch it pins (torch 2.12
+    dropped the CUDA 12.8 build this app took, so its image could not be built). Its image names
+    its device, so a container without a usable GPU stops, saying why, before the exports."""
+    from infinity_cloud.targets.modal.spec import TORCH_CUDA_BUILDS
+
     _, source = gpu_app
-    assert 'index_url="https://download.pytorch.org/whl/cu128"' in source
+    assert 'index_url="https://download.pytorch.org/whl/cu130"' in source
+    torch = re.search(r"torch==(\d+\.\d+)\.\d+", source)
+    assert torch and "cu130" in TORCH_CUDA_BUILDS[torch.group(1)], source
     device = source.index(f'.env({{"{IMAGE_DEVICE_ENV}": "cuda"}})')
     assert device < source.index(".run_function(build_exports")
 

@@ -106,8 +106,13 @@ def test_delete_removes_endpoint_config_model_and_scaling(tmp_path: Path, tiny_e
     assert deploy(tmp_path, *args).exit_code == 0
     sm = boto3.client("sagemaker", region_name=REGION)
     assert len(sm.list_models()["Models"]) == 1
+    logs = boto3.client("logs", region_name=REGION)  # what SageMaker makes as the containers start
+    for group in ("/aws/sagemaker/Endpoints/infinity-cloud", "/aws/sagemaker/Endpoints/infinity-cloud-2"):
+        logs.create_log_group(logGroupName=group)
     result = runner.invoke(cli, ["delete", "sagemaker", "--region", REGION, "--yes"])
     assert result.exit_code == 0, result.output
+    groups = [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]
+    assert groups == ["/aws/sagemaker/Endpoints/infinity-cloud-2"], "its own log group only"
     assert sm.list_endpoints()["Endpoints"] == []
     assert sm.list_endpoint_configs()["EndpointConfigs"] == [] and sm.list_models()["Models"] == []
     scaling = boto3.client("application-autoscaling", region_name=REGION)
@@ -141,8 +146,8 @@ def test_a_gpu_endpoint_runs_the_machine_image_whose_driver_its_torch_needs(
 ) -> None:
     """The image's torch is PyPI's CUDA 13 build; the variant pins the machine image whose
     NVIDIA driver (580, CUDA 13.0) runs it, instead of whatever SageMaker would pick."""
-    # (moto's list of instance types stops before g5; any GPU family deploys alike)
-    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.p3.2xlarge")
+    # (moto's list of endpoint instance types stops before g5: a T4 deploys as any GPU does)
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.g4dn.xlarge")
     assert result.exit_code == 0, result.output
     sm = boto3.client("sagemaker", region_name=REGION)
     name = sm.describe_endpoint(EndpointName="infinity-cloud")["EndpointConfigName"]
@@ -240,7 +245,7 @@ def test_a_gpu_endpoint_waits_through_creating_to_in_service(
     for status in ("Creating", "Creating", "InService"):
         sm.add_response("describe_endpoint", endpoint_state(status), {"EndpointName": "emb"})
     result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb",
-                    "--instance-type", "ml.g5.2xlarge", "--startup-timeout", "2400")
+                    "--instance-type", "ml.g4dn.xlarge", "--startup-timeout", "2400")
     assert result.exit_code == 0, result.output
     assert "deployed sagemaker 'emb'" in result.output
 
@@ -644,7 +649,7 @@ def test_packed_models_are_uploaded_to_the_model_data_uri(tmp_path: Path, tiny_e
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="models")
     uri = "s3://models/emb/model.tar.gz"
-    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.p3.2xlarge",
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--instance-type", "ml.g4dn.xlarge",
                     "--pack-models", "--model-data", uri)
     assert result.exit_code == 0, result.output
     uploaded = s3.get_object(Bucket="models", Key="emb/model.tar.gz")["Body"].read()

@@ -116,6 +116,7 @@ def test_hub_models_are_fetched_before_the_package_is_copied(tmp_path: Path) -> 
     (["--instance-type", "ml.inf2.xlarge", "--backend", "onnx", "--batch-buckets", "1",
       "--length-buckets", "8"], "packaged for cpu containers only"),
     (["--instance-type", "g5.xlarge"], "is not a SageMaker instance type"),
+    (["--instance-type", "ml.p3.2xlarge"], "V100 (Volta) GPUs run no CUDA 13 build of torch"),
     (["--serverless", "--backend", "torch"], "serves without torch"),
     (["--instance-type", "ml.g5.xlarge", "--backend", "openvino"], "packaged for cpu containers only"),
     (["--api-key", "s3cret"], "grant sagemaker:InvokeEndpoint"),
@@ -395,6 +396,16 @@ def test_a_gpu_image_without_a_usable_gpu_stops_at_start_saying_why(
      "the NVIDIA driver (release unknown) runs CUDA 12.4, but this image's torch is 2.13.0+cpu, a CPU build"),
     # A 12.6 build on a 12.4 driver: minor version compatibility
     (CudaFacts("2.13.0+cu126", "12.6", True, 12040, "550.90.07", devices=1), None),
+    # torch sees a V100, but a CUDA 13 build has no Volta kernels: every kernel would fail
+    (CudaFacts("2.13.0", "13.0", True, device_capability=(7, 0),
+               torch_archs=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")),
+     "this GPU's architecture is sm_70, and this image's torch 2.13.0 (CUDA 13.0) has kernels only for "
+     "sm_75, sm_80, sm_86, sm_90, sm_100, sm_120"),
+    # an L4 (sm_89) runs sm_86's kernels; an H200 (sm_90) runs them natively; a newer GPU, PTX
+    (CudaFacts("2.13.0", "13.0", True, device_capability=(8, 9), torch_archs=("sm_80", "sm_86")), None),
+    (CudaFacts("2.13.0", "13.0", True, device_capability=(9, 0), torch_archs=("sm_80", "sm_90")), None),
+    (CudaFacts("2.13.0", "13.0", True, device_capability=(12, 1), torch_archs=("sm_90", "compute_120")),
+     None),
 ])
 def test_why_a_gpu_image_cannot_use_its_gpu(facts: CudaFacts, reason: str | None) -> None:
     assert cuda_problem(facts) == reason

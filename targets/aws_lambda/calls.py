@@ -5,14 +5,13 @@ back when a later step fails, deletion with its logs, and a direct invocation.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from infinity_cloud.targets.aws import AwsError, Call, run
+from infinity_cloud.targets.aws import AwsError, Call, delete_log_group, run
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 
 POLL_S = 2.0
@@ -253,12 +252,11 @@ def delete(client: Callable[[str], Any], name: str) -> None:
     """The URL where there is one, the function (its versions, aliases and their URLs go with
     it), and its log group, which Lambda keeps forever otherwise. A log group the function was
     pointed at elsewhere may be shared: it stays."""
-    lam, logs = client("lambda"), client("logs")
+    lam = client("lambda")
     if url_of(client, name):
         lam.delete_function_url_config(FunctionName=name)
     lam.delete_function(FunctionName=name)
-    with contextlib.suppress(logs.exceptions.ResourceNotFoundException):  # never invoked: none made
-        logs.delete_log_group(logGroupName=log_group(name))
+    delete_log_group(client, log_group(name))
 
 
 def alias_version(client: Callable[[str], Any], name: str) -> str | None:

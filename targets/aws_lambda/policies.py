@@ -3,9 +3,9 @@ aws-lambda` prints: the execution role's trust and permissions, and the deployin
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from infinity_cloud.targets.aws import image_push_statements, repository_arn
 from infinity_cloud.targets.aws_lambda.calls import log_group
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.sagemaker.policies import document
@@ -17,7 +17,7 @@ def policies(settings: LambdaSpec) -> dict[str, dict[str, Any]]:
     and `delete` make, the image pull Lambda does as the one who creates the function, and
     the push of the image to ECR (your Docker, with a token from `aws ecr get-login-password`)."""
     function = f"arn:aws:lambda:*:*:function:{settings.function_name}"
-    repository = _repository_arn(settings.image_uri)
+    repository = repository_arn(settings.image_uri)
     return {
         "trust": document({"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
                            "Action": "sts:AssumeRole"}),
@@ -44,22 +44,10 @@ def policies(settings: LambdaSpec) -> dict[str, dict[str, Any]]:
             {"Sid": "TheImage", "Effect": "Allow", "Resource": repository, "Action": [
                 "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:GetRepositoryPolicy",
                 "ecr:SetRepositoryPolicy"]},
-            # A first deployment pushes the image: the repository made, then `docker push`.
-            {"Sid": "PushTheImage", "Effect": "Allow", "Resource": repository, "Action": [
-                "ecr:CreateRepository", "ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload",
-                "ecr:UploadLayerPart", "ecr:CompleteLayerUpload", "ecr:PutImage"]},
-            {"Sid": "LogInToEcr", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+            *image_push_statements(settings.image_uri),
             {"Sid": "HandTheRoleToLambda", "Effect": "Allow", "Action": "iam:PassRole",
              "Resource": settings.role or "arn:aws:iam::ACCOUNT:role/ROLE",
              "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}},
         ),
     }
 
-
-def _repository_arn(image_uri: str | None) -> str:
-    """The ECR repository of ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME[:TAG|@DIGEST], any
-    account and region (the ARN's own parts); every repository when no image is named yet."""
-    if not image_uri or "/" not in image_uri:
-        return "*"
-    path = image_uri.partition("/")[2].partition("@")[0]
-    return f"arn:aws:ecr:*:*:repository/{re.sub(r':[^/]*$', '', path)}"  # less its tag

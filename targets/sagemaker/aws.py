@@ -40,6 +40,11 @@ def clients(settings: SageMakerSpec) -> Callable[[str], Any]:
     return aws_clients(settings.region)
 
 
+def log_group(endpoint: str) -> str:
+    """Where SageMaker writes an endpoint's containers' logs (every variant's)."""
+    return f"/aws/sagemaker/Endpoints/{endpoint}"
+
+
 def stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infinity_cloud.targets.aws import image_push_statements
+from infinity_cloud.targets.sagemaker.aws import log_group
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
 
 VERSION = "2012-10-17"
@@ -26,7 +28,8 @@ def _bucket_of(uri: str | None) -> tuple[str, str] | None:
 def policies(settings: SageMakerSpec) -> dict[str, dict[str, Any]]:
     """trust: who may assume the execution role (SageMaker); execution: what the endpoint's
     containers need (pull the image, write logs and metrics, read the model data); deployer:
-    every call `deploy`, `status`, `invoke`, `smoke` and `delete` make."""
+    every call `deploy`, `status`, `invoke`, `smoke` and `delete` make, and the push of the
+    image to ECR a first deployment needs."""
     data = _bucket_of(settings.model_data)
     execution = [
         {"Sid": "PullTheImage", "Effect": "Allow", "Resource": "*", "Action": [
@@ -59,6 +62,11 @@ def policies(settings: SageMakerSpec) -> dict[str, dict[str, Any]]:
         {"Sid": "AutoscalingRoleOnce", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
          "Resource": f"arn:aws:iam::*:role/aws-service-role/{AUTOSCALING_SERVICE}/*",
          "Condition": {"StringLike": {"iam:AWSServiceName": AUTOSCALING_SERVICE}}},
+        # `delete` takes the endpoint's log group with it (only its own).
+        {"Sid": "TheLogs", "Effect": "Allow", "Action": "logs:DeleteLogGroup", "Resource": [
+            f"arn:aws:logs:*:*:log-group:{log_group(settings.endpoint_name)}",
+            f"arn:aws:logs:*:*:log-group:{log_group(settings.endpoint_name)}:*"]},
+        *image_push_statements(settings.image_uri),
         {"Sid": "HandTheRoleToSageMaker", "Effect": "Allow", "Action": "iam:PassRole",
          "Resource": settings.role or "arn:aws:iam::ACCOUNT:role/ROLE",
          "Condition": {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}},

@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 # Instance families with NVIDIA GPUs (https://aws.amazon.com/sagemaker/pricing/): the image
 # gets CUDA torch. ml.inf2 is AWS Inferentia2 (Neuron); everything else is CPU.
-GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p4d", "p4de", "p5", "p5e", "p5en")
+GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en")
+# GPU families whose GPUs no CUDA 13 torch runs (CUDA 13 dropped Volta, sm_70): refused by
+# name, since torch would see the GPU and fail at its first kernel.
+UNRUNNABLE_GPU_FAMILIES = {"p3": "V100 (Volta)", "p3dn": "V100 (Volta)"}
 NEURON_FAMILIES = ("inf2", "trn1")
 # The machine image GPU instances run (ProductionVariant's InferenceAmiVersion): NVIDIA driver
 # 580, CUDA 13.0 (botocore's model of CreateEndpointConfig lists each AMI's driver). Without
@@ -157,8 +160,15 @@ class SageMakerSpec(BaseModel):
     @field_validator("instance_type")
     @classmethod
     def _instance(cls, value: str) -> str:
-        if not _INSTANCE.match(value):
+        found = _INSTANCE.match(value)
+        if not found:
             raise ValueError(f"{value!r} is not a SageMaker instance type (such as ml.g5.xlarge)")
+        if found.group(1) in UNRUNNABLE_GPU_FAMILIES:
+            gpus = UNRUNNABLE_GPU_FAMILIES[found.group(1)]
+            raise ValueError(
+                f"{value}: its {gpus} GPUs run no CUDA 13 build of torch, which this image installs "
+                "(CUDA 13 dropped Volta); use ml.g5, ml.g6, ml.g6e or ml.p4d and newer"
+            )
         return value
 
     @property

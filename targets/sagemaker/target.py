@@ -13,7 +13,7 @@ from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
-from infinity_cloud.targets.aws import Call, aws_calls, require_image_and_role, run
+from infinity_cloud.targets.aws import Call, aws_calls, delete_log_group, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, JobOptions, Target, render_templates, spec_yaml
 from infinity_cloud.targets.platforms import ImagePlatform, required_platform
 from infinity_cloud.targets.sagemaker import aws
@@ -280,8 +280,9 @@ class SageMakerTarget(Target[SageMakerSpec]):
         return facts
 
     def delete(self, spec: DeploymentSpec) -> None:
-        """Delete the endpoint, its autoscaling target, and every endpoint config and model
-        a deploy of it made (earlier ones, and those a failed deploy left, included)."""
+        """Delete the endpoint, its autoscaling target, every endpoint config and model a
+        deploy of it made (earlier ones, and those a failed deploy left, included), and its
+        log group."""
         settings = self.settings(spec)
         client = aws.clients(settings)
         name = settings.endpoint_name
@@ -296,6 +297,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             run(client, Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
             for call in calls:
                 run(client, call)
+            delete_log_group(client, aws.log_group(name))
 
     def invoke(
         self, spec: DeploymentSpec, body: dict[str, Any], *,
