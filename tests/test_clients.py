@@ -340,12 +340,15 @@ def test_litellm_embedding_null_encoding_format(litellm, live_server: str, minil
     assert_same_vectors(got, reference_embeddings(minilm_reference, TEXTS[:2]))
 
 
-@pytest.mark.parametrize(("provider", "suffix"), [("infinity", ""), ("cohere", ""), ("hosted_vllm", "/v1")])
+@pytest.mark.parametrize(("provider", "suffix"), [
+    ("infinity", ""), ("cohere", ""), ("hosted_vllm", "/v1"), ("huggingface", ""),
+])
 def test_litellm_rerank(
     litellm, live_server: str, reranker_reference: np.ndarray, provider: str, suffix: str
 ) -> None:
     """Each provider's route and document shape: Infinity's string at /rerank, Cohere's
-    {"text"} at /v2/rerank, vLLM's {"text"} at /v1/rerank."""
+    {"text"} at /v2/rerank, vLLM's {"text"} at /v1/rerank, TEI's `texts` with `top_n` and
+    `return_text` at /rerank (litellm's huggingface/ provider)."""
     response = litellm.rerank(model=f"{provider}/reranker", query=QUERY, documents=DOCUMENTS, top_n=2,
                               api_base=live_server + suffix, api_key="x", return_documents=True)
     results = [type("R", (), r)() for r in response.results]
