@@ -391,28 +391,6 @@ def test_a_provisioned_redeploy_moves_the_public_url_to_the_alias_and_deletes_th
         stub.assert_no_pending_responses()
 
 
-# The first botocore whose Lambda model has add_permission's InvokedViaFunctionUrl, which a
-# public URL's second statement sends (found in each release's lambda/2015-03-31/service-2.json:
-# 1.40.49 lacks it).
-INVOKED_VIA_FUNCTION_URL_SINCE = "1.40.50"
-
-
-def test_the_declared_botocore_floor_knows_every_parameter_a_deploy_sends() -> None:
-    """`pip install 'infinity-cloud[aws]'` may keep an older botocore already there, down to
-    the extra's floor: that floor must know the parameters AWS now requires."""
-    from conftest import ROOT
-    from packaging.requirements import Requirement
-    from packaging.version import Version
-
-    tomllib = pytest.importorskip("tomllib")
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["aws"]
-    # boto3 and botocore share version numbers, and each boto3 needs its own botocore or newer.
-    floors = [Version(spec.version) for requirement in map(Requirement, extra)
-              if requirement.name in ("boto3", "botocore") for spec in requirement.specifier
-              if spec.operator == ">="]
-    assert max(floors) >= Version(INVOKED_VIA_FUNCTION_URL_SINCE), extra
-
-
 def without_invoked_via_function_url(folder: Path) -> Path:
     """A copy of this botocore's Lambda model without InvokedViaFunctionUrl, as botocore had it
     before 1.40.50, where botocore's AWS_DATA_PATH finds it first."""
