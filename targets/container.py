@@ -41,6 +41,8 @@ TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 TORCH_CPU_INDEX = TORCH_INDEX.format(build="cpu")
 PACKAGE = "infinity_cloud"
 REQUIREMENTS_FILE = "requirements.txt"
+# What a CPU image's run stage installs once its exports are built: no torch (`serving_requirements`).
+SERVING_REQUIREMENTS_FILE = "requirements-serving.txt"
 
 
 def installed_version(package: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -103,6 +104,14 @@ def test_build_local_renders_dockerfile_compose_and_spec(tmp_path):
     # Weights are fetched before the code is copied, so a code change does not fetch them again.
     fetch = dockerfile.index("snapshot_download")
     assert fetch < dockerfile.index("COPY infinity_cloud") < dockerfile.index("infinity_cloud download")
+    # torch converts the model in a first stage; what runs takes the weights and their exports
+    # over and installs the runtime alone (issue 35: an image serves without torch).
+    convert, run = re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+    assert convert.splitlines()[0].endswith(" AS convert") and "infinity_cloud download" in convert
+    assert "torch" not in run.replace("No torch", "") and "COPY --from=convert /models /models" in run
+    assert "requirements-serving.txt" in run and run.rstrip().endswith('"infinity_cloud", "serve"]')
+    serving = {line.split("==")[0] for line in (out / "requirements-serving.txt").read_text().splitlines()}
+    assert "openvino" in serving and not serving & {"torch", "transformers", "onnx", "sentence-transformers"}
 
 
 @pytest.mark.parametrize(
@@ -116,6 +125,8 @@ def test_build_local_installs_the_serving_backends_runtime(tmp_path, backend: st
     names = {line.split("==")[0].split("[")[0] for line in pins}
     assert runtime in names and "transformers" in names  # the runtime and its converter
     assert all("==" in line for line in pins if line.split("==")[0] in {runtime, "fastapi"})
+    serving = {line.split("==")[0] for line in (out / "requirements-serving.txt").read_text().splitlines()}
+    assert runtime in serving and "torch" not in serving  # what runs, after the first stage converts
 
 
 def test_build_local_copies_local_model_folders_into_the_image(tmp_path, tiny_embedder):

@@ -313,7 +313,7 @@ def test_weights_on_a_volume_are_fetched_once_and_mounted_read_only(built: dict)
     assert "RUN python -m infinity_cloud download" not in dockerfile
     assert "USER 10001:10001" in dockerfile
     baked = (built["cpu"][0] / "image" / "Dockerfile").read_text()
-    assert "RUN python -m infinity_cloud download" in baked and "PersistentVolumeClaim" not in by_kind(
+    assert "python -m infinity_cloud download --config" in baked and "PersistentVolumeClaim" not in by_kind(
         built["cpu"][1])
 
 

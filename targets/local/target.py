@@ -53,6 +53,10 @@ def server_image(
     platform = image_platform(base_image, this_machine_arch())  # docker builds for this CPU
     container.check_installs(f"torch=={container.torch_version()}", platform)
     requirements = container.write_requirements(out_dir, container.pinned_requirements(extras, platform))
+    serving = None
+    if bake_models and not gpu:  # the exports are built in a first stage; what runs needs no torch
+        pins = container.serving_requirements(spec, device, platform)
+        serving = container.write_requirements(out_dir, pins, container.SERVING_REQUIREMENTS_FILE)
     package = container.stage_package(out_dir)
     written = render_templates("local", out_dir, {
         "spec": served,
@@ -66,6 +70,8 @@ def server_image(
         "user": user,
         "model_copies": copies,
         "requirements_file": requirements.name,
+        "serving_requirements_file": serving.name if serving else None,
+        "models_dir": IMAGE_MODELS,
         "package_dir": package.name,
         "spec_file": SPEC_FILE,
         "compose": rendered_by is None,
@@ -75,7 +81,8 @@ def server_image(
     if rendered_by is not None:  # the compose file runs the image on this machine: local's alone
         (out_dir / "compose.yaml").unlink()
         written = [path for path in written if path.name != "compose.yaml"]
-    return [*written, out_dir / SPEC_FILE, requirements, package, *(out_dir / copy for copy, _ in copies)]
+    return [*written, out_dir / SPEC_FILE, requirements, *([serving] if serving else []), package,
+            *(out_dir / copy for copy, _ in copies)]
 
 
 class LocalTarget(Target[LocalSpec]):

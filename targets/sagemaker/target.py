@@ -24,7 +24,6 @@ IMAGE_MODELS = "/models"
 PROGRAM_DIR = "/opt/program"
 EXPORTS_DIR = "/opt/exports"
 SPEC_FILE = "infinity-cloud.yaml"
-SERVING_REQUIREMENTS = "requirements-serving.txt"
 MODEL_ARCHIVE = "model.tar.gz"
 # SageMaker gives an invocation 60 s (real-time and serverless endpoints alike).
 INVOCATION_TIMEOUT_S = 60
@@ -145,9 +144,9 @@ class SageMakerTarget(Target[SageMakerSpec]):
                 out_dir, [f"{name}{version}" for name, version in platform.shipped], CONSTRAINTS
             ))
         if variant in ("cpu", "serverless"):
+            serving = container.serving_requirements(spec, device, platform)
             requirements.append(container.write_requirements(
-                out_dir, container.serving_requirements(spec, device, platform), SERVING_REQUIREMENTS
-            ))
+                out_dir, serving, container.SERVING_REQUIREMENTS_FILE))
         package = container.stage_package(out_dir)
         written = render_templates("sagemaker", out_dir, {
             "spec": served,
@@ -162,7 +161,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             "hub_models": [] if settings.pack_models else container.hub_models(spec),
             "model_copies": copies,
             "requirements_file": container.REQUIREMENTS_FILE,
-            "serving_requirements_file": SERVING_REQUIREMENTS,
+            "serving_requirements_file": container.SERVING_REQUIREMENTS_FILE,
             "constraints_file": CONSTRAINTS,
             "arch": "arm64" if settings.arch == "aarch64" else "amd64",
             "package_dir": package.name,
