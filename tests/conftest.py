@@ -44,6 +44,31 @@ ROOT = Path(__file__).resolve().parent.parent
 atexit.register(shutil.rmtree, os.environ["INFINITY_CLOUD_CACHE"], ignore_errors=True)
 
 
+# Modules run by a second worker (pytest-xdist, `-n 2`), beside all the others: pip's installs
+# and resolutions, which mostly wait on the package index and the disk, and the cloud targets'
+# packaging against moto and stand-ins. None of them loads the machine on purpose or times a
+# deadline; the serving tests, which do, keep the first worker and the suite's order.
+BESIDE = frozenset({
+    "test_install.py", "test_image_requirements.py", "test_sagemaker_deploy.py", "test_sagemaker_target.py",
+    "test_smoke_command.py", "test_aws_lambda_deploy.py", "test_aws_lambda_target.py", "test_aws_policies.py",
+    "test_modal_target.py", "test_modal_job.py", "test_batch_transform_job.py", "test_kubernetes_deploy.py",
+    "test_targets.py", "test_docs.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Two lanes: BESIDE's modules in one worker, every other test in the other, each lane
+    in collection order (module and session fixtures set up once per lane)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoLanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "beside" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in BESIDE else "main"
+
+    return TwoLanes(config, log)
+
+
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

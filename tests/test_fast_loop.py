@@ -16,7 +16,8 @@ HEAVY = ("torch", "transformers", "sentence_transformers", "onnxruntime", "openv
 def test_the_unit_tests_run_alone_without_torch() -> None:
     script = (
         "import sys, pytest\n"
-        "code = pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/unit'])\n"
+        # in this process (-n 0), whose imports are what is checked
+        "code = pytest.main(['-q', '-p', 'no:cacheprovider', '-n', '0', 'tests/unit'])\n"
         f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
         "sys.exit(code or (3 if heavy else 0))\n"

@@ -68,6 +68,16 @@ def test_an_export_cache_that_cannot_be_written_is_named(
     assert preflight.model_problems(ModelSpec(model_id=str(tiny_embedder))) == []
 
 
+def read_only(model: Path, home: Path) -> tuple[str, ...]:
+    """The server's command line, with `model` and `home` read-only to it."""
+    python = (sys.executable, "-m", "infinity_cloud")
+    if os.geteuid() == 0:  # root writes through permissions: read-only mounts instead
+        mounts = 'mount --bind -o ro "$0" "$0" && mount --bind -o ro "$1" "$1" && shift && exec "$@"'
+        return ("unshare", "-m", "sh", "-c", mounts, str(model), str(home), *python)
+    subprocess.run(["chmod", "-R", "a-w", str(model), str(home)], check=True)
+    return python
+
+
 def test_a_read_only_model_folder_and_home_serve_with_exports_in_the_temporary_folder(
     tiny_embedder: Path, tmp_path: Path
 ) -> None:
@@ -78,13 +88,7 @@ def test_a_read_only_model_folder_and_home_serve_with_exports_in_the_temporary_f
     shutil.copytree(tiny_embedder, model, ignore=shutil.ignore_patterns(".infinity-cloud"))
     home.mkdir()
     temporary.mkdir()
-    python = (sys.executable, "-m", "infinity_cloud")
-    if os.geteuid() == 0:  # root writes through permissions: read-only mounts instead
-        mounts = 'mount --bind -o ro "$0" "$0" && mount --bind -o ro "$1" "$1" && shift && exec "$@"'
-        program: tuple[str, ...] = ("unshare", "-m", "sh", "-c", mounts, str(model), str(home), *python)
-    else:
-        subprocess.run(["chmod", "-R", "a-w", str(model), str(home)], check=True)
-        program = python
+    program = read_only(model, home)
     log = tmp_path / "serve.log"
     env = {"HOME": str(home), "TMPDIR": str(temporary), "XDG_CACHE_HOME": "", "INFINITY_CLOUD_CACHE": ""}
     try:
@@ -100,6 +104,35 @@ def test_a_read_only_model_folder_and_home_serve_with_exports_in_the_temporary_f
     assert text.count("are not writable: exports go to") == 1, text[-3000:]
     assert list((temporary / "infinity-cloud-exports").glob("*/manifest.json"))
     assert not (model / ".infinity-cloud").exists()
+
+
+def test_exports_baked_beside_a_read_only_model_folder_are_served_as_they_are(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """An image's model folder holds the exports `download` built beside it at build, and the
+    pod reads it as another user, read-only (Kubernetes' uid 10001, a read-only root): the
+    server serves those exports, never builds them again (its run stage has no torch)."""
+    model, home, temporary = tmp_path / "model", tmp_path / "home", tmp_path / "tmp"
+    shutil.copytree(tiny_embedder, model, ignore=shutil.ignore_patterns(".infinity-cloud"))
+    home.mkdir()
+    temporary.mkdir()
+    env = {"HOME": str(home), "TMPDIR": str(temporary), "XDG_CACHE_HOME": "", "INFINITY_CLOUD_CACHE": ""}
+    args = ("--model-id", str(model), "--backend", "openvino", "--dtype", "float32")
+    baked = subprocess.run([sys.executable, "-m", "infinity_cloud", "download", *args],
+                           env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert baked.returncode == 0, baked.stderr[-3000:]
+    assert list((model / ".infinity-cloud").glob("*/manifest.json"))
+    log = tmp_path / "serve.log"
+    try:
+        with server_process(*args, "--served-model-name", "emb", env=env, program=read_only(model, home),
+                            log_path=log) as url:
+            answer = httpx.post(f"{url}/embeddings", json={"model": "emb", "input": ["baked"]}, timeout=60)
+            assert answer.status_code == 200, answer.text
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(model), str(home)], check=False)
+    text = log.read_text(encoding="utf-8")
+    assert "exporting" not in text and "are not writable" not in text, text[-3000:]
+    assert not list(temporary.glob("infinity-cloud-exports/*/manifest.json")), "nothing built again"
 
 
 def test_a_port_in_use_stops_serve_before_any_model_loads(tmp_path: Path) -> None:

@@ -81,15 +81,18 @@ def _content_digest(folder: str, files: tuple[tuple[str, int, int], ...]) -> str
 
 
 def cache_root(model_path: Path) -> Path:
-    """Where the model's exports go: `$INFINITY_CLOUD_CACHE`; else beside the model; else the
-    user cache (where it is writable or already holds exports); else, on a read-only machine
-    (a read-only model folder and home, as in a hardened container), the temporary folder,
-    said once, loudly: its exports are built again at each start."""
+    """Where the model's exports go: `$INFINITY_CLOUD_CACHE`; else beside the model, or the
+    user cache (each where it is writable or already holds exports); else, on a read-only
+    machine (a read-only model folder and home, as in a hardened container), the temporary
+    folder, said once, loudly: its exports are built again at each start."""
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override).expanduser()
-    if os.access(model_path, os.W_OK):
-        return model_path / ".infinity-cloud"
+    beside = model_path / ".infinity-cloud"
+    # Exports baked beside a model that this process cannot write (an image's folder, owned by
+    # the root that built it, read by a non-root pod) are served as they are.
+    if os.access(model_path, os.W_OK) or any(beside.glob(f"*/{MANIFEST}")):
+        return beside
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     user = Path(base) / "infinity-cloud" / "exports"
     if writable(user) or any(user.glob(f"*/{MANIFEST}")):
