@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,10 @@ VARIANTS: dict[str, list[str]] = {
     "cpu-autoscaler-no-monitor": ["--autoscaler", "hpa-cpu", "--no-service-monitor", "--namespace", "search"],
     "mig-fixed": ["--gpu-resource", "nvidia.com/mig-1g.10gb", "--autoscaler", "none", "--min-replicas", "3",
                   "--node-selector", "pool=inference"],
+    "cpu-oci-weights": ["--weights", "oci", "--weights-image", "registry.example/emb-weights:1"],
 }
+# Variants whose objects need a newer Kubernetes than OLDEST: image volumes came in 1.31.
+NEWER_THAN_OLDEST = {"cpu-oci-weights": "1.31.0"}
 
 
 def dry_run(out: Path, model: Path, *args: str) -> tuple[list[dict[str, Any]], str]:
@@ -101,6 +105,7 @@ def test_every_object_is_valid_for_kubernetes(built: dict, name: str, version: s
     import kubernetes_validate
 
     _, applied = built[name]
+    version = NEWER_THAN_OLDEST.get(name, version) if version == OLDEST else version
     checked = 0
     for obj in applied:
         if obj["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
@@ -315,6 +320,40 @@ def test_weights_on_a_volume_are_fetched_once_and_mounted_read_only(built: dict)
     baked = (built["cpu"][0] / "image" / "Dockerfile").read_text()
     assert "python -m infinity_cloud download --config" in baked and "PersistentVolumeClaim" not in by_kind(
         built["cpu"][1])
+
+
+def test_weights_from_an_image_volume_are_their_own_image_mounted_read_only(built: dict) -> None:
+    """--weights oci: the Dockerfile's `weights` target is the hub models and every model's
+    exports alone (FROM scratch), fetched and converted in a stage of their own; each replica
+    mounts it read-only where the server looks for them, and the server's image (the default
+    target) holds no weights and, on a CPU, no torch."""
+    folder, objects = built["cpu-oci-weights"]
+    pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+    assert {"name": "weights", "image": {"reference": "registry.example/emb-weights:1",
+                                         "pullPolicy": "IfNotPresent"}} in pod["volumes"]
+    server = server_container(objects)
+    assert {"name": "weights", "mountPath": "/weights", "readOnly": True} in server["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["HF_HOME"] == "/weights/hub" and env["INFINITY_CLOUD_CACHE"] == "/weights/exports"
+    assert env["HF_HUB_OFFLINE"] == "1" and "initContainers" not in pod
+    assert "PersistentVolumeClaim" not in by_kind(objects)
+    dockerfile = (folder / "image" / "Dockerfile").read_text()
+    fetch, weights, server_stage = re.split(r"^FROM ", dockerfile, flags=re.M)[1:]
+    assert fetch.startswith("python:3.11-slim AS fetch") and "HF_HOME=/weights/hub" in fetch
+    assert "INFINITY_CLOUD_CACHE=/weights/exports" in fetch and "infinity_cloud download --config" in fetch
+    assert weights.startswith("scratch AS weights") and "COPY --from=fetch /weights /" in weights
+    assert "torch" not in server_stage.replace("no torch", "") and "--from=" not in server_stage
+    assert "requirements-serving.txt" in server_stage and "USER 10001:10001" in server_stage
+    assert server["startupProbe"]["periodSeconds"] * server["startupProbe"]["failureThreshold"] <= 300
+
+
+@pytest.mark.parametrize("args", [["--weights", "oci"], ["--weights-image", "registry.example/w:1"]])
+def test_an_image_volume_needs_both_its_mode_and_its_image(tmp_path: Path, tiny_embedder: Path,
+                                                           args: list[str]) -> None:
+    argv = ["build", "kubernetes", "--out", str(tmp_path / "o"), "--model-id", str(tiny_embedder), *args]
+    result = runner.invoke(cli, argv)
+    assert result.exit_code == 2, result.output
+    assert "--weights oci mounts the image named by --weights-image" in " ".join(result.output.split())
 
 
 def test_probes_and_drain_match_the_server(built: dict) -> None:

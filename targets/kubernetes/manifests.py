@@ -15,7 +15,7 @@ from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
-from infinity_cloud.targets.local.target import IMAGE_HF_HOME
+from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR
 
 # The server's own metric (server/metrics.py) that the autoscalers divide by a replica's
 # share: tokens waiting for a batch, per model, summed over the replica's models.
@@ -103,6 +103,9 @@ def _env(spec: DeploymentSpec, settings: KubernetesSpec) -> list[dict[str, Any]]
         env.append({"name": "INFINITY_CLOUD_API_KEY_FILE", "value": f"{SECRETS_DIR}/api/api-keys"})
     if settings.admin_key_secret:
         env.append({"name": "INFINITY_CLOUD_ADMIN_KEY_FILE", "value": f"{SECRETS_DIR}/admin/admin-keys"})
+    if settings.weights == "oci":  # the weights image's hub cache and exports (image/Dockerfile)
+        env += [{"name": "HF_HOME", "value": f"{WEIGHTS_DIR}/hub"},
+                {"name": "INFINITY_CLOUD_CACHE", "value": f"{WEIGHTS_DIR}/exports"}]
     if settings.cache_url_secret:
         env.append({"name": "INFINITY_CLOUD_CACHE_URL", "valueFrom": {
             "secretKeyRef": {"name": settings.cache_url_secret, "key": "url"}}})
@@ -128,6 +131,10 @@ def _volumes(settings: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[
         claim = {"claimName": f"{settings.name}-weights"}
         volumes.append({"name": "weights", "persistentVolumeClaim": claim})
         mounts.append({"name": "weights", "mountPath": IMAGE_HF_HOME, "readOnly": True})
+    elif settings.weights == "oci":  # the kubelet pulls it as it pulls the server's image
+        volumes.append({"name": "weights", "image": {"reference": settings.weights_image,
+                                                     "pullPolicy": "IfNotPresent"}})
+        mounts.append({"name": "weights", "mountPath": WEIGHTS_DIR, "readOnly": True})
     return volumes, mounts
 
 

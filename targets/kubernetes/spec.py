@@ -82,10 +82,15 @@ class KubernetesSpec(BaseModel):
         "http://prometheus-operated.monitoring.svc:9090",
         description="Where KEDA queries Prometheus (the Prometheus operator's service by default).",
     )
-    weights: Literal["image", "volume"] = Field(
+    weights: Literal["image", "volume", "oci"] = Field(
         "image",
         description="image: weights and exports built into the image; volume: fetched once by an "
-        "init container into a PersistentVolumeClaim every replica mounts read-only.",
+        "init container into a PersistentVolumeClaim every replica mounts read-only; oci: an image of "
+        "their own (--weights-image), mounted read-only as an image volume (Kubernetes 1.31+).",
+    )
+    weights_image: str | None = Field(
+        None, description="With --weights oci: where the weights image is pushed (REGISTRY/NAME:TAG); "
+        "`docker build --target weights` makes it from the rendered image/ folder.",
     )
     volume_size: str = Field("20Gi", description="Size of the weights' PersistentVolumeClaim.")
     storage_class: str | None = Field(
@@ -170,6 +175,9 @@ class KubernetesSpec(BaseModel):
     def _consistent(self) -> KubernetesSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        if (self.weights == "oci") != (self.weights_image is not None):
+            raise ValueError("--weights oci mounts the image named by --weights-image, and only it does: "
+                             "give both, or neither")
         return self
 
     @property
@@ -185,4 +193,4 @@ class KubernetesSpec(BaseModel):
 
     @property
     def startup_limit_s(self) -> int:
-        return self.startup_s or (300 if self.weights == "image" else 1200)
+        return self.startup_s or (1200 if self.weights == "volume" else 300)

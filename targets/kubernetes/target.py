@@ -87,6 +87,7 @@ class KubernetesTarget(Target[KubernetesSpec]):
         written = server_image(
             spec, out_dir / IMAGE_DIR, BASE_IMAGE, settings.device == "cuda",
             bake_models=settings.weights == "image", user=manifests.RUN_AS, rendered_by=self.name,
+            weights_image=settings.weights == "oci",
         )
         base, parts = self.objects(spec, (out_dir / IMAGE_DIR / SPEC_FILE).read_text(encoding="utf-8"))
 

@@ -26,6 +26,9 @@ IMAGE_MODELS = "/models"
 # HF_HOME inside the image: hub models are fetched into its cache, at build or, when the
 # image is built without them, where it runs (a volume mounted there).
 IMAGE_HF_HOME = "/models/hub"
+# Where an image of the weights alone (`docker build --target weights`) is mounted, read-only:
+# its hub cache and the exports built from it (Kubernetes' image volumes).
+WEIGHTS_DIR = "/weights"
 SPEC_FILE = "infinity-cloud.yaml"
 # The variable `infinity-cloud serve` reads its API keys from.
 SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
@@ -34,13 +37,15 @@ SERVE_KEY_ENV = "INFINITY_CLOUD_API_KEY"
 def server_image(
     spec: DeploymentSpec, out_dir: Path, base_image: str, gpu: bool, *,
     bake_models: bool = True, user: int | None = None, rendered_by: str | None = None,
-    extra: dict[str, Any] | None = None,
+    weights_image: bool = False, extra: dict[str, Any] | None = None,
 ) -> list[Path]:
     """The server's container image, as `build local` makes it and the Kubernetes target
     reuses: a Dockerfile (and compose file), the pinned requirements, the package, the spec
     it serves, and copies of local model folders. With `bake_models` the hub models and their
     exports are built into the image; without, they are fetched where it runs (`download`)
-    into `IMAGE_HF_HOME`. `user`: the uid it runs as (None: the base image's, root).
+    into `IMAGE_HF_HOME`. `weights_image`: the Dockerfile's `weights` target is an image of the
+    hub models and every model's exports alone, mounted at `WEIGHTS_DIR` where the server runs
+    (the server's own target holds none). `user`: the uid it runs as (None: the base image's, root).
     `rendered_by`: the target whose image it is, which has no compose file (None: local's)."""
     device = "cuda" if gpu else "cpu"
     spec = container.with_served_names(spec)
@@ -54,7 +59,8 @@ def server_image(
     container.check_installs(f"torch=={container.torch_version()}", platform)
     requirements = container.write_requirements(out_dir, container.pinned_requirements(extras, platform))
     serving = None
-    if bake_models and not gpu:  # the exports are built in a first stage; what runs needs no torch
+    bake_models = bake_models and not weights_image
+    if (bake_models or weights_image) and not gpu:  # exports built in a first stage: what runs needs no torch
         pins = container.serving_requirements(spec, device, platform)
         serving = container.write_requirements(out_dir, pins, container.SERVING_REQUIREMENTS_FILE)
     package = container.stage_package(out_dir)
@@ -64,7 +70,9 @@ def server_image(
         "torch": f"torch=={container.torch_version()}",
         "torch_index": None if gpu else container.TORCH_CPU_INDEX,
         "image_env": container.image_env(device),  # a GPU image refuses to serve on the CPU
-        "hub_models": container.hub_models(spec) if bake_models else [],
+        "hub_models": container.hub_models(spec) if bake_models or weights_image else [],
+        "weights_dir": WEIGHTS_DIR if weights_image else None,
+        "files_only": gpu,  # a GPU's precision check needs the GPU: at the server's first start
         "bake_models": bake_models,
         "hf_home": IMAGE_HF_HOME,
         "user": user,
