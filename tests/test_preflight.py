@@ -119,7 +119,8 @@ def test_exports_baked_beside_a_read_only_model_folder_are_served_as_they_are(
     env = {"HOME": str(home), "TMPDIR": str(temporary), "XDG_CACHE_HOME": "", "INFINITY_CLOUD_CACHE": ""}
     args = ("--model-id", str(model), "--backend", "openvino", "--dtype", "float32")
     baked = subprocess.run([sys.executable, "-m", "infinity_cloud", "download", *args],
-                           env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+                           env={**os.environ, **env}, capture_output=True, timeout=300,
+                           encoding="utf-8", errors="replace")  # its progress bars, whatever the locale
     assert baked.returncode == 0, baked.stderr[-3000:]
     assert list((model / ".infinity-cloud").glob("*/manifest.json"))
     log = tmp_path / "serve.log"
