@@ -511,7 +511,14 @@ def embed(
     job_secret: Annotated[str | None, typer.Option(
         "--job-secret", help="A target's job: the platform's secret (holding AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY) its workers read and write S3 with.")] = None,
-    text_field: Annotated[str, typer.Option("--text-field", help="The field holding the text.")] = "text",
+    text_field: Annotated[str, typer.Option(
+        "--text-field", help="The field holding each input: the text, or with --modality image or audio its "
+        "path, s3:// URI, http(s) URL or data: URI.",
+    )] = "text",
+    modality: Annotated[str, typer.Option(
+        "--modality", help="text, or image / audio for a model with that tower (CLIP, SigLIP, CLAP, "
+        "ColPali).",
+    )] = "text",
     id_field: Annotated[str, typer.Option(
         "--id-field", help="The field holding each row's id (absent: its row number).")] = "id",
     keep_field: Annotated[list[str] | None, typer.Option(
@@ -539,11 +546,13 @@ def embed(
     _show_steps(spec)
     if len(spec.models) != 1:
         raise fail("a bulk job embeds with one model: give one --model-id")
+    if modality not in ("text", "image", "audio"):
+        raise fail(f"--modality {modality!r}: use text, image or audio")
     with reported_errors():
         kind = spec.models[0].embedding_dtype
         job = EmbedJob(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
-            max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate,
+            max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
         )
         if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray

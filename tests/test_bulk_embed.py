@@ -208,6 +208,41 @@ def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, 
     assert summary_of(result)["bad_rows"] == 6
 
 
+def test_images_by_path_or_url_are_embedded_as_transformers_embeds_them(
+    build_model: Any, tmp_path: Path
+) -> None:
+    """--modality image: the field holds each image's path (or a data: URI, or an http(s)
+    URL); CLIP's image vectors as transformers' CLIPModel and its image processor make them.
+    A file that is not there and one that is no picture are bad rows with their reason."""
+    from test_images import data_uri, picture, reference
+
+    clip = build_model("clip")
+    names = ("a.png", "b.png", "c.png")
+    pictures = {name: picture(40 + 7 * i, 30 + 5 * i, i) for i, name in enumerate(names)}
+    for name, data in pictures.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "text.png").write_bytes(b"this is not a picture")
+    rows = [{"id": "a", "image": str(tmp_path / "a.png")},
+            {"id": "missing", "image": str(tmp_path / "no.png")},
+            {"id": "b", "image": data_uri(pictures["b.png"])},
+            {"id": "broken", "image": str(tmp_path / "text.png")},
+            {"id": "c", "image": str(tmp_path / "c.png")}]
+    source = write_jsonl(tmp_path / "images.jsonl", rows)
+    out = tmp_path / "out"
+    result = embed(str(source), "--out", str(out), "--model-id", str(clip), "--backend", "torch",
+                   "--modality", "image", "--text-field", "image")
+    assert result.exit_code == 0, result.output
+    table = read(out)
+    assert table["id"].to_pylist() == ["a", "b", "c"]
+    _, want = reference(clip, [], [pictures[n] for n in names])
+    got = np.array(table["embedding"].to_pylist(), dtype=np.float32)
+    assert cosines(got, want).min() > 0.9999
+    errors = {json.loads(line)["id"]: json.loads(line)["error"]
+              for f in (out / "errors").glob("*.jsonl") for line in f.read_text().splitlines()}
+    assert set(errors) == {"missing", "broken"} and "cannot read" in errors["missing"], errors
+    assert summary_of(result)["bad_rows"] == 2
+
+
 def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, tmp_path: Path) -> None:
     records = corpus(30, seed=3)
     for record in records[10:]:

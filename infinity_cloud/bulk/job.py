@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from infinity_cloud import __version__
-from infinity_cloud.bulk.sources import Row
+from infinity_cloud.bulk.sources import Row, media_url
 from infinity_cloud.config import ModelSpec
+from infinity_cloud.errors import ConfigError
 from infinity_cloud.per_input import setting_aside
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class EmbedJob:
     output_dtype: str | None = None  # float32 (default), int8, uint8, binary, ubinary
     prompt_name: str | None = None  # one of the model's named prompts ("query", "passage", ...)
     truncate: bool = True  # off: a text past the model's length is a bad row
+    modality: str = "text"  # image or audio: the field holds a path, s3:// URI, URL or data: URI
 
     def fingerprint(self, model: ModelSpec) -> dict[str, Any]:
         """What the vectors depend on, and where the rows come from: a run that differs in any
@@ -79,10 +81,17 @@ async def embed_shard(
     truncation off, past the character limit) with the reason, and each bad row from the input."""
     errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
     good = [r for r in rows if r.text is not None]
+    inputs = [r.text for r in good]
+    if job.modality != "text":  # each file read here (a file that cannot be is a bad row)
+        found = [media_url(value) for value in inputs]
+        pairs = list(zip(good, found, strict=True))
+        errors += [{"row": r.number, "id": r.id, "error": why} for r, (_, why) in pairs if why]
+        good = [r for r, (url, _) in pairs if url is not None]
+        inputs = [url for url, _ in found if url is not None]
     served = engine.model(model)
     capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
     result, kept, refused = await setting_aside(
-        lambda texts: _embed(engine, capability, texts, job, model), [r.text for r in good]
+        lambda texts: _embed(engine, capability, texts, job, model), inputs
     )
     errors += [{"row": good[i].number, "id": good[i].id, "error": reason} for i, reason in refused.items()]
     errors.sort(key=lambda e: e["row"])
@@ -92,13 +101,17 @@ async def embed_shard(
 
 async def _embed(engine: Engine, capability: str, texts: list[str], job: EmbedJob, model: str | None) -> Any:
     if capability == "sparse":
+        if job.modality != "text":
+            raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
         return await engine.embed_sparse(texts, model, truncate=job.truncate, prompt_name=job.prompt_name)
-    if capability == "multi_vector":
-        return await engine.embed_multi_vector(texts, model, truncate=job.truncate, role="document")
+    if capability == "multi_vector":  # ColPali reads page images as documents
+        return await engine.embed_multi_vector(texts, model, modality=job.modality,  # type: ignore[arg-type]
+                                               truncate=job.truncate, role="document")
     return await engine.embed(
         texts,
         model,
         truncate=job.truncate,
+        modality=job.modality,  # type: ignore[arg-type]
         prompt_name=job.prompt_name,
         output_dtype=job.output_dtype,
         wait=True,

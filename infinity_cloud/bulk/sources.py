@@ -65,6 +65,25 @@ def filesystem(uri: str) -> tuple[Any, str]:
     return fs.LocalFileSystem(), os.path.abspath(uri)
 
 
+def media_url(value: str) -> tuple[str | None, str | None]:
+    """A row's image (or audio) as the engine takes it: an http(s) URL or data: URI as it is;
+    a local path or s3:// URI read into a data: URI. Returns (url, None), or (None, why) for a
+    file that cannot be read: a bad row, not a failed job."""
+    import base64
+    import mimetypes
+
+    if value.startswith(("http://", "https://", "data:")):
+        return value, None
+    try:
+        files, path = filesystem(value)
+        with files.open_input_stream(path) as stream:
+            data = stream.read()
+    except (OSError, ValueError) as exc:  # pyarrow's FileNotFoundError, permissions, a bad URI
+        return None, f"cannot read {value!r}: {str(exc).splitlines()[0][:200]}"
+    mime = mimetypes.guess_type(value)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}", None
+
+
 def expand(inputs: Sequence[str]) -> list[str]:
     """Each input path, glob or S3 prefix as the files it names, sorted, each once."""
     found: list[str] = []

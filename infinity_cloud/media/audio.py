@@ -38,7 +38,7 @@ class Clip:
 def _undecodable(index: int, exc: Exception) -> InvalidInputError:
     return InvalidInputError(
         f"input {index} is not audio that can be decoded (WAV, FLAC, OGG and MP3 are): {exc}",
-        param="input",
+        param="input", index=index,
     )
 
 
@@ -139,7 +139,7 @@ class AudioPreprocessor:
             raise InvalidInputError(
                 f"input {index}: the audio is {len(samples) / rate:.4f} s long; at least "
                 f"{MIN_SECONDS} s is needed",
-                param="input",
+                param="input", index=index,
             )
         mono = samples.mean(axis=1)
         if rate != self.rate:

@@ -92,13 +92,14 @@ def decode_data_uri(uri: str, index: int) -> bytes:
     """`data:[<mime>][;base64],<data>` to its bytes."""
     header, comma, payload = uri.partition(",")
     if not comma:
-        raise InvalidInputError(f"input {index}: a data URI needs a ',' before its data", param="input")
+        raise InvalidInputError(f"input {index}: a data URI needs a ',' before its data",
+            param="input", index=index)
     if header.endswith(";base64"):
         try:
             return base64.b64decode(payload.strip(), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidInputError(
-                f"input {index}: the data URI's base64 is invalid: {exc}", param="input"
+                f"input {index}: the data URI's base64 is invalid: {exc}", param="input", index=index
             ) from exc
     return unquote_to_bytes(payload)
 
@@ -205,17 +206,18 @@ class MediaFetcher:
         else:
             raise InvalidInputError(
                 f"input {index} is not a media URL: send an http(s) URL or a data:<mime>;base64,... URI",
-                param="input",
+                param="input", index=index,
             )
         if len(data) > self.limits.media_max_bytes:
             raise self._too_large(index)
         if not data:
-            raise InvalidInputError(f"input {index}: the media is empty", param="input")
+            raise InvalidInputError(f"input {index}: the media is empty", param="input", index=index)
         return data
 
     def _too_large(self, index: int) -> InvalidInputError:
         return InvalidInputError(
-            f"input {index} is larger than the {self.limits.media_max_bytes:,} bytes served", param="input"
+            f"input {index} is larger than the {self.limits.media_max_bytes:,} bytes served",
+                param="input", index=index
         )
 
     async def _download(self, url: str, index: int, hold: Callable[[int], None]) -> bytes:
@@ -226,19 +228,22 @@ class MediaFetcher:
         except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
             raise InvalidInputError(
                 f"input {index}: fetching {url} took longer than {self.limits.media_timeout_s:g}s",
-                param="input",
+                param="input", index=index,
             ) from exc
         except MediaRefused as exc:
-            raise InvalidInputError(f"input {index}: {url} is refused: {exc}", param="input") from exc
+            raise InvalidInputError(f"input {index}: {url} is refused: {exc}",
+                param="input", index=index) from exc
         except httpx.InvalidURL as exc:  # 0177.0.0.1, 127.000.000.001: not a host httpx reads
             raise InvalidInputError(f"input {index}: {url} is not a valid URL ({exc})",
-                                    param="input") from exc
+                                    param="input", index=index) from exc
         except (httpx.HTTPError, OSError) as exc:
             cause = exc.__context__ if isinstance(exc.__context__, MediaRefused) else None
             if cause is not None:
-                raise InvalidInputError(f"input {index}: {url} is refused: {cause}", param="input") from exc
+                raise InvalidInputError(f"input {index}: {url} is refused: {cause}",
+                    param="input", index=index) from exc
             raise InvalidInputError(
-                f"input {index}: fetching {url} failed ({type(exc).__name__}: {exc})", param="input"
+                f"input {index}: fetching {url} failed ({type(exc).__name__}: {exc})",
+                    param="input", index=index
             ) from exc
 
     async def _body(self, url: str, index: int, hold: Callable[[int], None]) -> bytes:
@@ -246,7 +251,8 @@ class MediaFetcher:
         async with self._client.stream("GET", url) as response:
             if response.status_code >= 400:
                 raise InvalidInputError(
-                    f"input {index}: fetching {url} gave HTTP {response.status_code}", param="input"
+                    f"input {index}: fetching {url} gave HTTP {response.status_code}",
+                        param="input", index=index
                 )
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:

@@ -150,18 +150,19 @@ def open_image(data: bytes, index: int, max_pixels: int = MAX_PIXELS) -> Any:
     except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         raise InvalidInputError(
             f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
-            param="input",
+            param="input", index=index,
         ) from exc
     width, height = image.size
     if width * height > max_pixels:
         raise InvalidInputError(
             f"input {index}: the image is {width}x{height} pixels, more than the {max_pixels:,} "
-            "served (--media-max-pixels); send it scaled down: models read far fewer", param="input",
+            "served (--media-max-pixels); send it scaled down: models read far fewer",
+                param="input", index=index,
         )
     if min(width, height) < MIN_SIDE:
         raise InvalidInputError(
             f"input {index}: the image is {width}x{height} pixels; images need at least "
-            f"{MIN_SIDE} pixels a side", param="input",
+            f"{MIN_SIDE} pixels a side", param="input", index=index,
         )
     return image
 
@@ -196,7 +197,7 @@ def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None)
     except (OSError, ValueError) as exc:
         raise InvalidInputError(
             f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
-            param="input",
+            param="input", index=index,
         ) from exc
     if image.mode == "RGB":
         return image

@@ -83,7 +83,7 @@ class PagePreprocessor:
                 image.height, image.width, self.patch * self.merge, self.min_pixels, self.max_pixels
             )
         except ValueError as exc:
-            raise InvalidInputError(f"input {index}: {exc}", param="input") from exc
+            raise InvalidInputError(f"input {index}: {exc}", param="input", index=index) from exc
         image = decode(image, index, (width, height)).resize((width, height), self.resample)
         array = (np.asarray(image).astype(np.float64) * self.rescale).astype(np.float32)
         array = ((array - self.mean) / self.std).transpose(2, 0, 1)  # channels, height, width
