@@ -511,6 +511,10 @@ def embed(
     job_secret: Annotated[str | None, typer.Option(
         "--job-secret", help="A target's job: the platform's secret (holding AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY) its workers read and write S3 with.")] = None,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="modal: start the shards on a deployed job app and return; the job outlives this "
+        "terminal (the same command without --detach later finishes what is left and writes the summary)."
+    )] = False,
     text_field: Annotated[str, typer.Option(
         "--text-field", help="The field holding each input: the text, or with --modality image or audio its "
         "path, s3:// URI, http(s) URL or data: URI.",
@@ -554,6 +558,8 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
         )
+        if detach and runner != "modal":
+            raise fail(f"--detach is for --runner modal; a {runner} job runs until it ends")
         if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray
 
@@ -569,7 +575,8 @@ def embed(
                 jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
                 raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
                            f"{', '.join(jobs)}")
-            options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret)
+            options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret,
+                                 detach)
             summary = target().embed_job(spec, job, options)
     typer.echo(json.dumps(summary, indent=1))
 

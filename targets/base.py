@@ -71,6 +71,7 @@ class JobOptions:
     staging: str | None = None  # where the job's input and output go (s3://...)
     region: str | None = None
     secret: str | None = None  # the platform's secret its workers reach the data with (Modal)
+    detach: bool = False  # start the job and return: it outlives this process (Modal)
 
 
 @dataclass(frozen=True)

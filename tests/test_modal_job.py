@@ -82,6 +82,8 @@ class FakeModal:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, stop_after: int | None = None) -> None:
         self.runs: list[dict[str, Any]] = []
+        self.deploys: list[dict[str, Any]] = []
+        self.spawns: list[list[int]] = []
         self.maps: list[dict[str, Any]] = []
         self.options: list[dict[str, Any]] = []
         self.stop_after = stop_after
@@ -110,6 +112,16 @@ class FakeModal:
                 for hook in _find_callables_for_obj(instance, _PartialFunctionFlags.EXIT).values():
                     hook()
 
+        def deploy(app: Any, **kwargs: Any) -> Any:
+            fake.deploys.append({"app": app.name, **kwargs})
+            return app
+
+        def spawn_map(function: Any, *inputs: Any, **kwargs: Any) -> None:
+            """The deployed app's containers run the inputs after this returns: here, at once."""
+            fake.spawns.append([json.loads(p)["shard"] for p in inputs[0]])
+            for _ in outputs(function, list(zip(*inputs, strict=True)), kwargs):
+                pass
+
         real_with_options = modal.Cls.with_options
 
         def with_options(cls: Any, **kwargs: Any) -> Any:
@@ -118,6 +130,8 @@ class FakeModal:
 
         monkeypatch.setattr(modal.App, "run", run)
         monkeypatch.setattr(modal.Function, "map", fake_map)
+        monkeypatch.setattr(modal.App, "deploy", deploy)
+        monkeypatch.setattr(modal.Function, "spawn_map", spawn_map)
         monkeypatch.setattr(modal.Cls, "with_options", with_options)
 
 
@@ -228,6 +242,31 @@ def test_a_job_cut_off_midway_resumes_with_only_the_shards_not_written(
     finished = embed_on_modal(tiny_embedder)  # all done: nothing to map, no app to run
     assert finished.exit_code == 0 and summary_of(finished)["shards_skipped"] == 5
     assert len(fake.runs) == 2
+
+
+def test_a_detached_job_is_spawned_on_the_deployed_job_app_and_finished_by_the_same_command(
+    tiny_embedder: Path, s3: Any, fake_modal: FakeModal
+) -> None:
+    """--detach: the job app is deployed (an ephemeral app's calls would end with this
+    process), every shard not written is spawned (`spawn_map`), and the command returns with
+    what it started and what to run next; run again without --detach once the containers are
+    done, it finds every shard written, maps nothing and writes the summary."""
+    fake = fake_modal
+    started = embed_on_modal(tiny_embedder, "--detach")
+    assert started.exit_code == 0, started.output
+    assert fake.deploys == [{"app": "infinity-cloud-embed", "environment_name": None}] and fake.runs == []
+    assert fake.spawns == [[0, 1, 2, 3, 4]] and fake.maps[-1]["plans"][0]["shard"] == 0
+    detached = summary_of(started)
+    assert detached["detached"] is True and detached["shards_started"] == 5
+    assert "without --detach" in detached["next"]
+    finished = embed_on_modal(tiny_embedder)
+    assert finished.exit_code == 0, finished.output
+    assert fake.runs == [] and summary_of(finished)["shards_skipped"] == 5
+    table, names = read_output(s3)
+    assert len(names) == 5 and table["row"].to_pylist() == GOOD_ROWS
+    assert errors_written(s3) == BAD
+    local = runner.invoke(cli, ["embed", "x.jsonl", "--out", "o", "--detach"])
+    assert local.exit_code == 2 and "--detach is for --runner modal" in local.output
 
 
 def test_max_errors_stops_a_modal_job_with_its_own_message(

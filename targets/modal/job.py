@@ -94,6 +94,8 @@ def run_modal_job(
             worker_job = job_to_json(dataclasses.replace(job, files=()))
             plans = [plan_to_json(p) for p in planned.todo]
             missing = f"Modal has no secret {options.secret!r} for --job-secret (modal secret list)"
+            if options.detach:
+                return _detached(module, embedder, worker_job, plans, planned, settings, missing)
             with (
                 modal_calls("run the job", settings, missing=missing),
                 modal.enable_output(),
@@ -102,3 +104,20 @@ def run_modal_job(
                 reports = embedder(job=worker_job).embed.map(plans, order_outputs=False)
                 collect(planned, reports, job)
     return finish(planned, spec, "modal", containers, gpu=list(settings.gpu))
+
+
+def _detached(module: Any, embedder: Any, worker_job: str, plans: list[str], planned: Any, settings: Any,
+              missing: str) -> dict[str, Any]:
+    """`--detach`: the job app deployed (an ephemeral app's calls end with it), its shards
+    spawned (`spawn_map`), and back at once. Each container writes its shards whole, as in an
+    attached run; the same command without --detach, once they are done, finds them written,
+    maps what is left (a shard still in flight is embedded again, landing once) and writes the
+    summary."""
+    modal = import_modal()
+    with modal_calls("start the job", settings, missing=missing), modal.enable_output():
+        module.job_app.deploy(environment_name=settings.environment)
+        embedder(job=worker_job).embed.spawn_map(plans)
+    return {"runner": "modal", "detached": True, "app": module.job_app.name, "shards_started": len(plans),
+            "shards_skipped": len(planned.done), "out": planned.dataset.out,
+            "next": f"modal app logs {module.job_app.name}; then this command without --detach finishes "
+                    "what is left and writes the summary"}
