@@ -512,8 +512,8 @@ def embed(
         "--job-secret", help="A target's job: the platform's secret (holding AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY) its workers read and write S3 with.")] = None,
     detach: Annotated[bool, typer.Option(
-        "--detach", help="modal: start the shards on a deployed job app and return; the job outlives this "
-        "terminal (the same command without --detach later finishes what is left and writes the summary)."
+        "--detach", help="A target's job, where it can: start it and return, the job outliving this terminal "
+        "(the same command without --detach later finishes what is left and writes the summary)."
     )] = False,
     text_field: Annotated[str, typer.Option(
         "--text-field", help="The field holding each input: the text, or with --modality image or audio its "
@@ -558,8 +558,11 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
         )
-        if detach and runner != "modal":
-            raise fail(f"--detach is for --runner modal; a {runner} job runs until it ends")
+        names = target_registry.target_names()
+        detaching = [n for n in names if target_registry.target_class(n).detaches_jobs]
+        if detach and runner.replace("-", "_") not in detaching:
+            raise fail(f"--detach: a {runner} job runs until it ends here; --runner {' or '.join(detaching)} "
+                       "can start one and return")
         if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray
 

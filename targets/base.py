@@ -94,6 +94,8 @@ class Target(Generic[Settings]):
     default_out: ClassVar[str | None] = None  # where `build` writes by default: build/<name>
     # Whether `infinity-cloud embed --runner <name>` runs a bulk job on the platform (`embed_job`).
     runs_jobs: ClassVar[bool] = False
+    # Whether `embed --detach` may start its job and return (the job outlives the process).
+    detaches_jobs: ClassVar[bool] = False
 
     def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""

@@ -266,7 +266,9 @@ def test_a_detached_job_is_spawned_on_the_deployed_job_app_and_finished_by_the_s
     assert len(names) == 5 and table["row"].to_pylist() == GOOD_ROWS
     assert errors_written(s3) == BAD
     local = runner.invoke(cli, ["embed", "x.jsonl", "--out", "o", "--detach"])
-    assert local.exit_code == 2 and "--detach is for --runner modal" in local.output
+    assert local.exit_code == 2, local.output
+    refused = " ".join(local.output.split())
+    assert "a local job runs until it ends here; --runner modal can start one" in refused
 
 
 def test_max_errors_stops_a_modal_job_with_its_own_message(

@@ -182,6 +182,7 @@ class ModalTarget(Target[ModalSpec]):
     spec_class = ModalSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke")
     runs_jobs = True
+    detaches_jobs = True
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Modal app {self.settings(spec).app_name!r}"
