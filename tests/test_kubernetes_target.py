@@ -39,6 +39,7 @@ VARIANTS: dict[str, list[str]] = {
     "mig-fixed": ["--gpu-resource", "nvidia.com/mig-1g.10gb", "--autoscaler", "none", "--min-replicas", "3",
                   "--node-selector", "pool=inference"],
     "cpu-oci-weights": ["--weights", "oci", "--weights-image", "registry.example/emb-weights:1"],
+    "keda-from-zero": ["--min-replicas", "0", "--zero-hosts", "embed.example.com"],
 }
 # Variants whose objects need a newer Kubernetes than OLDEST: image volumes came in 1.31.
 NEWER_THAN_OLDEST = {"cpu-oci-weights": "1.31.0"}
@@ -108,8 +109,8 @@ def test_every_object_is_valid_for_kubernetes(built: dict, name: str, version: s
     version = NEWER_THAN_OLDEST.get(name, version) if version == OLDEST else version
     checked = 0
     for obj in applied:
-        if obj["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
-            continue  # custom resources: their own projects' schemas, below
+        if obj["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1", "http.keda.sh/v1beta1"):
+            continue  # custom resources: their own projects' schemas (or documentation), below
         kubernetes_validate.validate(obj, version, strict=True)  # raises on any unknown or bad field
         checked += 1
     assert checked >= 5
@@ -354,6 +355,46 @@ def test_an_image_volume_needs_both_its_mode_and_its_image(tmp_path: Path, tiny_
     result = runner.invoke(cli, argv)
     assert result.exit_code == 2, result.output
     assert "--weights oci mounts the image named by --weights-image" in " ".join(result.output.split())
+
+
+def test_scaling_to_zero_wakes_through_kedas_http_add_on(built: dict) -> None:
+    """--min-replicas 0: at zero no server queues anything, so the queued-tokens trigger cannot
+    wake the fleet. The ScaledObject gains the HTTP add-on's external-push trigger naming an
+    InterceptorRoute, which routes the given hosts to the Service and holds a request while a
+    replica loads. Field by field, as the add-on's documentation gives them (no registry
+    package holds its schema): https://keda.sh/http-add-on/latest/reference/interceptorroute/
+    and its migration guide's ScaledObject (trigger metadata `scalerAddress`, `interceptorRoute`)."""
+    _, objects = built["keda-from-zero"]
+    kinds = [o["kind"] for o in objects]
+    assert kinds.index("InterceptorRoute") < kinds.index("ScaledObject")  # the route first, as they ask
+    scaled = by_kind(objects)["ScaledObject"]["spec"]
+    assert scaled["minReplicaCount"] == 0 and scaled["triggers"][0]["type"] == "prometheus"
+    assert scaled["triggers"][1] == {"type": "external-push", "metadata": {
+        "scalerAddress": "keda-add-ons-http-external-scaler.keda:9090", "interceptorRoute": "infinity-cloud"}}
+    route = by_kind(objects)["InterceptorRoute"]
+    assert route["apiVersion"] == "http.keda.sh/v1beta1" and route["metadata"]["name"] == "infinity-cloud"
+    assert set(route["spec"]) <= {"target", "rules", "scalingMetric", "coldStart", "timeouts"}
+    assert route["spec"]["target"] == {"service": "infinity-cloud", "port": 80}  # port, or portName: one
+    assert route["spec"]["rules"] == [{"hosts": ["embed.example.com"]}]
+    assert route["spec"]["scalingMetric"]["concurrency"]["targetValue"] >= 1  # required since 0.14
+    server = server_container(objects)
+    allowance = server["startupProbe"]["periodSeconds"] * server["startupProbe"]["failureThreshold"]
+    assert route["spec"]["timeouts"] == {"readiness": f"{allowance}s"}  # a request waits out the load
+    assert "replicas" not in by_kind(objects)["Deployment"]["spec"]  # KEDA owns the count
+    assert "InterceptorRoute" not in [o["kind"] for o in built["cpu"][1]]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--min-replicas", "0", "--autoscaler", "hpa"],
+     "--min-replicas 0 scales to zero through KEDA's HTTP add-on"),
+    (["--zero-hosts", "a.example.com"], "--zero-hosts names the hosts routed through KEDA's HTTP add-on"),
+])
+def test_scaling_to_zero_needs_keda(
+    tmp_path: Path, tiny_embedder: Path, args: list[str], message: str
+) -> None:
+    argv = ["build", "kubernetes", "--out", str(tmp_path / "o"), "--model-id", str(tiny_embedder), *args]
+    result = runner.invoke(cli, argv)
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
 
 
 def test_probes_and_drain_match_the_server(built: dict) -> None:

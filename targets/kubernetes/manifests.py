@@ -20,6 +20,13 @@ from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR
 # The server's own metric (server/metrics.py) that the autoscalers divide by a replica's
 # share: tokens waiting for a batch, per model, summed over the replica's models.
 SCALE_METRIC = "infinity_cloud_queued_tokens"
+# KEDA's HTTP add-on (0.14+, https://keda.sh/http-add-on/): its external scaler, which wakes a
+# deployment scaled to zero when its interceptor holds a request for it, and that interceptor.
+HTTP_ADDON_SCALER = "keda-add-ons-http-external-scaler.keda:9090"
+HTTP_ADDON_PROXY = "keda-add-ons-http-interceptor-proxy.keda:8080"
+# In-flight requests per replica the add-on's own metric aims for (the queued-tokens trigger
+# does the scaling once a replica runs; this one only has to be met from zero).
+ZERO_CONCURRENCY = 100
 MANAGED_BY = "infinity-cloud"
 # Where the served spec and the secrets are mounted in the container.
 CONFIG_DIR = "/etc/infinity-cloud"
@@ -257,7 +264,7 @@ def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dic
                     "serverAddress": settings.prometheus_url,
                     "query": scale_query(settings),
                     "threshold": str(target),
-                }}],
+                }}, *_from_zero(settings)],
             },
         }
     behavior = {"scaleDown": {"stabilizationWindowSeconds": 300}}
@@ -271,6 +278,30 @@ def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dic
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": _meta(settings),
         "spec": {"scaleTargetRef": scaled, "minReplicas": max(1, settings.min_replicas),
                  "maxReplicas": settings.max_replicas, "metrics": [metric], "behavior": behavior},
+    }
+
+
+def _from_zero(settings: KubernetesSpec) -> list[dict[str, Any]]:
+    """At zero replicas no server queues anything, so the queued-tokens query cannot wake the
+    fleet: the HTTP add-on's scaler does, from the requests its interceptor holds."""
+    if settings.min_replicas != 0:
+        return []
+    return [{"type": "external-push", "metadata": {"scalerAddress": HTTP_ADDON_SCALER,
+                                                   "interceptorRoute": settings.name}}]
+
+
+def interceptor_route(settings: KubernetesSpec) -> dict[str, Any]:
+    """KEDA HTTP add-on's route (http.keda.sh/v1beta1, its InterceptorRoute reference): the
+    hosts it sends to the Service, and how long it holds a request while a replica starts
+    (the model's load: the startup probe's allowance)."""
+    return {
+        "apiVersion": "http.keda.sh/v1beta1", "kind": "InterceptorRoute", "metadata": _meta(settings),
+        "spec": {
+            "target": {"service": settings.name, "port": 80},
+            "rules": [{"hosts": list(settings.routed_hosts)}],
+            "scalingMetric": {"concurrency": {"targetValue": ZERO_CONCURRENCY}},
+            "timeouts": {"readiness": f"{settings.startup_limit_s}s"},
+        },
     }
 
 
@@ -313,6 +344,7 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
         "hpa-cpu": autoscaler(spec, settings, "hpa-cpu"),
         "service-monitor": service_monitor(spec, settings),
         "network-policy": network_policy(spec, settings),
+        "scale-from-zero": interceptor_route(settings),
     }
 
 
@@ -320,6 +352,7 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
 COMPONENT_KINDS = {
     "keda": "ScaledObject", "hpa": "HorizontalPodAutoscaler", "hpa-cpu": "HorizontalPodAutoscaler",
     "service-monitor": "ServiceMonitor", "network-policy": "NetworkPolicy",
+    "scale-from-zero": "InterceptorRoute",
 }
 
 
@@ -329,5 +362,7 @@ def chosen_components(settings: KubernetesSpec) -> list[str]:
         chosen.append("service-monitor")
     if settings.network_policy:
         chosen.append("network-policy")
+    if settings.min_replicas == 0:  # its route before the ScaledObject that names it (the add-on's docs)
+        chosen.insert(0, "scale-from-zero")
     return chosen
 

@@ -66,7 +66,14 @@ class KubernetesSpec(BaseModel):
         "budget is 90% of it, so it refuses work before the kernel kills it.",
         json_schema_extra={"flag": "--memory"},
     )
-    min_replicas: int = Field(1, ge=1, description="Replicas when idle.")
+    min_replicas: int = Field(
+        1, ge=0, description="Replicas when idle; 0 (with --autoscaler keda) scales to zero through KEDA's "
+        "HTTP add-on, whose interceptor holds a request while a replica starts.",
+    )
+    zero_hosts: tuple[str, ...] = Field(
+        (), description="With --min-replicas 0: the Host names the HTTP add-on's interceptor routes to this "
+        "deployment (repeatable; default: the Service's in-cluster names).",
+    )
     max_replicas: int = Field(4, ge=1, description="Most replicas the autoscaler may run.")
     autoscaler: Literal["keda", "hpa", "hpa-cpu", "none"] = Field(
         "keda",
@@ -175,6 +182,12 @@ class KubernetesSpec(BaseModel):
     def _consistent(self) -> KubernetesSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        if self.min_replicas == 0 and self.autoscaler != "keda":
+            raise ValueError(f"--min-replicas 0 scales to zero through KEDA's HTTP add-on: use --autoscaler "
+                             f"keda (the {self.autoscaler} autoscaler keeps at least one replica)")
+        if self.zero_hosts and self.min_replicas != 0:
+            raise ValueError("--zero-hosts names the hosts routed through KEDA's HTTP add-on, which only "
+                             "--min-replicas 0 uses")
         if (self.weights == "oci") != (self.weights_image is not None):
             raise ValueError("--weights oci mounts the image named by --weights-image, and only it does: "
                              "give both, or neither")
@@ -190,6 +203,12 @@ class KubernetesSpec(BaseModel):
         if self.gpu:
             pairs.setdefault(PRODUCT_LABEL, GPU_PRODUCTS[self.gpu])
         return pairs
+
+    @property
+    def routed_hosts(self) -> tuple[str, ...]:
+        """The Host names the HTTP add-on's interceptor sends to this deployment."""
+        service = f"{self.name}.{self.namespace}"
+        return self.zero_hosts or (self.name, service, f"{service}.svc", f"{service}.svc.cluster.local")
 
     @property
     def startup_limit_s(self) -> int:

@@ -37,12 +37,15 @@ _PLURAL = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers.autoscaling",
     "ServiceMonitor": "servicemonitors.monitoring.coreos.com",
     "NetworkPolicy": "networkpolicies.networking.k8s.io",
+    "InterceptorRoute": "interceptorroutes.http.keda.sh",
 }
 # The custom resources a component needs the cluster to know, and what installs them.
 _NEEDS = {
     "ScaledObject": ("keda.sh", "KEDA (https://keda.sh/docs/deploy/)", "--autoscaler hpa-cpu or none"),
     "ServiceMonitor": ("monitoring.coreos.com", "the Prometheus operator (kube-prometheus-stack)",
                        "--no-service-monitor"),
+    "InterceptorRoute": ("http.keda.sh", "KEDA's HTTP add-on, 0.14 or newer (https://keda.sh/http-add-on/)",
+                         "--min-replicas 1"),
 }
 _FORWARDED = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+)")
 
@@ -139,12 +142,16 @@ class KubernetesTarget(Target[KubernetesSpec]):
         kubectl.run(apply, stdin=yaml_stream(objects))
         kubectl.run(wait, timeout=settings.startup_limit_s + 120)
         inside = f"http://{settings.name}.{settings.namespace}.svc.cluster.local{spec.server.url_prefix}"
-        return Deployment(
-            self.name, settings.name, inside, api_key=settings.api_key_secret is not None,
-            notes=(f"the Service answers inside the cluster; from here: kubectl port-forward -n "
-                   f"{settings.namespace} service/{settings.name} 8080:80, then http://127.0.0.1:8080"
-                   f"{spec.server.url_prefix}",),
-        )
+        notes = [f"the Service answers inside the cluster; from here: kubectl port-forward -n "
+                 f"{settings.namespace} service/{settings.name} 8080:80, then http://127.0.0.1:8080"
+                 f"{spec.server.url_prefix}"]
+        if settings.min_replicas == 0:  # only what goes through the interceptor wakes it
+            notes.append(f"it scales to zero when idle: call it through KEDA's interceptor, "
+                         f"http://{manifests.HTTP_ADDON_PROXY}{spec.server.url_prefix} with the header "
+                         f"'Host: {settings.routed_hosts[0]}' (or route your Ingress there); a call straight "
+                         "to the Service finds no replica while it is at zero")
+        return Deployment(self.name, settings.name, inside, api_key=settings.api_key_secret is not None,
+                          notes=tuple(notes))
 
     @staticmethod
     def _rollout(settings: KubernetesSpec) -> list[str]:
