@@ -246,10 +246,27 @@ def holds_or_says_so(facts: dict[str, Any], caplog: pytest.LogCaptureFixture) ->
     return False
 
 
+# Ports for servers the tests start, below the kernel's ephemeral range (32768-60999 on Linux):
+# a port taken from that range and let go is soon some connection's own port again (the other
+# xdist worker's clients make many), and the server then cannot bind it. Each worker has its
+# own block, so the two never hand out the same port.
+PORT_BLOCK, FIRST_PORT = 3000, 20000  # four workers fit below 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on, from this worker's block (PYTEST_XDIST_WORKER gwN)."""
+    import random
+
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    start = FIRST_PORT + PORT_BLOCK * worker
+    for port in random.sample(range(start, start + PORT_BLOCK), PORT_BLOCK):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))  # as a server in a container binds it
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + PORT_BLOCK - 1}")
 
 
 @contextmanager
