@@ -574,7 +574,6 @@ def embed(
 
             target = target_registry.target_class(runner.replace("-", "_"))
             if not target.runs_jobs:
-                names = target_registry.target_names()
                 jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
                 raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
                            f"{', '.join(jobs)}")

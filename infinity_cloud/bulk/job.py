@@ -4,6 +4,7 @@ machine, a Ray actor) shares."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -82,14 +83,17 @@ async def embed_shard(
     errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
     good = [r for r in rows if r.text is not None]
     inputs = [r.text for r in good]
-    if job.modality != "text":  # each file read here (a file that cannot be is a bad row)
-        found = [media_url(value) for value in inputs]
+    served = engine.model(model)
+    capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
+    if job.modality != "text":
+        if capability == "sparse":  # before any file is read
+            raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
+        # Each file read off the event loop the engine batches on (a file that cannot be is a bad row).
+        found = await asyncio.to_thread(lambda: [media_url(value) for value in inputs])
         pairs = list(zip(good, found, strict=True))
         errors += [{"row": r.number, "id": r.id, "error": why} for r, (_, why) in pairs if why]
         good = [r for r, (url, _) in pairs if url is not None]
         inputs = [url for url, _ in found if url is not None]
-    served = engine.model(model)
-    capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
     result, kept, refused = await setting_aside(
         lambda texts: _embed(engine, capability, texts, job, model), inputs
     )
@@ -101,8 +105,6 @@ async def embed_shard(
 
 async def _embed(engine: Engine, capability: str, texts: list[str], job: EmbedJob, model: str | None) -> Any:
     if capability == "sparse":
-        if job.modality != "text":
-            raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
         return await engine.embed_sparse(texts, model, truncate=job.truncate, prompt_name=job.prompt_name)
     if capability == "multi_vector":  # ColPali reads page images as documents
         return await engine.embed_multi_vector(texts, model, modality=job.modality,  # type: ignore[arg-type]

@@ -92,8 +92,9 @@ def decode_data_uri(uri: str, index: int) -> bytes:
     """`data:[<mime>][;base64],<data>` to its bytes."""
     header, comma, payload = uri.partition(",")
     if not comma:
-        raise InvalidInputError(f"input {index}: a data URI needs a ',' before its data",
-            param="input", index=index)
+        raise InvalidInputError(
+            f"input {index}: a data URI needs a ',' before its data", param="input", index=index
+        )
     if header.endswith(";base64"):
         try:
             return base64.b64decode(payload.strip(), validate=True)
@@ -217,7 +218,7 @@ class MediaFetcher:
     def _too_large(self, index: int) -> InvalidInputError:
         return InvalidInputError(
             f"input {index} is larger than the {self.limits.media_max_bytes:,} bytes served",
-                param="input", index=index
+            param="input", index=index,
         )
 
     async def _download(self, url: str, index: int, hold: Callable[[int], None]) -> bytes:
@@ -231,19 +232,21 @@ class MediaFetcher:
                 param="input", index=index,
             ) from exc
         except MediaRefused as exc:
-            raise InvalidInputError(f"input {index}: {url} is refused: {exc}",
-                param="input", index=index) from exc
+            raise InvalidInputError(
+                f"input {index}: {url} is refused: {exc}", param="input", index=index
+            ) from exc
         except httpx.InvalidURL as exc:  # 0177.0.0.1, 127.000.000.001: not a host httpx reads
             raise InvalidInputError(f"input {index}: {url} is not a valid URL ({exc})",
                                     param="input", index=index) from exc
         except (httpx.HTTPError, OSError) as exc:
             cause = exc.__context__ if isinstance(exc.__context__, MediaRefused) else None
             if cause is not None:
-                raise InvalidInputError(f"input {index}: {url} is refused: {cause}",
-                    param="input", index=index) from exc
+                raise InvalidInputError(
+                    f"input {index}: {url} is refused: {cause}", param="input", index=index
+                ) from exc
             raise InvalidInputError(
                 f"input {index}: fetching {url} failed ({type(exc).__name__}: {exc})",
-                    param="input", index=index
+                param="input", index=index,
             ) from exc
 
     async def _body(self, url: str, index: int, hold: Callable[[int], None]) -> bytes:
@@ -252,7 +255,7 @@ class MediaFetcher:
             if response.status_code >= 400:
                 raise InvalidInputError(
                     f"input {index}: fetching {url} gave HTTP {response.status_code}",
-                        param="input", index=index
+                    param="input", index=index,
                 )
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > limit:

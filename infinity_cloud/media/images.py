@@ -157,7 +157,7 @@ def open_image(data: bytes, index: int, max_pixels: int = MAX_PIXELS) -> Any:
         raise InvalidInputError(
             f"input {index}: the image is {width}x{height} pixels, more than the {max_pixels:,} "
             "served (--media-max-pixels); send it scaled down: models read far fewer",
-                param="input", index=index,
+            param="input", index=index,
         )
     if min(width, height) < MIN_SIDE:
         raise InvalidInputError(
