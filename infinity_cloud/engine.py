@@ -54,6 +54,7 @@ from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import usable_cores
 from infinity_cloud.models.model_source import folder_model_name, model_dir_within
 from infinity_cloud.models.served_model import ServedModel
+from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
@@ -70,7 +71,6 @@ from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role
-from infinity_cloud.tasks.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank

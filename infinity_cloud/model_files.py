@@ -18,7 +18,7 @@ from infinity_cloud.capability import Capability
 GraphOutput = str
 # A tower is the graph that takes one modality; text-only models have one, CLIP two.
 Tower = Literal["text", "image", "audio"]
-# What a graph returns, which is what the tasks' heads read (`tasks/heads.py`):
+# What a graph returns, which is what the tasks' heads read (`numerics/heads.py`):
 # - token_states: (batch, length, width) states, to pool or to keep per token;
 # - vectors: (batch, width), pooled inside the graph (CLIP's towers);
 # - scores: (batch, labels) logits;

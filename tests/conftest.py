@@ -36,8 +36,8 @@ import pytest
 
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.engine import Engine
-from infinity_cloud.models import fidelity
 from infinity_cloud.models.model_source import packaged_default_model
+from infinity_cloud.numerics import fidelity
 from infinity_cloud.server import create_app
 
 ROOT = Path(__file__).resolve().parent.parent

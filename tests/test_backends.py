@@ -31,7 +31,8 @@ from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
-from infinity_cloud.models import backend_choice, fidelity
+from infinity_cloud.models import backend_choice
+from infinity_cloud.numerics import fidelity
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
 TEXTS = [

@@ -14,8 +14,9 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from infinity_cloud.backends import onnx_int8  # noqa: E402
-from infinity_cloud.backends.base import Calibration, ModelInputs  # noqa: E402
-from infinity_cloud.models.fidelity import agreement  # noqa: E402
+from infinity_cloud.backends.base import Calibration  # noqa: E402
+from infinity_cloud.numerics.fidelity import agreement  # noqa: E402
+from infinity_cloud.numerics.inputs import ModelInputs  # noqa: E402
 
 
 def two_layers(path: Path, outlier: float) -> Path:

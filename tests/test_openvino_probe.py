@@ -21,12 +21,12 @@ import pytest
 
 from infinity_cloud import ModelSpec
 from infinity_cloud.backends import exports, openvino_probe
-from infinity_cloud.backends.base import ModelInputs
 from infinity_cloud.backends.openvino_backend import OpenVinoBackend
 from infinity_cloud.errors import PrecisionCrashError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.models.backend_choice import open_backend
-from infinity_cloud.models.fidelity import agreement
+from infinity_cloud.numerics.fidelity import agreement
+from infinity_cloud.numerics.inputs import ModelInputs
 
 ROWS = {
     "input_ids": np.array([[101, 7, 8, 9, 102, 0], [101, 11, 12, 13, 14, 102]], dtype=np.int64),

@@ -1,4 +1,4 @@
-"""The maths of each capability (tasks/pooling.py, tasks/scores.py) against hand-computed
+"""The maths of each capability (numerics/pooling.py, tasks/scores.py) against hand-computed
 values: no model, no torch, plain numpy arrays."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from infinity_cloud.model_files import DenseLayer
-from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tasks.pooling import (
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.pooling import (
     apply_dense,
     l2_normalize,
     pool,
@@ -279,7 +279,7 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
 
 def test_agreement_is_the_worst_row_not_the_best() -> None:
     """One row pointing elsewhere is enough to fail a precision, however good the others are."""
-    from infinity_cloud.models.fidelity import agreement
+    from infinity_cloud.numerics.fidelity import agreement
 
     rng = np.random.default_rng(0)
     reference = rng.standard_normal((8, 16)).astype(np.float32)
@@ -291,7 +291,7 @@ def test_agreement_is_the_worst_row_not_the_best() -> None:
 
 def test_agreement_of_scores_is_their_ranking() -> None:
     """A reranker's scores agree when they rank alike; reversed, they do not."""
-    from infinity_cloud.models.fidelity import agreement
+    from infinity_cloud.numerics.fidelity import agreement
 
     scores = np.array([[2.0], [0.5], [-1.0], [3.0]], dtype=np.float32)
     assert agreement(scores + 0.001, scores) > 0.999
@@ -299,7 +299,7 @@ def test_agreement_of_scores_is_their_ranking() -> None:
 
 
 def test_agreement_of_token_vectors_counts_real_tokens_only() -> None:
-    from infinity_cloud.models.fidelity import agreement
+    from infinity_cloud.numerics.fidelity import agreement
 
     rng = np.random.default_rng(1)
     reference = rng.standard_normal((2, 5, 4)).astype(np.float32)

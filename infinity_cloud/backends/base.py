@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -12,77 +12,8 @@ import numpy as np
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.tasks.heads import Head
-from infinity_cloud.text.tokenization import Encoded
-
-# Every array a graph may take, by its conventional name.
-INPUT_NAMES = (
-    "input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_features", "image_grid_thw",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInputs:
-    """A batch as named arrays: for text, padded (batch, length) int64 token arrays (padding
-    on the right); for images, (batch, channels, height, width) float32 `pixel_values`."""
-
-    arrays: dict[str, np.ndarray]
-    # Positions holding input per row, where some are not attended to (ColBERT's query
-    # expansion); None: the attention mask says.
-    lengths: np.ndarray | None = None
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.arrays["input_ids"]
-
-    @property
-    def attention_mask(self) -> np.ndarray | None:
-        """None for inputs without positions to mask (images)."""
-        return self.arrays.get("attention_mask")
-
-    @property
-    def token_type_ids(self) -> np.ndarray:
-        return self.arrays["token_type_ids"]
-
-    @property
-    def rows(self) -> int:
-        return len(next(iter(self.arrays.values())))
-
-    @classmethod
-    def stack(cls, name: str, items: Sequence[np.ndarray], rows: int | None = None) -> ModelInputs:
-        """Equal-shaped inputs (preprocessed images) as one array; filler rows repeat the first."""
-        filled = [*items, *[items[0]] * (max(rows or 0, len(items)) - len(items))]
-        return cls({name: np.stack(filled)})
-
-    @classmethod
-    def collate(
-        cls, encodings: Sequence[Encoded], pad_id: int, length: int | None = None, rows: int | None = None
-    ) -> ModelInputs:
-        """Pad to the longest input, or to `length` x `rows` for static shapes.
-
-        Filler rows repeat the first input rather than being all padding: a row with no
-        attended token can turn attention into NaNs on some kernels. Callers drop them.
-        """
-        width = length or max(len(e) for e in encodings)
-        count = max(rows or 0, len(encodings))
-        ids = np.full((count, width), pad_id, dtype=np.int64)
-        mask = np.zeros((count, width), dtype=np.int64)
-        types = np.zeros((count, width), dtype=np.int64)
-        filled = [*encodings, *[encodings[0]] * (count - len(encodings))]
-        for row, enc in enumerate(filled):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            mask[row, : enc.attended if enc.attended is not None else n] = 1
-            types[row, :n] = enc.type_ids
-        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        if all(e.attended is None for e in filled):
-            return cls(arrays)
-        return cls(arrays, np.array([len(e.ids) for e in filled], dtype=np.int64))
-
-    def feed(self, names: Iterable[str]) -> dict[str, np.ndarray]:
-        """The arrays a graph declares as inputs, by their conventional names, in that order."""
-        return {name: self.arrays[name] for name in names}
-
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.inputs import ModelInputs
 
 
 @dataclass(frozen=True)

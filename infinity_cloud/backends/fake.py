@@ -14,10 +14,11 @@ import time
 
 import numpy as np
 
-from infinity_cloud.backends.base import Backend, ModelInputs
+from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.numerics.inputs import ModelInputs
 
 
 class FakeBackend(Backend):

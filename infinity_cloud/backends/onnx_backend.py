@@ -17,13 +17,14 @@ import numpy as np
 import onnxruntime as ort
 
 from infinity_cloud.backends import exports, onnx_int8
-from infinity_cloud.backends.base import Backend, Calibration, ModelInputs
+from infinity_cloud.backends.base import Backend, Calibration
 from infinity_cloud.backends.onnx_export import OnnxSource
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, ModelLoadError
 from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.models.fidelity import MIN_AGREEMENT
+from infinity_cloud.numerics.fidelity import MIN_AGREEMENT
+from infinity_cloud.numerics.inputs import ModelInputs
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.backends.base import Calibration, ModelInputs
+from infinity_cloud.backends.base import Calibration
 from infinity_cloud.hardware import int8_kernels
-from infinity_cloud.models.fidelity import agreement
-from infinity_cloud.tasks.heads import Head
+from infinity_cloud.numerics.fidelity import agreement
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.inputs import ModelInputs
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,15 @@ import numpy as np
 import openvino as ov
 
 from infinity_cloud.backends import exports
-from infinity_cloud.backends.base import INPUT_NAMES, Backend, Calibration, ModelInputs
+from infinity_cloud.backends.base import Backend, Calibration
 from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, own_export
 from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, PrecisionCrashError
 from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels, usable_cores
 from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.models.fidelity import MIN_AGREEMENT
+from infinity_cloud.numerics.fidelity import MIN_AGREEMENT
+from infinity_cloud.numerics.inputs import INPUT_NAMES, ModelInputs
 
 log = logging.getLogger(__name__)
 

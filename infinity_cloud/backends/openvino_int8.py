@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from infinity_cloud.backends.base import Calibration, ModelInputs
+from infinity_cloud.backends.base import Calibration
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.models.fidelity import agreement
+from infinity_cloud.numerics.fidelity import agreement
+from infinity_cloud.numerics.inputs import ModelInputs
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from infinity_cloud.backends.base import ModelInputs
 from infinity_cloud.config import LimitsSpec
+from infinity_cloud.numerics.inputs import ModelInputs
 
 
 class MediaPreprocessor(Protocol):

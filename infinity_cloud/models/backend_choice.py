@@ -8,15 +8,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from infinity_cloud.backends import Backend, ModelInputs, backend_class, exports
+from infinity_cloud.backends import Backend, backend_class, exports
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
 from infinity_cloud.hardware import int8_kernels
 from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.models.fidelity import MIN_AGREEMENT, agreement
-from infinity_cloud.tasks.heads import Head
+from infinity_cloud.numerics.fidelity import MIN_AGREEMENT, agreement
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.inputs import ModelInputs
 
 log = logging.getLogger(__name__)
 

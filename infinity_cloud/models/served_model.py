@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from infinity_cloud import __version__
-from infinity_cloud.backends import Backend, ModelInputs
+from infinity_cloud.backends import Backend
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.backends.registry import default_batch_size
@@ -29,11 +29,12 @@ from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
-from infinity_cloud.models.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
 from infinity_cloud.models.model_source import resolve_model_dir
+from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
+from infinity_cloud.numerics.heads import FINAL
+from infinity_cloud.numerics.inputs import ModelInputs
+from infinity_cloud.numerics.pooling import supported_activation
 from infinity_cloud.results import ModelFacts
-from infinity_cloud.tasks.heads import FINAL
-from infinity_cloud.tasks.pooling import supported_activation
 from infinity_cloud.tasks.quantization import calibration_texts
 from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.text.tokenization import TextTokenizer

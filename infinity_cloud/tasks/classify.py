@@ -12,11 +12,11 @@ from infinity_cloud.admission.validation import check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.numerics.heads import FINAL, Head
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import ClassifyResult
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
-from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import label_scores, softmax
-from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

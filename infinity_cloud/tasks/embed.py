@@ -19,6 +19,9 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.inputs import Encoded
+from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.results import EmbeddingResult
 from infinity_cloud.tasks.base import (
     JSON_BYTES_PER_NUMBER,
@@ -29,10 +32,7 @@ from infinity_cloud.tasks.base import (
     prompt_tokens,
     require_tower,
 )
-from infinity_cloud.tasks.heads import Head
-from infinity_cloud.tasks.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.text import openai_tokens
-from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

@@ -14,11 +14,11 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.numerics.heads import FINAL, Head
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import MultiVectorResult
 from infinity_cloud.tasks.base import Cost, Task, inputs_cost, prompt_tokens, require_tower
 from infinity_cloud.tasks.embed import prompted
-from infinity_cloud.tasks.heads import FINAL, Head
-from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

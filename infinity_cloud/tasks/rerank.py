@@ -12,11 +12,12 @@ from infinity_cloud.admission.validation import check_max_tokens_per_doc, check_
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.numerics.heads import FINAL, Head
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import RankedDocument, RerankResult
 from infinity_cloud.tasks.base import Cost, Task, length_cost, prompt_tokens
-from infinity_cloud.tasks.heads import FINAL, Head
 from infinity_cloud.tasks.scores import rank, sigmoid
-from infinity_cloud.text.tokenization import Encoded, TextTokenizer
+from infinity_cloud.text.tokenization import TextTokenizer
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

@@ -14,11 +14,11 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.embed import prompted
-from infinity_cloud.tasks.heads import Head
-from infinity_cloud.text.tokenization import Encoded
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served

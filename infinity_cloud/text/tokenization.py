@@ -9,28 +9,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
 from infinity_cloud.admission import cancellation
 from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import Token
-
-
-@dataclass(eq=False, slots=True)
-class Encoded:
-    """One input as the model will see it."""
-
-    ids: list[int]
-    type_ids: list[int]
-    # The encoder attends to the first `attended` positions only (None: all). ColBERT's query
-    # expansion appends tokens the encoder does not attend to but whose vectors are scored.
-    attended: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 def _load_fast_tokenizer(path: Path) -> Tokenizer:

@@ -14,8 +14,8 @@ import pytest
 from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.cache.codec import decode_row, encode_row
 from infinity_cloud.cache.keys import fingerprint, namespace
+from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import SparseVector
-from infinity_cloud.text.tokenization import Encoded
 
 
 def test_an_input_is_known_by_exactly_what_the_model_reads() -> None:
