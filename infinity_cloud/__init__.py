@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infinity_cloud import wiring
+
 __version__ = "0.1.0"
 __all__ = ["DeploymentSpec", "Engine", "ModelSpec", "__version__"]
 
@@ -25,3 +27,14 @@ def __getattr__(name: str) -> Any:
 
         return getattr(config, name)
     raise AttributeError(name)
+
+
+def _target_registry() -> wiring.TargetSections:
+    from infinity_cloud.edge import target_registry
+
+    return target_registry
+
+
+# The spec checks its target sections with the target registry, which it cannot import (the
+# targets import the spec): the package hands it over here, before any module can read it.
+wiring.target_sections = _target_registry

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from infinity_cloud import wiring
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.wiring import TargetSections
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
@@ -339,11 +341,19 @@ def _keys(given: tuple[str, ...], file: Path | None, what: str) -> tuple[str, ..
     return (*given, *from_file)
 
 
+def _target_registry() -> TargetSections:
+    """The target registry, as the layer above hands it to the spec (`wiring`)."""
+    if wiring.target_sections is None:
+        raise ConfigError("no target registry is set (infinity_cloud.wiring.target_sections)")
+    return wiring.target_sections()
+
+
 class DeploymentSpec(_Frozen):
     """Everything a target needs to know: the models, the server around them, and how each
     target packages them. Each target's settings are a section of its own (`<target>:` in a
     file), whose model the target registry gives (`section()` reads one); no target is named
-    here."""
+    here, and the registry is handed in by the layer above (`wiring.target_sections`), never
+    imported: the targets import the spec."""
 
     # Sections are the only extra keys allowed: `_target_sections` refuses any other.
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -356,16 +366,15 @@ class DeploymentSpec(_Frozen):
     def _target_sections(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        from infinity_cloud.edge import target_registry
-
         data = dict(data)
         for key in set(data) - set(cls.model_fields):
+            registry = _target_registry()
             try:
-                section = target_registry.section_class(key)
+                section = registry.section_class(key)
             except ConfigError:
                 raise ValueError(
                     f"unknown key {key!r}; a spec holds models, server and target sections "
-                    f"({', '.join(target_registry.target_names())})"
+                    f"({', '.join(registry.target_names())})"
                 ) from None
             if section is None:
                 raise ValueError(f"target {key!r} has no settings of its own")
@@ -383,9 +392,7 @@ class DeploymentSpec(_Frozen):
         given = (self.model_extra or {}).get(target)
         if given is not None:
             return given
-        from infinity_cloud.edge import target_registry
-
-        section = target_registry.section_class(target)
+        section = _target_registry().section_class(target)
         if section is None:
             raise ConfigError(f"target {target!r} has no settings of its own")
         return section()

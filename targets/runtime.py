@@ -91,7 +91,7 @@ def endpoint_keys(required: bool) -> tuple[str, ...]:
 def http_app(engine: Engine, keys: tuple[str, ...]) -> Any:
     """The same FastAPI app as the local server, guarded by `keys` when there are any. The
     container, not the app, owns the engine (its exit hook closes it)."""
-    from infinity_cloud.server import create_app
+    from infinity_cloud.server.app import create_app
 
     server = engine.spec.server
     if keys:

@@ -38,7 +38,7 @@ from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.models.model_source import packaged_default_model
 from infinity_cloud.numerics import fidelity
-from infinity_cloud.server import create_app
+from infinity_cloud.server.app import create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 atexit.register(shutil.rmtree, os.environ["INFINITY_CLOUD_CACHE"], ignore_errors=True)

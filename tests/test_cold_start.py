@@ -27,7 +27,7 @@ def test_import_package_is_light():
 
 def test_app_and_cli_import_no_backend():
     code = (
-        "from infinity_cloud.server import create_app\n"
+        "from infinity_cloud.server.app import create_app\n"
         "from infinity_cloud.cli import app\n"
         "from infinity_cloud.engine import Engine\n"
         "create_app(Engine())"

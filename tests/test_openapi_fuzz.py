@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from infinity_cloud.server import create_app
+from infinity_cloud.server.app import create_app
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = 25  # per operation and mode: about 20 s in all on 2 cores, 27 s with the set-up

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import app
 from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
-from infinity_cloud.edge import preflight
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import has_nvidia_gpu
+from infinity_cloud.targets import preflight
 
 
 @pytest.fixture(scope="module")

@@ -1,3 +1,4 @@
-"""What the command line needs besides the server: the registry of targets
+"""What the command line needs besides the server and the targets: the registry of targets
 (`target_registry`), Infinity's command line mapped onto ours (`infinity_compat`), and the
-checks run before a model loads (`preflight`)."""
+client of a running server's admin routes (`admin_client`). It sits above the targets, which
+the registry names."""

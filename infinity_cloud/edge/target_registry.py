@@ -1,8 +1,9 @@
 """Deployment targets by name: the built-in ones, those other installed packages declare in
 the `infinity_cloud.targets` entry-point group, and any registered at run time.
 
-The deployment spec takes each target's section from here, and the CLI its verbs and
-flags, so adding a target adds no line to either. Targets are named by import path and
+The deployment spec takes each target's section from here (handed to it by the package,
+`wiring.target_sections`: the spec cannot import what imports the targets), and the CLI its
+verbs and flags, so adding a target adds no line to either. Targets are named by import path and
 imported on first use: the core never imports a target it does not need.
 """
 

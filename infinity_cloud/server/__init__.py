@@ -1,20 +1,5 @@
-"""The HTTP app: one factory (`create_app`) that every target serves. Imported when first
-asked for, so that the server's lighter modules (logging, read deadlines) do not load the
-whole app."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from infinity_cloud.server.app import create_app
-
-__all__ = ["create_app"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from infinity_cloud.server.app import create_app
-
-        return create_app
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+"""The HTTP app: what every route shares here (the error table, body parsing, encoding, API
+keys, middleware, metrics, logging, read deadlines), the routes in `dialects/` (a module per
+wire dialect) and `routes/`, and above them `app/`, the one factory (`create_app`) that
+every target serves. Nothing here imports `app`, so the lighter modules (logging, read
+deadlines) do not load the whole app."""

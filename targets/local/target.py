@@ -106,10 +106,10 @@ class LocalTarget(Target[LocalSpec]):
         import uvicorn
         from rich.console import Console
 
-        from infinity_cloud.edge import preflight
         from infinity_cloud.engine import Engine
-        from infinity_cloud.server import create_app
+        from infinity_cloud.server.app import create_app
         from infinity_cloud.server.read_deadlines import deadline_protocol
+        from infinity_cloud.targets import preflight
         from infinity_cloud.targets.runtime import check_image_device
 
         configure_logging(spec.server.log_level, spec.server.log_format)

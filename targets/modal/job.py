@@ -21,22 +21,30 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infinity_cloud.bulk.job import EmbedJob
 from infinity_cloud.bulk.workers import collect, finish, job_to_json, plan_job, plan_to_json
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import JobOptions, TargetError
-from infinity_cloud.targets.modal.target import (
-    JOB_CLASS,
-    import_modal,
-    modal_calls,
-    require_credentials,
-)
+from infinity_cloud.targets.modal.client import JOB_CLASS, import_modal, modal_calls, require_credentials
 
 if TYPE_CHECKING:
-    from infinity_cloud.targets.modal.target import ModalTarget
+    from types import ModuleType
+
+    from infinity_cloud.targets.modal.spec import ModalSpec
+
+
+class ModalApp(Protocol):
+    """What the job asks of the Modal target (`target.ModalTarget`, which runs the job): its
+    settings, and the app rendered from the spec and loaded."""
+
+    def settings(self, spec: DeploymentSpec) -> ModalSpec: ...
+
+    def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]: ...
+
+    def load(self, out_dir: Path) -> ModuleType: ...
 
 # What the job's secret must hold for pyarrow's S3 client in the containers.
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -64,7 +72,7 @@ def check_reachable(job: EmbedJob, secret: str | None) -> None:
 
 
 def run_modal_job(
-    target: ModalTarget, spec: DeploymentSpec, job: EmbedJob, options: JobOptions
+    target: ModalApp, spec: DeploymentSpec, job: EmbedJob, options: JobOptions
 ) -> dict[str, Any]:
     """Run the job to its end (or to --max-errors) on Modal; returns its summary."""
     check_reachable(job, options.secret)

@@ -8,14 +8,11 @@ import importlib.util
 import os
 import pprint
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (
     ENDPOINT_KEYS_ENV,
@@ -23,17 +20,21 @@ from infinity_cloud.targets.base import (
     Endpoint,
     JobOptions,
     Target,
-    TargetError,
     render_templates,
     spec_yaml,
+)
+from infinity_cloud.targets.modal.client import (
+    JOB_CLASS,
+    ModalError,
+    import_modal,
+    modal_calls,
+    require_credentials,
 )
 from infinity_cloud.targets.modal.spec import TORCH_CUDA, ModalSpec
 from infinity_cloud.targets.platforms import DEBIAN_GLIBC, ImagePlatform
 
 APP_FILE = "modal_app.py"
 SERVER_NAME = "Server"
-# The class of the app's job app (`job_app`) that `embed --runner modal` maps shards over.
-JOB_CLASS = "ShardEmbedder"
 # The longest one shard may take in a job's container: a thousand long texts on a CPU take
 # minutes; more means the container is stuck, and the shard is retried.
 SHARD_TIMEOUT_S = 1800
@@ -45,58 +46,6 @@ IMAGE_MODELS = "/models"
 WEB_REQUEST_LIMIT_S = 150
 # The headers Modal's proxy auth checks, and the variables `invoke` reads them from.
 PROXY_HEADERS = {"Modal-Key": "MODAL_KEY", "Modal-Secret": "MODAL_SECRET"}
-
-
-class ModalError(TargetError):
-    """Modal is missing, not logged in, refused a call, or did not answer."""
-
-
-NO_CREDENTIALS = (
-    "no Modal credentials: run `modal token new` (it writes ~/.modal.toml), or set "
-    "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET (from https://modal.com/settings/tokens), then run this again"
-)
-REJECTED_CREDENTIALS = (
-    "Modal rejected this machine's token: run `modal token new` (or set MODAL_TOKEN_ID and "
-    "MODAL_TOKEN_SECRET to a valid token from https://modal.com/settings/tokens), then run this again"
-)
-
-
-def import_modal() -> ModuleType:
-    try:
-        import modal
-    except ImportError:
-        raise ModalError("the Modal client is not installed: pip install 'infinity-cloud[modal]'") from None
-    return modal
-
-
-def require_credentials() -> None:
-    """Refuse early, before building anything, when the Modal client has no token to send."""
-    config = import_modal().config.config
-    if not (config.get("token_id") and config.get("token_secret")):
-        raise ModalError(NO_CREDENTIALS)
-
-
-@contextmanager
-def modal_calls(action: str, spec: ModalSpec, missing: str | None = None) -> Iterator[None]:
-    """Every call to Modal ends in one clear line: a rejected token, an unknown app (or what
-    `missing` says Modal may not have found), Modal's refusal, or anything else that went
-    wrong on the way (network, a client bug)."""
-    modal = import_modal()
-    try:
-        yield
-    except modal.exception.AuthError:
-        raise ModalError(REJECTED_CREDENTIALS) from None
-    except modal.exception.NotFoundError as exc:
-        if missing is not None:
-            raise ModalError(f"{missing}: {exc}") from None
-        where = f" in environment {spec.environment!r}" if spec.environment else ""
-        raise ModalError(f"no Modal app named {spec.app_name!r}{where}") from None
-    except modal.exception.Error as exc:
-        raise ModalError(f"Modal refused to {action}: {exc}") from exc
-    except (InfinityCloudError, KeyboardInterrupt):  # ours already say what went wrong
-        raise
-    except Exception as exc:
-        raise ModalError(f"could not {action}: {type(exc).__name__}: {exc}") from exc
 
 
 def python_literal(value: Any) -> str:

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from infinity_cloud.engine import Engine
-    from infinity_cloud.server import create_app
+    from infinity_cloud.server.app import create_app
     from infinity_cloud.server.read_deadlines import deadline_protocol
     from infinity_cloud.targets.runtime import check_image_device
 
