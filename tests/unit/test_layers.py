@@ -1,40 +1,155 @@
-"""The package's layers, read from its source (no import runs): no import circle between
-its modules (type-only imports count: a circle there is a circle a reader must untangle),
-and the lower layers never import the upper ones."""
+"""The package's layers, read from its source (no import runs): every package has a rank in
+one table (RANKS), no module imports one of a higher rank, and no import circle joins two
+modules or two packages (type-only imports count: a circle there is a circle a reader must
+untangle). The repository's `targets/` is read too (installed as `infinity_cloud.targets`),
+and a string naming a module of the package counts as an import of it: registries import
+their entries so (`edge/target_registry.py`, `backends/registry.py`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "infinity_cloud"
+ROOT = Path(__file__).resolve().parents[2]
+# Each folder read, with the name its modules are imported under once installed (setup.py).
+SOURCES = {"infinity_cloud": ROOT / "infinity_cloud", "infinity_cloud.targets": ROOT / "targets"}
+
+# Each package, and each module directly in `infinity_cloud/` (they belong to different layers),
+# by rank: a module may import its own rank (with no circle) and lower ones, never a higher one.
+# A module's rank is that of the longest name here that holds it.
+RANKS: dict[str, int] = {
+    # 0 the vocabulary every layer speaks (errors, capabilities, results, a model's facts, the
+    #   spec, this machine, the hooks an upper layer fills in); it imports nothing else here
+    "infinity_cloud.errors": 0,
+    "infinity_cloud.capability": 0,
+    "infinity_cloud.results": 0,
+    "infinity_cloud.model_files": 0,
+    "infinity_cloud.config": 0,
+    "infinity_cloud.per_input": 0,
+    "infinity_cloud.hardware": 0,
+    "infinity_cloud.progress": 0,
+    "infinity_cloud.wiring": 0,
+    # 1 numerics the backends and the engine share (model inputs, pooling, heads, fidelity)
+    "infinity_cloud.numerics": 1,
+    # 2 backends run a graph on a device: graphs and numerics, never a task, family or request
+    "infinity_cloud.backends": 2,
+    # 3 engine parts that need no model: limits and memory budget, queue and batch worker,
+    #   result cache, tokenizers
+    "infinity_cloud.admission": 3,
+    "infinity_cloud.batching": 3,
+    "infinity_cloud.cache": 3,
+    "infinity_cloud.text": 3,
+    # 4 engine parts that turn a request's inputs into a model's: media, tasks, families
+    "infinity_cloud.media": 4,
+    "infinity_cloud.tasks": 4,
+    "infinity_cloud.families": 4,
+    # 5 one served model, assembled from the parts below and a backend
+    "infinity_cloud.models": 5,
+    # 6 the engine: the calls on served models that everything above uses
+    "infinity_cloud.engine": 6,
+    # 7 what runs on the engine: bulk jobs; the HTTP app's shared parts (errors, parsing, keys)
+    "infinity_cloud.bulk": 7,
+    "infinity_cloud.server": 7,
+    # 8 the HTTP routes: a module per wire dialect, the status and admin routes
+    "infinity_cloud.server.dialects": 8,
+    "infinity_cloud.server.routes": 8,
+    # 9 the app factory, which mounts the routes on the shared parts
+    "infinity_cloud.server.app": 9,
+    # 10 what every target shares (base, images, the container's runtime, preflight checks)
+    "infinity_cloud.targets": 10,
+    # 11 the targets, a package each (one may build on another: kubernetes on local)
+    "infinity_cloud.targets.local": 11,
+    "infinity_cloud.targets.modal": 11,
+    "infinity_cloud.targets.sagemaker": 11,
+    "infinity_cloud.targets.aws_lambda": 11,
+    "infinity_cloud.targets.kubernetes": 11,
+    # 12 the edge: the target registry, which names every target, and the command line's helpers
+    "infinity_cloud.edge": 12,
+    # 13 the command line, and the package itself, which hands the registry to the spec
+    "infinity_cloud.cli": 13,
+    "infinity_cloud.__main__": 13,
+    "infinity_cloud": 13,
+}
+
+# A string that names a module (`package.module`, or `package.module:attribute`).
+MODULE_PATH = re.compile(r"infinity_cloud(\.\w+)+(:\w+)?")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def module_name(path: Path, folder: Path, package: str) -> str:
+    parts = path.relative_to(folder).with_suffix("").parts
+    return ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def modules() -> dict[str, Path]:
+    return {
+        module_name(path, folder, package): path
+        for package, folder in SOURCES.items()
+        for path in folder.rglob("*.py")
+    }
+
+
+def packages(found: dict[str, Path]) -> set[str]:
+    """Every folder holding modules (one without an `__init__.py` too)."""
+    return {name if path.name == "__init__.py" else name.rpartition(".")[0] for name, path in found.items()}
+
+
+def named(node: ast.AST, path: Path) -> list[str]:
+    """What `node` imports: modules (and names in them) of an import statement, or the module
+    a string names."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):  # absolute only: the package has no relative ones
+        assert node.level == 0, f"{path}: a relative import"
+        base = node.module or ""
+        return [f"{base}.{alias.name}" for alias in node.names] + [base]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_PATH.fullmatch(node.value):
+        return [node.value.partition(":")[0]]
+    return []
 
 
 def imports() -> dict[str, set[str]]:
-    """Each module of the package, with the package modules it imports, wherever in it."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
+    """Each module, with the package's modules it imports, wherever in it. A package the
+    module sits in is left out: Python imports it first, whatever the module says."""
+    found = modules()
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):  # absolute only: the package has no relative ones
-                assert node.level == 0, f"{path}: a relative import"
-                base = node.module or ""
-                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-            else:
-                continue
-            for target in targets:
-                while target and target not in modules:
+            for target in named(node, path):
+                while target and target not in found:
                     target = target.rpartition(".")[0]
                 if target and target != name and not name.startswith(target + "."):
                     graph[name].add(target)
     return graph
+
+
+def layer(module: str, ranks: dict[str, int]) -> str:
+    """The name in `ranks` that holds `module`: itself, or its longest enclosing package."""
+    name = module
+    while name not in ranks:
+        assert "." in name, f"{module} has no rank"
+        name = name.rpartition(".")[0]
+    return name
+
+
+def between_layers(graph: dict[str, set[str]], ranks: dict[str, int]) -> dict[str, set[str]]:
+    """The imports between the names in `ranks` (packages), read off those between modules."""
+    joined: dict[str, set[str]] = {name: set() for name in ranks}
+    for module, targets in graph.items():
+        for target in targets:
+            if layer(module, ranks) != layer(target, ranks):
+                joined[layer(module, ranks)].add(layer(target, ranks))
+    return joined
+
+
+def upward(graph: dict[str, set[str]], ranks: dict[str, int]) -> list[str]:
+    """Every import of a module of a higher rank than the importer's, as a line."""
+    return [
+        f"{module} (rank {ranks[layer(module, ranks)]}) imports {target} (rank {ranks[layer(target, ranks)]})"
+        for module in sorted(graph)
+        for target in sorted(graph[module])
+        if ranks[layer(target, ranks)] > ranks[layer(module, ranks)]
+    ]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -69,8 +184,38 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_every_package_has_a_rank_of_its_own() -> None:
+    found = modules()
+    # the modules of `infinity_cloud/` itself sit in different layers: a rank each
+    top = {name for name, path in found.items() if path.parent == SOURCES["infinity_cloud"]}
+    needed = packages(found) | top
+    assert sorted(needed - set(RANKS)) == []  # a new package: give it its rank here
+    assert sorted(set(RANKS) - set(found)) == []  # a rank for what no longer exists
+
+
+def test_no_module_imports_a_higher_rank() -> None:
+    assert upward(imports(), RANKS) == []
+
+
 def test_no_module_imports_itself_through_others() -> None:
     assert circles(imports()) == []
+
+
+def test_no_package_imports_itself_through_others() -> None:
+    assert circles(between_layers(imports(), RANKS)) == []
+
+
+def test_registries_that_import_by_string_are_read() -> None:
+    graph = imports()
+    assert "infinity_cloud.targets.local.target" in graph["infinity_cloud.edge.target_registry"]
+    assert "infinity_cloud.backends.torch_backend" in graph["infinity_cloud.backends.registry"]
+
+
+def test_the_rank_check_finds_an_upward_import() -> None:
+    ranks = {"low": 0, "low.part": 0, "high": 1}
+    graph = {"low.part.a": {"high.b"}, "high.b": {"low.part.a"}, "low.c": set()}
+    assert upward(graph, ranks) == ["low.part.a (rank 0) imports high.b (rank 1)"]
+    assert circles(between_layers(graph, ranks)) == [["high", "low.part"]]
 
 
 def test_the_circle_finder_finds_a_circle() -> None:
