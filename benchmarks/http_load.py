@@ -9,26 +9,28 @@ Each of --concurrency clients sends requests of --per-request passages back to b
 with the model's own `tokenizer.json` (--tokenizer, the model folder), truncated to the
 model's maximum length; without it the server's `usage.prompt_tokens` is trusted, which
 Infinity fills with *characters* by default.
-Works against Infinity too (same API). benchmarks/vs_infinity.py drives the same loop.
+Works against Infinity too (same API). The loop is infinity_cloud.sizing.load's, which
+`infinity-cloud bench` and benchmarks/vs_infinity.py drive too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
-import statistics
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud.families import read_model_info
+from infinity_cloud.sizing.load import Batch, LoadRun, load, make_batches
+
+__all__ = [
+    "Batch", "LoadRun", "TokenCounter", "cosine_rows", "load", "make_batches", "print_markdown",
+    "reference_embeddings",
+]
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -61,98 +63,12 @@ class TokenCounter:
         return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
 
 
-@dataclass(frozen=True)
-class Batch:
-    """One request's inputs; `tokens` None means "take the server's usage.prompt_tokens"."""
-
-    texts: list[str]
-    tokens: int | None = None
-
-
 def print_markdown(lines: Sequence[str], path: Path | None) -> None:
     """A benchmark's table: printed, and written to `path` (its --markdown) when given."""
     text = "\n".join(lines) + "\n"
     print(text)
     if path is not None:
         path.write_text(text)
-
-
-def make_batches(texts: Sequence[str], per_request: int, counter: TokenCounter | None = None) -> list[Batch]:
-    """Consecutive full batches of `per_request` texts, with their real token counts if `counter`."""
-    chunks = [list(texts[i : i + per_request]) for i in range(0, len(texts) - per_request + 1, per_request)]
-    if not chunks:
-        raise ValueError(f"need at least {per_request} texts for requests of {per_request}, got {len(texts)}")
-    if counter is None:
-        return [Batch(chunk) for chunk in chunks]
-    return [Batch(chunk, sum(counter(chunk))) for chunk in chunks]
-
-
-@dataclass
-class LoadRun:
-    """What one closed-loop run (or several pooled) observed."""
-
-    elapsed_s: float = 0.0
-    texts: int = 0
-    tokens: int = 0
-    latencies_s: list[float] = field(default_factory=list)
-    shed: int = 0  # answered 429 (overloaded): the client waited Retry-After and went on
-
-    def __add__(self, other: LoadRun) -> LoadRun:
-        return LoadRun(
-            self.elapsed_s + other.elapsed_s,
-            self.texts + other.texts,
-            self.tokens + other.tokens,
-            self.latencies_s + other.latencies_s,
-            self.shed + other.shed,
-        )
-
-    def summary(self) -> dict[str, float]:
-        latencies = sorted(self.latencies_s)
-        return {
-            "texts_per_s": round(self.texts / self.elapsed_s, 1),
-            "tokens_per_s": round(self.tokens / self.elapsed_s),
-            "p50_ms": round(1000 * statistics.median(latencies), 1),
-            "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 1),
-            "requests": len(latencies),
-            "shed_429": self.shed,
-            "elapsed_s": round(self.elapsed_s, 2),
-        }
-
-
-async def load(
-    url: str, model: str | None, batches: Sequence[Batch], concurrency: int, seconds: float
-) -> LoadRun:
-    """`concurrency` clients post `batches` (cycled, same order every run) back to back for `seconds`.
-
-    Requests in flight at the deadline are waited for and counted, so the server ends idle.
-    """
-    cycle = itertools.cycle(batches)
-    run = LoadRun()
-    deadline = time.perf_counter() + seconds
-    async with httpx.AsyncClient(
-        base_url=url, timeout=300, limits=httpx.Limits(max_connections=concurrency)
-    ) as c:
-
-        async def client() -> None:
-            while time.perf_counter() < deadline:
-                batch = next(cycle)
-                started = time.perf_counter()
-                response = await c.post("/embeddings", json={"input": batch.texts, "model": model})
-                if response.status_code == 429:  # a server that sheds load (ours, past --deadline-s)
-                    run.shed += 1
-                    await asyncio.sleep(float(response.headers.get("retry-after", 1)))
-                    continue
-                response.raise_for_status()
-                run.latencies_s.append(time.perf_counter() - started)
-                run.texts += len(batch.texts)
-                run.tokens += (
-                    batch.tokens if batch.tokens is not None else response.json()["usage"]["prompt_tokens"]
-                )
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        run.elapsed_s = time.perf_counter() - started
-    return run
 
 
 def main() -> None:

@@ -485,6 +485,79 @@ def download(
 
 @_base.command()
 @with_spec
+def bench(
+    spec: DeploymentSpec,
+    url: Annotated[str | None, typer.Option(
+        "--url", help="Measure the deployment at this URL (any target's, or any OpenAI-compatible server) "
+        "instead of serving --model-id here.", show_default=False)] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="With --url: the served model to measure (default: its first).",
+        show_default=False)] = None,
+    corpus: Annotated[Path | None, typer.Option(
+        "--corpus", help='Your own texts, JSON lines {"text", "kind": "query"|"passage"} (default: a '
+        "built-in corpus made from Python's standard library).", show_default=False)] = None,
+    shapes: Annotated[str, typer.Option(
+        "--shapes", help="Request shapes, KIND:TEXTS per request, comma-separated.",
+    )] = "query:1,passage:1,passage:8,passage:32",
+    concurrency: Annotated[str, typer.Option(
+        "--concurrency", help="Clients to try, ascending; a shape stops after two steps that add under 5% "
+        "throughput.")] = "1,2,4,8,16,32",
+    seconds: Annotated[float, typer.Option("--seconds", min=0.5, help="Length of each run.")] = 5.0,
+    compare: Annotated[list[str] | None, typer.Option(
+        "--compare", help="Another OpenAI-compatible server (Infinity, TEI, a second deployment) to measure "
+        "interleaved with this one; repeatable. Ratios are printed.", show_default=False)] = None,
+    out: Annotated[Path, typer.Option(
+        "--out", help="Folder for profile.json (what `plan` reads) and profile.png.")] = Path("bench"),
+    key: KeyOption = None,
+) -> None:
+    """Measure a model: throughput and p50/p95/p99 latency against clients and request size, the
+    knee, memory; a table, a plot and a profile (JSON) that `plan` sizes deployments from."""
+    import asyncio
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from infinity_cloud.sizing import bench as measuring
+    from infinity_cloud.sizing import report
+    from infinity_cloud.sizing.local_server import local_server
+
+    try:
+        shape_list = measuring.parse_shapes(shapes)
+        clients = sorted({int(n) for n in concurrency.split(",") if n.strip()})
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if not clients or clients[0] < 1:
+        raise fail("--concurrency takes positive numbers, e.g. 1,4,16")
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as shown:
+        task = shown.add_task("starting", total=None)
+
+        def say(text: str) -> None:
+            shown.update(task, description=text)
+
+        def measure(at: str, api_key: str | None) -> Any:
+            return asyncio.run(measuring.bench(
+                at, model=model, corpus=corpus, shapes=shape_list, concurrency=clients, seconds=seconds,
+                compare=compare or (), api_key=api_key, progress=say,
+            ))
+
+        try:
+            if url is not None:
+                profile = measure(url, key)
+            else:
+                say(f"starting a server for {', '.join(m.name for m in spec.models)}")
+                with local_server(spec) as served:
+                    profile = measure(served, (spec.server.keys or (None,))[0])
+        except (measuring.BenchError, OSError) as exc:
+            raise fail(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    profile.write(out / "profile.json")
+    report.show(profile)
+    plotted = report.plot(profile, out / "profile.png")
+    typer.echo(f"profile: {out / 'profile.json'}" + (f", plot: {out / 'profile.png'}" if plotted else ""))
+
+
+@_base.command()
+@with_spec
 def embed(
     spec: DeploymentSpec,
     inputs: Annotated[list[str], typer.Argument(

@@ -174,7 +174,7 @@ def test_the_wheel_ships_the_templates(tmp_path):
     assert "infinity_cloud/templates/local/Dockerfile.j2" in names
     assert "infinity_cloud/templates/modal/modal_app.py.j2" in names
     assert "infinity_cloud/targets/local/target.py" in names and "infinity_cloud/targets/runtime.py" in names
-    assert "infinity_cloud/server/app.py" in names
+    assert "infinity_cloud/server/app/__init__.py" in names
     # Nothing lands under a generic top-level name.
     top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
     assert top_level == {"infinity_cloud"}

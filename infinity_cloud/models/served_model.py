@@ -24,7 +24,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
-from infinity_cloud.hardware import KERNEL_FLAGS, cpu_flags, cpu_model
+from infinity_cloud.hardware import KERNEL_FLAGS, cpu_flags, cpu_model, usable_cores
 from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
@@ -470,6 +470,7 @@ class ServedModel:
         if self._loaded is None or facts is None:
             return out
         workers = [t.worker for t in self._loaded.towers.values()]
+        backend = self._loaded.backend
         out.update(
             backend=facts.backend,  # `auto` resolved
             capabilities=[facts.capability],
@@ -481,6 +482,13 @@ class ServedModel:
             dimensions=facts.dimensions,
             labels=list(facts.labels) if facts.capability == Capability.CLASSIFY.value else None,
             modalities=list(facts.modalities),
+            # What a measurement of it depends on (`infinity-cloud bench` tags its profile so).
+            fingerprint=model_fingerprint(self._loaded.info.path),
+            host={
+                "device": "cpu" if facts.device == "cpu" else type(backend).device_name(self.spec),
+                "cpu": cpu_model(), "cores": usable_cores(),
+                "kernel_flags": sorted(KERNEL_FLAGS & cpu_flags()),
+            },
             stats={
                 "queue_depth": sum(w.queue.depth for w in workers),
                 "queued_tokens": sum(w.queue.queued_tokens for w in workers),

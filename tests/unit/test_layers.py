@@ -48,8 +48,10 @@ RANKS: dict[str, int] = {
     "infinity_cloud.models": 5,
     # 6 the engine: the calls on served models that everything above uses
     "infinity_cloud.engine": 6,
-    # 7 what runs on the engine: bulk jobs; the HTTP app's shared parts (errors, parsing, keys)
+    # 7 what runs on the engine: bulk jobs; the HTTP app's shared parts (errors, parsing, keys);
+    # measuring a server over HTTP and sizing deployments from it (bench, plan)
     "infinity_cloud.bulk": 7,
+    "infinity_cloud.sizing": 7,
     "infinity_cloud.server": 7,
     # 8 the HTTP routes: a module per wire dialect, the status and admin routes
     "infinity_cloud.server.dialects": 8,

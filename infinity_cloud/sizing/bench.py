@@ -1,0 +1,200 @@
+"""`infinity-cloud bench`: throughput and latency of a served model against concurrency and
+request size, over HTTP, as a `Profile`.
+
+For each shape (a kind of text and texts per request) the clients are raised 1, 2, 4, ...
+until the knee is behind: two steps in a row that add under `FLAT_GAIN` throughput. Every
+point is a closed-loop run (`load.load`) on the same batches; with servers to compare, each
+point runs on every server in turn, the order reversed on every other point, so drift on the
+machine hits all alike (as benchmarks/vs_infinity.py does). Tokens are counted once, by the
+measured server's own tokenizer (its `/tokenize`, capped at the model's input limit), and the
+same counts are used for every server: Infinity's `usage` counts characters."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from infinity_cloud.sizing.corpus import KINDS, load_texts
+from infinity_cloud.sizing.load import Batch, load, make_batches
+from infinity_cloud.sizing.profile import Hardware, Point, Profile, knee, shape_label
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32)
+SHAPES = (("query", 1), ("passage", 1), ("passage", 8), ("passage", 32))
+# A step that adds less throughput than this is flat; two flat steps end a shape's sweep.
+FLAT_GAIN = 0.05
+# Requests cycled per point: enough distinct texts that a result cache or a lucky length
+# does not flatter one point.
+BATCHES_PER_POINT = 32
+_RSS = re.compile(r"^process_resident_memory_bytes(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.MULTILINE)
+
+
+class BenchError(RuntimeError):
+    """A server that cannot be measured (unreachable, no model, refuses the requests)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    model: str
+    headers: dict[str, str]
+    facts: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return self.url
+
+
+def parse_shapes(text: str) -> list[tuple[str, int]]:
+    """`query:1,passage:32` as [("query", 1), ("passage", 32)]."""
+    shapes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, size = part.partition(":")
+        if kind not in KINDS or not size.isdigit() or int(size) < 1:
+            raise ValueError(f"a shape is KIND:TEXTS with KIND one of {', '.join(KINDS)}, got {part!r}")
+        shapes.append((kind, int(size)))
+    if not shapes:
+        raise ValueError("no shape given")
+    return shapes
+
+
+async def connect(url: str, model: str | None, api_key: str | None) -> Server:
+    """The server at `url` and the model to measure (the one named, else its first)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = url.rstrip("/")
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
+        try:
+            response = await client.get("/models")
+        except httpx.HTTPError as exc:
+            raise BenchError(f"{url} cannot be reached ({type(exc).__name__}: {exc})") from exc
+        if response.status_code != 200:
+            raise BenchError(f"{url}/models answered {response.status_code}: {response.text[:200]}")
+        listed = response.json().get("data") or []
+    if not listed:
+        raise BenchError(f"{url} serves no model")
+    facts = listed[0] if model is None else next(
+        (m for m in listed if model == m.get("id") or model in (m.get("aliases") or ())), None
+    )
+    if facts is None:
+        served = ", ".join(str(m.get("id")) for m in listed)
+        raise BenchError(f"{url} does not serve {model!r}; it serves {served}")
+    return Server(url, facts["id"], headers, facts)
+
+
+async def token_counts(server: Server, texts: Sequence[str]) -> list[int] | None:
+    """Tokens per text as the server's model counts them, capped at its input limit; None where
+    the server has no `/tokenize` (then each server's `usage` is trusted)."""
+    cap = server.facts.get("max_input_tokens")
+    counts: list[int] = []
+    async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as client:
+        for start in range(0, len(texts), 256):
+            chunk = list(texts[start : start + 256])
+            response = await client.post("/tokenize", json={"inputs": chunk, "model": server.model})
+            if response.status_code != 200:
+                return None
+            counts += [min(len(row), cap) if cap else len(row) for row in response.json()]
+    return counts
+
+
+async def rss_mb(server: Server) -> float | None:
+    """The server process's resident memory from its /metrics, where it exports it."""
+    try:
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=10) as client:
+            response = await client.get("/metrics")
+    except httpx.HTTPError:
+        return None
+    found = _RSS.search(response.text) if response.status_code == 200 else None
+    return round(float(found.group(1)) / 2**20, 1) if found else None
+
+
+def hardware_of(facts: dict[str, Any]) -> Hardware:
+    host = facts.get("host") or {}
+    return Hardware(
+        device=host.get("device") or facts.get("device") or "cpu", cpu=host.get("cpu", ""),
+        cores=host.get("cores"), kernel_flags=list(host.get("kernel_flags") or ()),
+    )
+
+
+Progress = Callable[[str], None]
+
+
+async def bench(
+    url: str,
+    *,
+    model: str | None = None,
+    corpus: Path | None = None,
+    shapes: Sequence[tuple[str, int]] = SHAPES,
+    concurrency: Sequence[int] = CONCURRENCY,
+    seconds: float = 5.0,
+    compare: Sequence[str] = (),
+    api_key: str | None = None,
+    progress: Progress | None = None,
+) -> Profile:
+    """Measure the model at `url` (and each server of `compare`, interleaved) at every shape."""
+    from infinity_cloud import __version__
+
+    say = progress or (lambda _: None)
+    primary = await connect(url, model, api_key)
+    rivals = [await connect(other, None, None) for other in compare]
+    texts = {kind: load_texts(corpus, kind) for kind in {k for k, _ in shapes}}
+    for kind, size in shapes:
+        if len(texts[kind]) < size:
+            raise BenchError(
+                f"the corpus has {len(texts[kind])} {kind} texts, fewer than one request of {size}"
+            )
+    pools: dict[tuple[str, int], list[Batch]] = {}
+    averages: dict[str, float] = {}
+    for kind in texts:
+        pool = texts[kind][: BATCHES_PER_POINT * max(s for k, s in shapes if k == kind)]
+        say(f"counting the tokens of {len(pool)} {kind} texts")
+        counts = await token_counts(primary, pool)
+        if counts is not None:
+            averages[kind] = round(statistics.fmean(counts), 1)
+        by_text = dict(zip(pool, counts, strict=True)) if counts is not None else None
+
+        def count(chunk: list[str], by_text: dict[str, int] | None = by_text) -> list[int]:
+            return [by_text[t] for t in chunk] if by_text else []
+
+        for k, size in shapes:
+            if k == kind:
+                pools[(kind, size)] = make_batches(pool, size, count if by_text else None)
+    profile = Profile(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        package_version=__version__, url=primary.url, model=primary.model,
+        fingerprint=primary.facts.get("fingerprint"), backend=primary.facts.get("backend"),
+        dtype=primary.facts.get("dtype"), max_input_tokens=primary.facts.get("max_input_tokens"),
+        hardware=hardware_of(primary.facts), corpus=str(corpus) if corpus else "built-in",
+        tokens_per_text=averages, idle_rss_mb=await rss_mb(primary),
+        compared={r.url: [] for r in rivals},
+    )
+    servers = [primary, *rivals]
+    step = 0
+    for kind, size in shapes:
+        batches = pools[(kind, size)]
+        for server in servers:  # each server's first requests of this shape, not timed
+            await load(server.url, server.model, batches[:4], 2, min(1.0, seconds), server.headers)
+        best = 0.0
+        flat = 0
+        for clients in concurrency:
+            order = servers if step % 2 == 0 else servers[::-1]
+            step += 1
+            for server in order:
+                say(f"{shape_label(kind, size)}, {clients} client(s): {server.label}")
+                run = await load(server.url, server.model, batches, clients, seconds, server.headers)
+                point = Point.of(kind, size, clients, run, await rss_mb(server))
+                (profile.points if server is primary else profile.compared[server.url]).append(point)
+            rate = profile.points[-1].tokens_per_s
+            flat = flat + 1 if rate < best * (1 + FLAT_GAIN) else 0
+            best = max(best, rate)
+            if flat >= 2:
+                break
+        found = knee([p for p in profile.points if p.shape == (kind, size)])
+        if found is not None:
+            profile.knees[shape_label(kind, size)] = found
+    return profile

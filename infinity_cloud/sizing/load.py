@@ -1,0 +1,112 @@
+"""Closed-loop load on a server's OpenAI-compatible `/embeddings`: each client posts its next
+request as soon as the last is answered. The one load loop of `infinity-cloud bench` and of the
+project's benchmarks (benchmarks/http_load.py, benchmarks/vs_infinity.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One request's inputs; `tokens` None means "take the server's usage.prompt_tokens"."""
+
+    texts: list[str]
+    tokens: int | None = None
+
+
+def make_batches(
+    texts: Sequence[str], per_request: int, count: Callable[[list[str]], list[int]] | None = None
+) -> list[Batch]:
+    """Consecutive full batches of `per_request` texts, with their token counts if `count`."""
+    chunks = [list(texts[i : i + per_request]) for i in range(0, len(texts) - per_request + 1, per_request)]
+    if not chunks:
+        raise ValueError(f"need at least {per_request} texts for requests of {per_request}, got {len(texts)}")
+    if count is None:
+        return [Batch(chunk) for chunk in chunks]
+    return [Batch(chunk, sum(count(chunk))) for chunk in chunks]
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank `q` quantile (0..1) of sorted values."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class LoadRun:
+    """What one closed-loop run (or several pooled) observed."""
+
+    elapsed_s: float = 0.0
+    texts: int = 0
+    tokens: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    shed: int = 0  # answered 429 (overloaded): the client waited Retry-After and went on
+
+    def __add__(self, other: LoadRun) -> LoadRun:
+        return LoadRun(
+            self.elapsed_s + other.elapsed_s,
+            self.texts + other.texts,
+            self.tokens + other.tokens,
+            self.latencies_s + other.latencies_s,
+            self.shed + other.shed,
+        )
+
+    def summary(self) -> dict[str, float]:
+        latencies = sorted(self.latencies_s)
+        if not latencies:
+            return {"requests": 0, "shed_429": self.shed, "elapsed_s": round(self.elapsed_s, 2)}
+        return {
+            "texts_per_s": round(self.texts / self.elapsed_s, 1),
+            "tokens_per_s": round(self.tokens / self.elapsed_s),
+            "p50_ms": round(1000 * statistics.median(latencies), 1),
+            "p95_ms": round(1000 * percentile(latencies, 0.95), 1),
+            "p99_ms": round(1000 * percentile(latencies, 0.99), 1),
+            "requests": len(latencies),
+            "shed_429": self.shed,
+            "elapsed_s": round(self.elapsed_s, 2),
+        }
+
+
+async def load(
+    url: str, model: str | None, batches: Sequence[Batch], concurrency: int, seconds: float,
+    headers: dict[str, str] | None = None,
+) -> LoadRun:
+    """`concurrency` clients post `batches` (cycled, same order every run) back to back for `seconds`.
+
+    Requests in flight at the deadline are waited for and counted, so the server ends idle. A
+    429 (a server that sheds load) is counted, its Retry-After waited, and the client goes on.
+    """
+    cycle = itertools.cycle(batches)
+    run = LoadRun()
+    deadline = time.perf_counter() + seconds
+    async with httpx.AsyncClient(
+        base_url=url, timeout=300, headers=headers, limits=httpx.Limits(max_connections=concurrency)
+    ) as c:
+
+        async def client() -> None:
+            while time.perf_counter() < deadline:
+                batch = next(cycle)
+                started = time.perf_counter()
+                response = await c.post("/embeddings", json={"input": batch.texts, "model": model})
+                if response.status_code == 429:
+                    run.shed += 1
+                    await asyncio.sleep(float(response.headers.get("retry-after", 1)))
+                    continue
+                response.raise_for_status()
+                run.latencies_s.append(time.perf_counter() - started)
+                run.texts += len(batch.texts)
+                run.tokens += (
+                    batch.tokens if batch.tokens is not None else response.json()["usage"]["prompt_tokens"]
+                )
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        run.elapsed_s = time.perf_counter() - started
+    return run

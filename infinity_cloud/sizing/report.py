@@ -1,0 +1,108 @@
+"""A profile as a terminal table and as a plot (throughput and p95 against clients, a line per
+shape), with ratios against the servers measured beside it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from infinity_cloud.sizing.profile import Point, Profile, shape_label
+
+log = logging.getLogger(__name__)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+
+
+def table(profile: Profile) -> Table:
+    title = (
+        f"{profile.model} on {profile.hardware.kind} ({profile.backend}, {profile.dtype}), "
+        f"infinity-cloud {profile.package_version}"
+    )
+    out = Table(title=escape(title))
+    for header in ("shape", "clients", "tokens/s", "texts/s", "p50 ms", "p95 ms", "p99 ms", "RSS MB", ""):
+        out.add_column(header, justify="left" if header in ("shape", "") else "right", no_wrap=True)
+    rivals = list(profile.compared)
+    for url in rivals:
+        out.add_column(f"tokens/s x vs {escape(url)}", justify="right")
+        out.add_column(f"p50 x vs {escape(url)}", justify="right")
+    for point in profile.points:
+        row = [
+            shape_label(point.kind, point.per_request), str(point.concurrency), f"{point.tokens_per_s:,.0f}",
+            f"{point.texts_per_s:,.1f}", _ms(point.p50_ms), _ms(point.p95_ms), _ms(point.p99_ms),
+            _ms(point.rss_mb), "knee" if point in profile.knees.values() else "",
+        ]
+        for url in rivals:
+            theirs = _same(point, profile.compared[url])
+            row += [
+                _ratio(point.tokens_per_s, theirs.tokens_per_s if theirs else None),
+                _ratio(theirs.p50_ms if theirs else None, point.p50_ms),
+            ]
+        out.add_row(*row)
+    return out
+
+
+def _same(point: Point, points: list[Point]) -> Point | None:
+    return next((p for p in points if (p.kind, p.per_request, p.concurrency) ==
+                 (point.kind, point.per_request, point.concurrency)), None)
+
+
+def show(profile: Profile, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(table(profile))
+    for label, point in profile.knees.items():
+        line = (
+            f"{label}: knee at {point.concurrency} client(s), {point.tokens_per_s:,.0f} tokens/s, "
+            f"p95 {_ms(point.p95_ms)} ms"
+        )
+        for url, points in profile.compared.items():
+            theirs = _same(point, points)
+            if theirs is not None:
+                line += (
+                    f"; {_ratio(point.tokens_per_s, theirs.tokens_per_s)} the tokens/s of {url}, "
+                    f"p50 {_ms(point.p50_ms)} ms vs {_ms(theirs.p50_ms)} ms"
+                )
+        console.print(escape(line), soft_wrap=True)
+
+
+def plot(profile: Profile, path: Path) -> bool:
+    """Write the PNG; False (said once, with the fix) where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("no plot written: matplotlib is not installed. Fix: pip install 'infinity-cloud[bench]'")
+        return False
+    figure, (rate, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series = [("", profile.points), *((f" ({url})", points) for url, points in profile.compared.items())]
+    for suffix, points in series:
+        for shape in dict.fromkeys(p.shape for p in points):
+            run = [p for p in points if p.shape == shape]
+            label = shape_label(*shape) + suffix
+            style = "-o" if not suffix else "--x"
+            rate.plot([p.concurrency for p in run], [p.tokens_per_s for p in run], style, label=label)
+            latency.plot([p.concurrency for p in run], [p.p95_ms or 0 for p in run], style, label=label)
+    for axes, ylabel in ((rate, "tokens/s"), (latency, "p95 latency, ms")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrent clients")
+        axes.set_ylabel(ylabel)
+        axes.grid(True, alpha=0.3)
+    latency.set_yscale("log")
+    rate.legend(fontsize=7)
+    title = f"{profile.model}: {profile.hardware.kind}, {profile.backend} {profile.dtype}"
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
