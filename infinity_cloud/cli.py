@@ -557,6 +557,84 @@ def bench(
 
 
 @_base.command()
+def plan(
+    model_id: Annotated[str | None, typer.Option(
+        "--model-id", help="The model: a local folder or a hub id already downloaded (its config.json is "
+        "read).",
+        show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(
+        "--target", help="modal, sagemaker, kubernetes or aws_lambda.", show_default=False)] = None,
+    qps: Annotated[float | None, typer.Option(
+        "--qps", min=0.001, help="Requests per second at the busiest hour.", show_default=False)] = None,
+    tokens_per_request: Annotated[int, typer.Option(
+        "--tokens-per-request", min=1, help="Tokens a request carries, all its texts together.")] = 256,
+    texts_per_request: Annotated[int, typer.Option(
+        "--texts-per-request", min=1, help="Texts a request carries.")] = 1,
+    p95_ms: Annotated[float | None, typer.Option(
+        "--p95-ms", min=1, help="The p95 latency to stay within, ms (none: throughput first).",
+        show_default=False)] = None,
+    profile: Annotated[Path | None, typer.Option(
+        "--profile", help="A profile from `bench` (here or on a deployment): measured numbers instead of the "
+        "estimate, for offers of its hardware class.", show_default=False)] = None,
+    hardware: Annotated[str | None, typer.Option(
+        "--hardware", help="Plan on this offer of the price table only (e.g. ml.g5.xlarge, L4).",
+        show_default=False)] = None,
+    scale_to_zero: Annotated[bool | None, typer.Option(
+        "--scale-to-zero/--keep-warm", help="Let every replica stop when idle, or keep one (default: the "
+        "target's own: Modal scales to zero, Kubernetes keeps one).", show_default=False)] = None,
+    write: Annotated[Path | None, typer.Option(
+        "--write", help="Write the spec `deploy TARGET --config FILE` takes.", show_default=False)] = None,
+    interactive: Annotated[bool, typer.Option(
+        "--interactive", help="Ask for what was not given, on this terminal.")] = False,
+) -> None:
+    """Size a deployment: hardware, replicas, batch tokens, deadline, autoscaling threshold,
+    expected p95 and monthly cost, each explained; from `bench` profiles, else an estimate."""
+    import json
+
+    import yaml
+
+    from infinity_cloud.config import build_spec
+    from infinity_cloud.models.model_source import resolve_model_dir
+    from infinity_cloud.sizing import plan as planning
+    from infinity_cloud.sizing import report
+    from infinity_cloud.sizing.estimate import Shape, calibrations
+    from infinity_cloud.sizing.profile import Profile
+
+    if interactive:
+        model_id = model_id or typer.prompt("Model (hub id or folder)")
+        while target not in planning.TARGETS:
+            target = typer.prompt(f"Target ({', '.join(planning.TARGETS)})", default="modal")
+        qps = qps or typer.prompt("Requests per second at the busiest hour", type=float)
+        if p95_ms is None:
+            answer = typer.prompt("p95 latency to stay within, ms (blank: none)", default="",
+                                  show_default=False)
+            p95_ms = float(answer) if answer.strip() else None
+    missing = [flag for flag, value in (("--model-id", model_id), ("--target", target), ("--qps", qps))
+               if value is None]
+    if missing:
+        raise fail(f"give {', '.join(missing)} (or --interactive)")
+    if target not in planning.TARGETS:
+        raise fail(f"--target is one of {', '.join(planning.TARGETS)}, not {target!r}")
+    with reported_errors():
+        folder = resolve_model_dir(str(model_id))
+    try:
+        shape = Shape.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        measured = Profile.read(profile) if profile else None
+        load = planning.Load(qps, tokens_per_request, texts_per_request, p95_ms)  # type: ignore[arg-type]
+        best, every = planning.choose(str(target), shape, load, calibrations(), measured, scale_to_zero,
+                                      hardware)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    report.show_plan(str(model_id), str(target), load, best, every)
+    if write is not None:
+        data = planning.spec_data(str(model_id), str(target), best)
+        with reported_errors():
+            build_spec(data)  # the spec deploy will read, checked as it will check it
+        write.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        typer.echo(f"spec: {write} (infinity-cloud deploy {str(target).replace('_', '-')} --config {write})")
+
+
+@_base.command()
 @with_spec
 def embed(
     spec: DeploymentSpec,

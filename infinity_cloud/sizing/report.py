@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infinity_cloud.sizing.plan import Choice, Load
 from infinity_cloud.sizing.profile import Point, Profile, shape_label
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,15 @@ def table(profile: Profile) -> Table:
         out.add_column(f"p50 x vs {escape(url)}", justify="right")
     for point in profile.points:
         row = [
-            shape_label(point.kind, point.per_request), str(point.concurrency), f"{point.tokens_per_s:,.0f}",
-            f"{point.texts_per_s:,.1f}", _ms(point.p50_ms), _ms(point.p95_ms), _ms(point.p99_ms),
-            _ms(point.rss_mb), "knee" if point in profile.knees.values() else "",
+            shape_label(point.kind, point.per_request),
+            str(point.concurrency),
+            f"{point.tokens_per_s:,.0f}",
+            f"{point.texts_per_s:,.1f}",
+            _ms(point.p50_ms),
+            _ms(point.p95_ms),
+            _ms(point.p99_ms),
+            _ms(point.rss_mb),
+            "knee" if point in profile.knees.values() else "",
         ]
         for url in rivals:
             theirs = _same(point, profile.compared[url])
@@ -52,8 +59,14 @@ def table(profile: Profile) -> Table:
 
 
 def _same(point: Point, points: list[Point]) -> Point | None:
-    return next((p for p in points if (p.kind, p.per_request, p.concurrency) ==
-                 (point.kind, point.per_request, point.concurrency)), None)
+    return next(
+        (
+            p
+            for p in points
+            if (p.kind, p.per_request, p.concurrency) == (point.kind, point.per_request, point.concurrency)
+        ),
+        None,
+    )
 
 
 def show(profile: Profile, console: Console | None = None) -> None:
@@ -106,3 +119,51 @@ def plot(profile: Profile, path: Path) -> bool:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return True
+
+
+def show_plan(
+    model: str, target: str, load: Load, best: Choice, every: list[Choice], console: Console | None = None
+) -> None:
+    """The plan chosen, a line of reason per choice, and every offer it was chosen from."""
+    console = console or Console()
+    asked = f"{load.qps:g} requests/s of {load.tokens_per_request} tokens" + (
+        f", p95 within {load.p95_ms:g} ms" if load.p95_ms is not None else ""
+    )
+    console.print(escape(f"{model} on {target}, for {asked}:"), soft_wrap=True)
+    lines = [
+        ("hardware", f"{best.offer.name}"),
+        (
+            "replicas",
+            f"{best.replicas}"
+            + (
+                " (min 0: scales to zero)"
+                if best.settings.get("min_containers") == 0 or best.settings.get("min_replicas") == 0
+                else ""
+            ),
+        ),
+        ("batch_tokens", f"{best.batch_tokens:,}"),
+        ("deadline_s", "the server's default" if best.deadline_s is None else f"{best.deadline_s:g}"),
+        (
+            "expected p95",
+            f"{best.p95_ms:,.0f} ms" + ("" if best.meets_p95 else " (misses the p95 asked for)"),
+        ),
+        ("monthly cost", f"${best.monthly_usd:,.0f}"),
+    ]
+    for name, value in lines:
+        console.print(escape(f"  {name}: {value}"), soft_wrap=True)
+    for name, reason in best.reasons.items():
+        console.print(escape(f"  why {name}: {reason}"), soft_wrap=True)
+    others = Table(title=f"every {target} offer in the price table")
+    for header in ("offer", "tokens/s a replica", "replicas", "batch", "p95 ms", "$/month", "meets p95"):
+        others.add_column(header, justify="left" if header == "offer" else "right", no_wrap=True)
+    for choice in sorted(every, key=lambda c: c.monthly_usd):
+        others.add_row(
+            choice.offer.name,
+            f"{choice.capacity:,.0f}",
+            str(choice.replicas),
+            f"{choice.batch_tokens:,}",
+            f"{choice.p95_ms:,.0f}",
+            f"{choice.monthly_usd:,.0f}",
+            "yes" if choice.meets_p95 else "no",
+        )
+    console.print(others)
