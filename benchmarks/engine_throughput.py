@@ -7,6 +7,11 @@ server's exact settings are measured without HTTP) and then --model-id/--dtype/-
 ignored. Sends the corpus's passages (benchmarks/corpus.py, or --corpus) in requests of
 --per-request texts from --concurrency tasks and reports texts/s and tokens/s; the HTTP
 comparison against Infinity is benchmarks/vs_infinity.py.
+
+--fixed-shape ROWSxTOKENS also times the served backend alone on batches of that shape, every
+row that long (no padding, tokenizing, pooling, queue or HTTP), kept in flight as the batch
+worker keeps them: the backend's own ceiling, which `roofline.py` compares with the GEMM bound
+at the same shape.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import asyncio
 import json
 import statistics
 import time
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import DeploymentSpec, Engine, ModelSpec
@@ -41,6 +48,37 @@ async def run(engine: Engine, texts: list[str], per_request: int, concurrency: i
     return time.perf_counter() - started, tokens
 
 
+def fixed_shape(engine: Engine, rows: int, tokens: int, seconds: float = 4.0) -> dict:
+    """Tokens/s of the served backend alone on `rows` x `tokens` batches without padding."""
+    from infinity_cloud.numerics.inputs import ModelInputs
+
+    model = next(iter(engine.models.values()))
+    model.settle()
+    backend = model.loaded.backend
+    rng = np.random.default_rng(0)
+    arrays = {
+        "input_ids": rng.integers(1000, 2000, (rows, tokens), dtype=np.int64),
+        "attention_mask": np.ones((rows, tokens), dtype=np.int64),
+        "token_type_ids": np.zeros((rows, tokens), dtype=np.int64),
+    }
+    batch = ModelInputs(arrays)
+    in_flight = int(getattr(backend, "in_flight", 1))
+    backend.submit(batch)()  # first-shape set-up
+    pending: deque = deque()
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        pending.append(backend.submit(batch))
+        if len(pending) >= in_flight:
+            pending.popleft()()
+            done += 1
+    while pending:
+        pending.popleft()()
+        done += 1
+    elapsed = time.perf_counter() - started
+    return {"rows": rows, "tokens": tokens, "backend": backend.name, "dtype": backend.dtype,
+            "tokens_per_s": round(done * rows * tokens / elapsed)}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -54,6 +92,8 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--spec", type=Path, default=None, help="JSON deployment spec (one model)")
+    parser.add_argument("--fixed-shape", default=None, metavar="ROWSxTOKENS",
+                        help="also time the backend alone on batches of this shape, e.g. 32x160")
     args = parser.parse_args()
     texts = load_texts(args.corpus, "passage")[: args.texts]
     if args.spec:
@@ -70,6 +110,10 @@ async def main() -> None:
         for _ in range(args.rounds):
             seconds, tokens = await run(engine, texts, args.per_request, args.concurrency)
             rates.append((len(texts) / seconds, tokens / seconds))
+        ceiling = None
+        if args.fixed_shape:
+            rows, tokens = (int(n) for n in args.fixed_shape.lower().split("x"))
+            ceiling = fixed_shape(engine, rows, tokens)
     texts_s = statistics.median(r[0] for r in rates)
     tokens_s = statistics.median(r[1] for r in rates)
     print(
@@ -80,6 +124,7 @@ async def main() -> None:
                 "backend": args.backend,
                 "texts_per_s": round(texts_s, 1),
                 "tokens_per_s": round(tokens_s),
+                **({"fixed_shape": ceiling} if ceiling else {}),
             }
         )
     )

@@ -431,9 +431,12 @@ def http_embed(server: Server, model_name: str, texts: Sequence[str]) -> np.ndar
 
 
 def in_process(
-    side: Side, model: Path, corpus: Path | None, cell: Cell, counter: TokenCounter, args: Any
+    side: Side, model: Path, corpus: Path | None, cell: Cell, counter: TokenCounter, args: Any,
+    fixed_tokens: int | None = None,
 ) -> dict:
-    """Our engine without HTTP, the side's exact spec, at the largest cell's shape (own process)."""
+    """Our engine without HTTP, the side's exact spec, at the largest cell's shape (own process);
+    with `fixed_tokens`, also its backend alone on 32 x `fixed_tokens` batches (the roofline's
+    shape)."""
     env = {**os.environ, **SERVER_ENV}
     shown = subprocess.run(
         [str(ours_script()), "config", "show", "--format", "json", "--model-id", str(model), *side.flags],
@@ -460,6 +463,7 @@ def in_process(
         str(cell.concurrency),
         "--rounds",
         str(args.rounds),
+        *(["--fixed-shape", f"32x{fixed_tokens}"] if fixed_tokens else []),
     ]
     done = subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=args.startup_timeout + 1800
@@ -605,7 +609,46 @@ def markdown(report: dict[str, Any], reference: str, cells: Sequence[Cell]) -> s
          for r in rivals],
     )
     lines += summary_markdown(report, reference, rivals)
+    lines += losses_markdown(report)
     return "\n".join(lines) + "\n"
+
+
+def losses_markdown(report: dict[str, Any]) -> list[str]:
+    """Where each of our sides loses against the GEMM bound of the precision it serves: the
+    backend alone on fixed shapes (the runtime's ceiling), then the engine with real lengths,
+    then HTTP."""
+    bound = report["machine"].get("roofline")
+    big = report["summary"]["largest_cell"]
+    rows = []
+    for name, side in report["sides"].items():
+        ceiling = (side.get("in_process") or {}).get("fixed_shape")
+        if not bound or not ceiling or ceiling.get("dtype") not in bound:
+            continue
+        gemm = bound[ceiling["dtype"]]["tokens_per_s_bound"]
+        engine = side["in_process"].get("tokens_per_s")
+        served = side["cells"][big].get("tokens_per_s")
+
+        def of_bound(value: float | None, gemm: float = gemm) -> str:
+            part = ratio(value, gemm)
+            return f"{fmt(value)} ({part:.0%})" if part else fmt(value)
+
+        rows.append(
+            f"| {name} | {ceiling['backend']} {ceiling['dtype']} | {fmt(gemm)} | "
+            f"{of_bound(ceiling['tokens_per_s'])} | {of_bound(engine)} | {of_bound(served)} |"
+        )
+    if not rows:
+        return []
+    return [
+        "", f"## Against the GEMM bound at {big}", "",
+        f"Shares of the bound of the precision served (its GEMMs alone at 32 x "
+        f"{bound['tokens_per_text']} tokens). The backend alone runs fixed 32 x "
+        f"{bound['tokens_per_text']} batches, no padding: the runtime's own ceiling; the engine "
+        "adds real lengths (padding), tokenizing, pooling and the queue; the server adds HTTP.",
+        "",
+        "| side | runs | GEMM bound tokens/s | backend alone, fixed shape | engine in process | server |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def cell_table(
@@ -814,8 +857,10 @@ def after_servers(
         for side in args.sides:
             if side.program == "ours":
                 print(f"in-process engine for {side.name} at {big.label} ...", flush=True)
+                bound = report["machine"].get("roofline")
                 result = report["sides"][side.name]["in_process"] = in_process(
-                    side, args.model, args.corpus, big, counter, args
+                    side, args.model, args.corpus, big, counter, args,
+                    bound["tokens_per_text"] if bound else None,
                 )
                 print(f"  {result}", file=sys.stderr if "error" in result else sys.stdout, flush=True)
     if not vectors:

@@ -612,6 +612,17 @@ async def test_the_openvino_int8_model_is_quantised_and_holds_the_bar(models) ->
     assert set(facts["float32_layers"]) <= set(openvino_int8.sensitive_matmuls(float_ir))
 
 
+async def test_openvino_int8_runs_what_it_leaves_unquantised_in_bfloat16_where_the_cpu_has_it(models) -> None:
+    """Attention and the products kept unquantised compute in bfloat16 on a CPU with it in
+    hardware (read at run time), float32 elsewhere; the bar was checked as it is served."""
+    async with Engine(ModelSpec(model_id=str(models["bert"]), backend="openvino", dtype="int8")) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        hint = str(backend.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        fast = cpu_has_fast_bf16() and "BF16" in backend.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        assert ("bf16" in hint or "bfloat16" in hint) == fast, hint
+        assert backend.agreement is None or backend.agreement >= fidelity.MIN_AGREEMENT["int8"]
+
+
 async def test_openvino_int8_that_cannot_hold_the_bar_fails_with_the_numbers(
     models, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

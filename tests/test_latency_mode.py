@@ -56,6 +56,30 @@ async def test_a_lone_passage_runs_on_every_core_and_a_full_batch_on_the_streams
     np.testing.assert_allclose(full, np.repeat(alone, 16, axis=0), atol=1e-5)
 
 
+async def test_a_batch_is_cut_into_four_slices_a_stream(tiny_embedder: Path) -> None:
+    """Up to eight slices on two streams, each padded only to its own longest text: texts of
+    mixed lengths answer what each answers alone."""
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="openvino", dtype="float32",
+                     backend_options={"streams": 2, "threads": 2})
+    texts = [" ".join(["word"] * n) for n in (1, 40, 3, 90, 7, 60, 2, 120, 15, 30, 5, 75, 9, 20, 11, 50)]
+    async with Engine(spec) as engine:
+        backend = next(iter(engine.models.values()))._loaded.backend
+        assert backend.slots == backend.streams * 4 == 8
+        widths: list[list[int]] = []
+        run = backend._run
+
+        def watched(requests, slices, feed, cut, lengths, width, release):  # type: ignore[no-untyped-def]
+            widths.append([int(lengths[rows].max()) for rows in slices])
+            return run(requests, slices, feed, cut, lengths, width, release)
+
+        backend._run = watched
+        together = (await engine.embed(texts)).embeddings
+        # the batch of 16 in more slices than streams, at most eight (fewer where equal work needs fewer)
+        assert backend.streams < max(len(w) for w in widths) <= backend.slots
+        alone = np.concatenate([(await engine.embed([t])).embeddings for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
 async def test_under_a_memory_budget_the_load_waits_for_the_second_compilation(
     tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

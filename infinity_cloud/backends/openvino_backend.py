@@ -41,14 +41,21 @@ from infinity_cloud.numerics.inputs import INPUT_NAMES, ModelInputs
 log = logging.getLogger(__name__)
 
 IR_FILE = "model.xml"
-# What OpenVINO computes in; int8 is the IR's own (its quantised matrix products), the rest of
-# it float32, as its fidelity was measured when it was built.
+# What OpenVINO computes in. int8 is the IR's own (its quantised matrix products); the rest of
+# it (attention, the products kept unquantised) runs in bfloat16 where the CPU has it in
+# hardware, else float32 (`_int8_rest`), as its fidelity is measured when it is built: on mpnet
+# here the six products kept in float32 and the attention took a fifth of a passage's time.
 _PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "f32"}
 # One request on N cores against N streams of one core: a lone batch goes to every core
 # when its slices' time on the streams is above its time on all cores divided by this.
 # Measured 0.92 on 2 cores (one 157-token MiniLM passage: 28 ms against 52 ms); taken lower
 # because one request scales worse on more cores.
 SOLO_EFFICIENCY = 0.8
+# Slices a batch is cut into per stream: each pads only to its own longest, and OpenVINO runs
+# them on whichever stream is free. Passages of the benchmarks' corpus (mpnet tokens, batches
+# of 16 to 128) are 63-68 % real tokens when cut in two for two streams, 77-83 % in four and
+# 87-91 % in eight; the backend alone on unpadded batches ran at 96 % of the bfloat16 GEMM bound.
+SLICES_PER_STREAM = 4
 # OpenVINO's CPU plugin keeps what it compiles for each input shape (its runtime cache, 5,000
 # entries by default, and oneDNN's primitive cache, 1,024): with a shape per input length,
 # a server's memory grew with every new input (MiniLM, 4 clients: 1.1 GB to 2.8 GB in ten
@@ -124,6 +131,7 @@ class OpenVinoBackend(Backend):
         self.compiled = exports.load_cached(converted, compiled)
         self.export_name = folder[0].name
         self.streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        self.slots = self.streams * int(spec.backend_options.get("slices_per_stream", SLICES_PER_STREAM))
         # Lone batches run on every core on a second compilation (from its cached blob: 0.12 s
         # and 145 MB on MiniLM), made in the background so it adds nothing to a cold start;
         # until it is ready they run on the streams. Under a memory budget the load waits
@@ -139,7 +147,7 @@ class OpenVinoBackend(Backend):
         self.in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
         self._free: queue.Queue[list[ov.InferRequest]] = queue.Queue()
         for _ in range(self.in_flight):
-            self._free.put([self.compiled.create_infer_request() for _ in range(self.streams)])
+            self._free.put([self.compiled.create_infer_request() for _ in range(self.slots)])
         self.solo_batches = 0  # batches that ran on every core as one request
         self._inputs = input_names(self.compiled.inputs)
         if self.streams > 1 and not spec.latency:  # last: nothing after it may fail
@@ -183,8 +191,10 @@ class OpenVinoBackend(Backend):
             )
         floor = MIN_AGREEMENT["int8"]
 
+        rest = self._int8_rest()
+
         def compile_as_served(model: ov.Model) -> ov.CompiledModel:
-            return self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": _PRECISIONS["int8"]})
+            return self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": rest})
 
         def build(out: Path) -> dict[str, object]:
             floating = self.core.read_model(str(floats / IR_FILE))
@@ -196,15 +206,22 @@ class OpenVinoBackend(Backend):
 
         return exports.cached_export(
             self.info.path, "openvino",
+            # Not keyed by `rest`: the IR is the same wherever it runs (an image built on a CPU with
+            # bfloat16 serves on one without); the load's fidelity verdict is keyed by the CPU's.
             {"source": floats.name, "openvino": ov.__version__, "int8": openvino_int8.SCHEME, "floor": floor},
             build, f"quantising {self.info.path.name} to int8 (calibrated on built-in texts)",
         )
 
+    def _fast_bf16(self) -> bool:
+        return cpu_has_fast_bf16() and "BF16" in self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+    def _int8_rest(self) -> str:
+        """What an int8 IR's unquantised operations compute in (see `_PRECISIONS`)."""
+        return "bf16" if self._fast_bf16() else "f32"
+
     def _resolve_dtype(self, dtype: str) -> str:
         if dtype == "auto":
-            capabilities = self.core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-            fast = cpu_has_fast_bf16() and "BF16" in capabilities
-            return "bfloat16" if fast else "float32"
+            return "bfloat16" if self._fast_bf16() else "float32"
         if dtype not in _PRECISIONS:
             raise ConfigError(f"the openvino backend runs float32, bfloat16, float16 or int8, not {dtype}")
         return dtype
@@ -226,8 +243,9 @@ class OpenVinoBackend(Backend):
 
     def _compile(self, folder: Path, latency: bool) -> ov.CompiledModel:
         options = self.spec.backend_options
+        precision = self._int8_rest() if self.dtype == "int8" else _PRECISIONS[self.dtype]
         config: dict[str, object] = {
-            "INFERENCE_PRECISION_HINT": _PRECISIONS[self.dtype],
+            "INFERENCE_PRECISION_HINT": precision,
             "PERFORMANCE_HINT": "LATENCY" if latency
             else str(options.get("performance_hint", "THROUGHPUT")).upper(),
             "INFERENCE_NUM_THREADS": int(options.get("threads", usable_cores())),
@@ -278,7 +296,7 @@ class OpenVinoBackend(Backend):
             lengths = inputs.lengths if inputs.lengths is not None else mask.sum(axis=1)
         feed = inputs.feed(self._inputs)
         width = mask.shape[1] if mask is not None else 0
-        slices = balanced_slices(lengths, self.streams)
+        slices = balanced_slices(lengths, self.slots)
         # Only this (the forward) thread takes sets of requests: all of them free means no
         # other batch is in flight.
         alone = self._free.qsize() == self.in_flight

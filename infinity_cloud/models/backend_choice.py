@@ -13,7 +13,7 @@ from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
-from infinity_cloud.hardware import int8_kernels
+from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.numerics.fidelity import MIN_AGREEMENT, agreement
 from infinity_cloud.numerics.heads import Head
@@ -94,9 +94,11 @@ def _verified(
 
     verdict = exports.cached_export(
         info.path, "fidelity",
-        # The CPU's integer kernels too: int8 that holds with VNNI may not without it.
+        # The CPU's integer kernels too: int8 that holds with VNNI may not without it; and its
+        # bfloat16, which OpenVINO's int8 runs its unquantised rest in where the CPU has it.
         {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor,
-         "kernels": int8_kernels() if backend.device == "cpu" else None, "export": backend.export_name},
+         "kernels": int8_kernels() if backend.device == "cpu" else None, "export": backend.export_name,
+         **({"bf16": True} if backend.device == "cpu" and cpu_has_fast_bf16() else {})},
         measure, f"checking {cls.name} {backend.dtype} against float32",
     )
     score = exports.export_metadata(verdict)["agreement"]
@@ -179,7 +181,7 @@ def _fastest(
         {"backend": cls.name, "graph": graph, "device": cls.device_name(spec), "candidates": list(candidates),
          "timing": [TIMING_ROWS, TIMING_LENGTH], "floor": floor,
          # On a CPU, what decides between float32, bfloat16 and int8: its matrix kernels.
-         "kernels": int8_kernels()},
+         "kernels": int8_kernels(), **({"bf16": True} if cpu_has_fast_bf16() else {})},
         measure, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
     ))
     chosen, measured = verdict["dtype"], verdict["measured"]
