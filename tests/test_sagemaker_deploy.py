@@ -22,6 +22,7 @@ import boto3
 import httpx
 import numpy as np
 import pytest
+import yaml
 from botocore.stub import Stubber
 from conftest import FAKE, serve_in_process, spec_of
 from moto import mock_aws
@@ -659,3 +660,30 @@ def test_packed_models_are_uploaded_to_the_model_data_uri(tmp_path: Path, tiny_e
     assert sm.describe_model(ModelName=model["ModelName"])["PrimaryContainer"]["ModelDataUrl"] == uri
     missing = deploy(tmp_path, "--model-id", str(tiny_embedder), "--pack-models", "--dry-run")
     assert missing.exit_code == 2 and "--pack-models needs --model-data" in missing.output
+
+
+@mock_aws
+def test_a_plans_spec_deploys_with_its_instances_and_autoscaling(tmp_path: Path, tiny_embedder: Path) -> None:
+    """`plan --write` for SageMaker, deployed as written: its instance type, count and
+    InvocationsPerInstance target reach the endpoint and its scaling policy."""
+    spec = tmp_path / "plan.yaml"
+    argv = ["plan", "--model-id", str(tiny_embedder), "--target", "sagemaker", "--qps", "200000",
+            "--hardware", "ml.m5.xlarge", "--write", str(spec)]
+    planned = runner.invoke(cli, argv)
+    assert planned.exit_code == 0, planned.output
+    chosen = yaml.safe_load(spec.read_text())["sagemaker"]
+    assert chosen["instance_count"] > 1  # enough load to scale
+    result = deploy(tmp_path, "--config", str(spec), "--endpoint-name", "planned")
+    assert result.exit_code == 0, result.output
+    sm = boto3.client("sagemaker", region_name=REGION)
+    endpoint = sm.describe_endpoint(EndpointName="planned")
+    config = sm.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
+    (variant,) = config["ProductionVariants"]
+    assert variant["InstanceType"] == "ml.m5.xlarge"
+    assert variant["InitialInstanceCount"] == chosen["instance_count"]
+    scaling = boto3.client("application-autoscaling", region_name=REGION)
+    (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, chosen["instance_count"])
+    (policy,) = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["TargetValue"] == float(chosen["target_invocations"])

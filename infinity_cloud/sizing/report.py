@@ -94,20 +94,28 @@ def plot(profile: Profile, path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         log.warning("no plot written: matplotlib is not installed. Fix: pip install 'infinity-cloud[bench]'")
         return False
     figure, (rate, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = [("", profile.points), *((f" ({url})", points) for url, points in profile.compared.items())]
+    shapes = list(dict.fromkeys(p.shape for p in profile.points))
+    colours = {shape: f"C{i}" for i, shape in enumerate(shapes)}  # a shape's colour on every server
     for suffix, points in series:
         for shape in dict.fromkeys(p.shape for p in points):
             run = [p for p in points if p.shape == shape]
+            style = {
+                "color": colours.get(shape),
+                "marker": "x" if suffix else "o",
+                "linestyle": "--" if suffix else "-",
+            }
             label = shape_label(*shape) + suffix
-            style = "-o" if not suffix else "--x"
-            rate.plot([p.concurrency for p in run], [p.tokens_per_s for p in run], style, label=label)
-            latency.plot([p.concurrency for p in run], [p.p95_ms or 0 for p in run], style, label=label)
+            rate.plot([p.concurrency for p in run], [p.tokens_per_s for p in run], label=label, **style)
+            latency.plot([p.concurrency for p in run], [p.p95_ms or 0 for p in run], label=label, **style)
     for axes, ylabel in ((rate, "tokens/s"), (latency, "p95 latency, ms")):
         axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
         axes.set_xlabel("concurrent clients")
         axes.set_ylabel(ylabel)
         axes.grid(True, alpha=0.3)
