@@ -29,8 +29,9 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32)
 SHAPES = (("query", 1), ("passage", 1), ("passage", 8), ("passage", 32))
 # A step that adds less throughput than this is flat; two flat steps end a shape's sweep.
 FLAT_GAIN = 0.05
-# Requests cycled per point: enough distinct texts that a result cache or a lucky length
-# does not flatter one point.
+# Requests cycled per point: enough distinct texts that a lucky length does not flatter one
+# point. They repeat, so a server with its result cache on answers them from it after the
+# first pass: measure the model with the cache off (docs/sizing.md).
 BATCHES_PER_POINT = 32
 _RSS = re.compile(r"^process_resident_memory_bytes(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.MULTILINE)
 

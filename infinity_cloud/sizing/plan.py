@@ -76,7 +76,7 @@ def capacity_of(
     """A measured profile of this hardware class when given (its best saturated point,
     scaled to this load's text length), else the estimate; either says which."""
     found = estimate(offer, shape, load.tokens_per_text, calibration)
-    if profile is None or profile_class(profile) != offer.hardware_class or not profile.points:
+    if profile is None or profile.hardware.hardware_class != offer.hardware_class or not profile.points:
         return found
     best = max(profile.points, key=lambda p: p.tokens_per_s)
     measured_length = profile.tokens_per_text.get(best.kind) or load.tokens_per_text
@@ -90,13 +90,6 @@ def capacity_of(
         f"measured (the profile's {best.kind} x{best.per_request} at "
         f"{best.concurrency} clients); the estimate for this hardware was {off:+.0%} from it",
     )
-
-
-def profile_class(profile: Profile) -> str:
-    from infinity_cloud.sizing.estimate import kernel_class
-
-    hardware = profile.hardware
-    return hardware.device if hardware.device != "cpu" else f"cpu/{kernel_class(hardware.kernel_flags)}"
 
 
 def choose(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infinity_cloud.sizing.estimate import kernel_class
 from infinity_cloud.sizing.load import LoadRun
 
 SCHEMA = 1
@@ -51,6 +52,11 @@ class Hardware(BaseModel):
     cpu: str = ""
     cores: int | None = None
     kernel_flags: list[str] = Field(default_factory=list)
+
+    @property
+    def hardware_class(self) -> str:
+        """What `plan` matches offers on: the GPU's model, or the CPU's kernel class."""
+        return self.device if self.device != "cpu" else f"cpu/{kernel_class(self.kernel_flags)}"
 
     @property
     def kind(self) -> str:
