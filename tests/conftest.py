@@ -52,7 +52,7 @@ BESIDE = frozenset({
     "test_install.py", "test_image_requirements.py", "test_sagemaker_deploy.py", "test_sagemaker_target.py",
     "test_smoke_command.py", "test_aws_lambda_deploy.py", "test_aws_lambda_target.py", "test_aws_policies.py",
     "test_modal_target.py", "test_modal_job.py", "test_batch_transform_job.py", "test_kubernetes_deploy.py",
-    "test_targets.py", "test_docs.py",
+    "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py",
 })
 
 

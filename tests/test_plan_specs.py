@@ -128,3 +128,92 @@ def test_refusals(model: Path) -> None:
     (model.parent / "clip" / "config.json").write_text(json.dumps({"model_type": "clip"}))
     code, output = plan("--model-id", str(model.parent / "clip"), "--target", "modal", "--qps", "1")
     assert code == 2 and "--profile" in output
+
+
+def test_the_modal_plan_deploys_with_its_gpu_and_autoscaler(
+    tiny_embedder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendered and handed to Modal's own App.deploy (the call that would reach Modal's servers
+    stands in): the app carries the plan's GPU, container cap and target concurrency."""
+    import modal
+
+    written = tmp_path / "spec.yaml"
+    code, output = plan(
+        "--model-id",
+        str(tiny_embedder),
+        "--target",
+        "modal",
+        "--hardware",
+        "L4",
+        *LOAD,
+        "--write",
+        str(written),
+    )
+    assert code == 0, output
+    chosen = yaml.safe_load(written.read_text())["modal"]
+    deployed: list[str] = []
+    monkeypatch.setattr(modal.App, "deploy", lambda self, **kwargs: deployed.append(self.name) or self)
+    result = runner.invoke(
+        build_cli(),
+        ["deploy", "modal", "--config", str(written), "--out", str(tmp_path / "app"), "--no-proxy-auth"],
+        env={"MODAL_TOKEN_ID": "ak-test", "MODAL_TOKEN_SECRET": "as-test"},
+    )
+    assert result.exit_code == 0, result.output
+    assert deployed == ["infinity-cloud"]
+    app = "\n".join(p.read_text() for p in (tmp_path / "app").glob("*.py"))
+    assert "GPU = 'L4'" in app or 'GPU = "L4"' in app or "GPU = ['L4']" in app, app[:2000]
+    assert f"max_containers={chosen['max_containers']}," in app
+    assert f"TARGET_CONCURRENCY = {chosen['target_concurrency']}" in app
+
+
+def test_the_lambda_plan_deploys_with_its_memory(
+    tiny_embedder: Path, tmp_path: Path, fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against moto: the function gets the memory (and so the vCPUs) the plan sized it by."""
+    import boto3
+    from moto import mock_aws
+
+    from infinity_cloud.targets.aws_lambda import calls
+
+    monkeypatch.setattr(calls, "POLL_S", 0.0)  # no waiting between polls
+
+    written = tmp_path / "spec.yaml"
+    code, output = plan(
+        "--model-id", str(tiny_embedder), "--target", "aws_lambda", *LOAD, "--write", str(written)
+    )
+    assert code == 0, output
+    chosen = yaml.safe_load(written.read_text())["aws_lambda"]
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "lambda.amazonaws.com"}}
+        ],
+    }
+    with mock_aws():
+        role = boto3.client("iam", region_name="us-east-1").create_role(
+            RoleName="lambda-exec", AssumeRolePolicyDocument=json.dumps(trust)
+        )["Role"]["Arn"]
+        result = runner.invoke(
+            build_cli(),
+            [
+                "deploy",
+                "aws-lambda",
+                "--config",
+                str(written),
+                "--out",
+                str(tmp_path / "build"),
+                "--image-uri",
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/emb:1",
+                "--role",
+                role,
+                "--region",
+                "us-east-1",
+                "--function-name",
+                "planned",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        config = boto3.client("lambda", region_name="us-east-1").get_function(FunctionName="planned")[
+            "Configuration"
+        ]
+    assert config["MemorySize"] == chosen["memory_mb"]
