@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from infinity_cloud.hardware import _cpuinfo
+from infinity_cloud.hardware import cpu_clock_ghz
 from infinity_cloud.sizing.estimate import Offer, Shape, calibrations, estimate, kernel_class
 from infinity_cloud.sizing.profile import Profile
 
@@ -39,7 +39,7 @@ def main() -> None:
         as_of="-",
         cores=hardware.cores,
         kernel_class=kernel_class(hardware.kernel_flags),
-        clock_ghz=float(_cpuinfo("cpu MHz") or 2500) / 1000,
+        clock_ghz=cpu_clock_ghz() or 2.5,
     )
     shape = Shape.of(json.loads((args.model / "config.json").read_text()))
     best = max(profile.points, key=lambda p: p.tokens_per_s)

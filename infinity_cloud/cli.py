@@ -513,9 +513,12 @@ def bench(
     """Measure a model: throughput and p50/p95/p99 latency against clients and request size, the
     knee, memory; a table, a plot and a profile (JSON) that `plan` sizes deployments from."""
     import asyncio
+    import json
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from infinity_cloud.hardware import cpu_clock_ghz
+    from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import bench as measuring
     from infinity_cloud.sizing import report
     from infinity_cloud.sizing.local_server import local_server
@@ -549,6 +552,14 @@ def bench(
                     profile = measure(served, (spec.server.keys or (None,))[0])
         except (measuring.BenchError, OSError) as exc:
             raise fail(str(exc)) from None
+    clock = cpu_clock_ghz()
+    if url is None and clock:  # served here: the model's config and this CPU's clock are at hand
+        try:
+            folder = resolve_model_dir(spec.models[0].model_id)
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            measuring.add_bound(profile, config, clock)
+        except (ValueError, OSError, InfinityCloudError) as exc:  # not a text encoder's config
+            typer.echo(f"no share of the CPU's peak: {exc}", err=True)
     out.mkdir(parents=True, exist_ok=True)
     profile.write(out / "profile.json")
     report.show(profile)

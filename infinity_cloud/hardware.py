@@ -41,6 +41,14 @@ def cpu_model() -> str:
     return _cpuinfo("model name")
 
 
+def cpu_clock_ghz() -> float | None:
+    """The clock the kernel reports for the first CPU, GHz (None where it reports none)."""
+    try:
+        return float(_cpuinfo("cpu MHz")) / 1000
+    except ValueError:
+        return None
+
+
 def cpu_has_fast_bf16() -> bool:
     """True where bfloat16 matmuls run in hardware (AMX tiles or AVX512-BF16)."""
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())

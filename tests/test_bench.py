@@ -4,6 +4,7 @@ second server, a server started from --model-id and stopped after, and its refus
 
 from __future__ import annotations
 
+import json
 import socket
 import statistics
 from collections.abc import Iterator
@@ -17,9 +18,10 @@ from typer.testing import CliRunner
 
 from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.cli import build_cli
-from infinity_cloud.hardware import KERNEL_FLAGS, cpu_flags, usable_cores
+from infinity_cloud.hardware import KERNEL_FLAGS, cpu_clock_ghz, cpu_flags, usable_cores
 from infinity_cloud.sizing.bench import BATCHES_PER_POINT
 from infinity_cloud.sizing.corpus import load_texts
+from infinity_cloud.sizing.estimate import Shape
 from infinity_cloud.sizing.profile import Profile
 
 QUICK = ["--concurrency", "1,2", "--seconds", "0.5"]
@@ -88,6 +90,14 @@ def test_a_model_id_is_served_here_for_the_run_and_stopped(tiny_embedder: Path, 
     assert code == 0, output
     profile = Profile.read(tmp_path / "profile.json")
     assert [p.concurrency for p in profile.points] == [1]
+    # Served on this CPU from a config at hand: each point's share of the CPU's peak.
+    if cpu_clock_ghz() is not None:
+        shape = Shape.of(json.loads((tiny_embedder / "config.json").read_text()))
+        assert profile.gflop_per_token == pytest.approx(
+            shape.flop_per_token(profile.tokens_per_text["query"]) / 1e9, rel=1e-3)
+        assert profile.peak_gflops and profile.peak_gflops > 0
+        assert 0 < profile.bound_share(profile.points[0]) < 1.5
+        assert "of the CPU's peak" in output
     port = int(profile.url.rsplit(":", 1)[1])
     with socket.socket() as sock:  # its server is gone
         assert sock.connect_ex(("127.0.0.1", port)) != 0

@@ -79,8 +79,10 @@ async def connect(url: str, model: str | None, api_key: str | None) -> Server:
         listed = response.json().get("data") or []
     if not listed:
         raise BenchError(f"{url} serves no model")
-    facts = listed[0] if model is None else next(
-        (m for m in listed if model == m.get("id") or model in (m.get("aliases") or ())), None
+    facts = (
+        listed[0]
+        if model is None
+        else next((m for m in listed if model == m.get("id") or model in (m.get("aliases") or ())), None)
     )
     if facts is None:
         served = ", ".join(str(m.get("id")) for m in listed)
@@ -117,8 +119,10 @@ async def rss_mb(server: Server) -> float | None:
 def hardware_of(facts: dict[str, Any]) -> Hardware:
     host = facts.get("host") or {}
     return Hardware(
-        device=host.get("device") or facts.get("device") or "cpu", cpu=host.get("cpu", ""),
-        cores=host.get("cores"), kernel_flags=list(host.get("kernel_flags") or ()),
+        device=host.get("device") or facts.get("device") or "cpu",
+        cpu=host.get("cpu", ""),
+        cores=host.get("cores"),
+        kernel_flags=list(host.get("kernel_flags") or ()),
     )
 
 
@@ -167,11 +171,17 @@ async def bench(
                 pools[(kind, size)] = make_batches(pool, size, count if by_text else None)
     profile = Profile(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        package_version=__version__, url=primary.url, model=primary.model,
-        fingerprint=primary.facts.get("fingerprint"), backend=primary.facts.get("backend"),
-        dtype=primary.facts.get("dtype"), max_input_tokens=primary.facts.get("max_input_tokens"),
-        hardware=hardware_of(primary.facts), corpus=str(corpus) if corpus else "built-in",
-        tokens_per_text=averages, idle_rss_mb=await rss_mb(primary),
+        package_version=__version__,
+        url=primary.url,
+        model=primary.model,
+        fingerprint=primary.facts.get("fingerprint"),
+        backend=primary.facts.get("backend"),
+        dtype=primary.facts.get("dtype"),
+        max_input_tokens=primary.facts.get("max_input_tokens"),
+        hardware=hardware_of(primary.facts),
+        corpus=str(corpus) if corpus else "built-in",
+        tokens_per_text=averages,
+        idle_rss_mb=await rss_mb(primary),
         compared={r.url: [] for r in rivals},
     )
     servers = [primary, *rivals]
@@ -199,3 +209,21 @@ async def bench(
         if found is not None:
             profile.knees[shape_label(kind, size)] = found
     return profile
+
+
+def add_bound(profile: Profile, config: dict[str, Any], clock_ghz: float) -> None:
+    """Set the profile's work per token (the model's, at the passages' mean length, else the
+    queries') and the CPU's peak in the precision served, so each point has its share of it.
+    For a server on this machine's CPU only: a remote one's clock is not known here."""
+    from infinity_cloud.sizing.estimate import Shape, cpu_peak_flops, kernel_class
+
+    hardware = profile.hardware
+    if hardware.device != "cpu" or not hardware.cores:
+        return
+    shape = Shape.of(config)
+    length = profile.tokens_per_text.get("passage") or profile.tokens_per_text.get("query") or 128
+    profile.gflop_per_token = round(shape.flop_per_token(length) / 1e9, 6)
+    kernels = kernel_class(hardware.kernel_flags)
+    profile.peak_gflops = round(
+        cpu_peak_flops(hardware.cores, clock_ghz, kernels, profile.dtype or "float32") / 1e9, 1
+    )

@@ -73,8 +73,15 @@ class Offer(BaseModel):
         """FLOP/s at most, in the precision served."""
         if self.is_gpu:
             return self.peak_tflops[self.precision()] * 1e12
-        per_cycle = FLOP_PER_CYCLE[self.kernel_class or "avx2"][self.precision()]
-        return (self.cores or 1) * (self.clock_ghz or 2.5) * 1e9 * per_cycle
+        return cpu_peak_flops(
+            self.cores or 1, self.clock_ghz or 2.5, self.kernel_class or "avx2", self.precision()
+        )
+
+
+def cpu_peak_flops(cores: int, clock_ghz: float, kernels: str, precision: str) -> float:
+    """A CPU's FLOP/s at most in `precision` (float32 where its class has no faster one)."""
+    per_cycle = FLOP_PER_CYCLE[kernels]
+    return cores * clock_ghz * 1e9 * per_cycle.get(precision, per_cycle["float32"])
 
 
 def offers(target: str | None = None) -> list[Offer]:
@@ -98,7 +105,8 @@ class Shape:
         try:
             hidden = int(config["hidden_size"])
             return cls(
-                layers=int(config["num_hidden_layers"]), hidden=hidden,
+                layers=int(config["num_hidden_layers"]),
+                hidden=hidden,
                 inner=int(config.get("intermediate_size") or 4 * hidden),
                 max_tokens=int(config.get("max_position_embeddings") or 512),
             )
@@ -156,8 +164,10 @@ def estimate(offer: Offer, shape: Shape, tokens_per_text: float, points: list[Ca
     rate = efficiency * offer.peak_flops() / shape.flop_per_token(tokens_per_text)
     names = ", ".join(p.label for p in near)
     if not same:
-        basis = (f"estimated: no profile of {offer.hardware_class} was measured; the efficiency of "
-                 f"{names} ({efficiency:.0%} of peak) is assumed")
+        basis = (
+            f"estimated: no profile of {offer.hardware_class} was measured; the efficiency of "
+            f"{names} ({efficiency:.0%} of peak) is assumed"
+        )
     elif len(same) == 1:
         basis = f"estimated from {names} ({efficiency:.0%} of peak), the one profile of this class"
     else:

@@ -89,6 +89,17 @@ class Profile(BaseModel):
     knees: dict[str, Point] = Field(default_factory=dict)
     # Another server measured beside this one, interleaved (`--compare`): its points by URL.
     compared: dict[str, list[Point]] = Field(default_factory=dict)
+    # Where they can be computed (the model's config and the CPU's clock at hand): the
+    # model's work per token and the hardware's peak in the precision served, for
+    # `bound_share`.
+    gflop_per_token: float | None = None
+    peak_gflops: float | None = None
+
+    def bound_share(self, point: Point) -> float | None:
+        """The share of the hardware's peak a point's throughput is."""
+        if not self.gflop_per_token or not self.peak_gflops:
+            return None
+        return point.tokens_per_s * self.gflop_per_token / self.peak_gflops
 
     def write(self, path: Path) -> None:
         path.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")

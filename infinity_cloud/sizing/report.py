@@ -73,9 +73,10 @@ def show(profile: Profile, console: Console | None = None) -> None:
     console = console or Console()
     console.print(table(profile))
     for label, point in profile.knees.items():
+        share = profile.bound_share(point)
         line = (
             f"{label}: knee at {point.concurrency} client(s), {point.tokens_per_s:,.0f} tokens/s, "
-            f"p95 {_ms(point.p95_ms)} ms"
+            f"p95 {_ms(point.p95_ms)} ms" + (f", {share:.0%} of the CPU's peak" if share else "")
         )
         for url, points in profile.compared.items():
             theirs = _same(point, points)
