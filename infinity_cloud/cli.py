@@ -574,7 +574,8 @@ def plan(
         "read).",
         show_default=False)] = None,
     target: Annotated[str | None, typer.Option(
-        "--target", help="modal, sagemaker, kubernetes or aws_lambda.", show_default=False)] = None,
+        "--target", help="The deployment target, as `deploy` names it (those the price table covers: "
+        "docs/sizing.md).", show_default=False)] = None,
     qps: Annotated[float | None, typer.Option(
         "--qps", min=0.001, help="Requests per second at the busiest hour.", show_default=False)] = None,
     tokens_per_request: Annotated[int, typer.Option(
@@ -592,7 +593,7 @@ def plan(
         show_default=False)] = None,
     scale_to_zero: Annotated[bool | None, typer.Option(
         "--scale-to-zero/--keep-warm", help="Let every replica stop when idle, or keep one (default: the "
-        "target's own: Modal scales to zero, Kubernetes keeps one).", show_default=False)] = None,
+        "target's own, as docs/sizing.md gives it).", show_default=False)] = None,
     write: Annotated[Path | None, typer.Option(
         "--write", help="Write the spec `deploy TARGET --config FILE` takes.", show_default=False)] = None,
     interactive: Annotated[bool, typer.Option(
@@ -613,8 +614,8 @@ def plan(
 
     if interactive:
         model_id = model_id or typer.prompt("Model (hub id or folder)")
-        while target not in planning.TARGETS:
-            target = typer.prompt(f"Target ({', '.join(planning.TARGETS)})", default="modal")
+        while (target or "").replace("-", "_") not in planning.TARGETS:
+            target = typer.prompt(f"Target ({', '.join(planning.TARGETS)})", default=planning.TARGETS[0])
         qps = qps or typer.prompt("Requests per second at the busiest hour", type=float)
         if p95_ms is None:
             answer = typer.prompt("p95 latency to stay within, ms (blank: none)", default="",
@@ -624,6 +625,7 @@ def plan(
                if value is None]
     if missing:
         raise fail(f"give {', '.join(missing)} (or --interactive)")
+    target = str(target).replace("-", "_")  # as `deploy` spells it on the command line, or as the spec does
     if target not in planning.TARGETS:
         raise fail(f"--target is one of {', '.join(planning.TARGETS)}, not {target!r}")
     with reported_errors():
