@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Collection
 from typing import Any
 
-import orjson
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -36,19 +35,13 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error answer but TEI's: OpenAI's shape, and the message again as Jina's and
-    Voyage's `detail` (a 422's is FastAPI's list) and Cohere's `message`."""
+    """Every error answer but TEI's (`dialects/tei.py` reshapes it): OpenAI's shape, and the
+    message again as Jina's and Voyage's `detail` (a 422's is FastAPI's list) and Cohere's
+    `message`."""
 
     error: ErrorDetail
     detail: str | list[dict[str, Any]]
     message: str
-
-
-class TeiErrorBody(BaseModel):
-    """Errors on TEI's routes, in TEI's shape."""
-
-    error: str
-    error_type: str
 
 
 _STATUSES = {
@@ -197,19 +190,6 @@ async def handled(request: Request, exc: Exception) -> Response | None:
         if cls in EXCEPTION_HANDLERS:
             return await EXCEPTION_HANDLERS[cls](request, exc)  # type: ignore[index]
     return None
-
-
-# TEI's error kinds, by our status.
-_TEI_KINDS = {429: "Overloaded", 503: "Unhealthy", 500: "Backend"}
-
-
-def in_tei_shape(response: Response) -> Response:
-    """One of our error answers as TEI gives errors: {"error": message, "error_type": kind}.
-    The status stays ours (a client mistake is a 4xx either way)."""
-    message = orjson.loads(bytes(response.body))["error"]["message"]
-    kind = _TEI_KINDS.get(response.status_code, "Validation")
-    headers = {k: v for k, v in response.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
-    return json_response({"error": message, "error_type": kind}, response.status_code, headers)
 
 
 class CatchBugs(HttpMiddleware):

@@ -18,8 +18,9 @@ from infinity_cloud.server.dialects.common import RerankRequest
 from infinity_cloud.server.dialects.infinity import ClassifyRequest
 from infinity_cloud.server.dialects.openai import EmbeddingRequest
 from infinity_cloud.server.dialects.registry import Dialect, Mount
+from infinity_cloud.server.dialects.tei import TeiErrorBody
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import ErrorBody, TeiErrorBody, error_responses
+from infinity_cloud.server.errors import ErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 
 # The routes a body may be for, by the custom attribute's name; their request models.

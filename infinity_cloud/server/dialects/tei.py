@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
+import orjson
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
@@ -30,15 +31,29 @@ from infinity_cloud.server.dialects.common import (
 )
 from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
 from infinity_cloud.server.encoding import json_response
-from infinity_cloud.server.errors import (
-    ErrorBody,
-    TeiErrorBody,
-    error_response,
-    error_responses,
-    handled,
-    in_tei_shape,
-)
+from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
 from infinity_cloud.server.parsing import JsonRoute
+
+
+class TeiErrorBody(BaseModel):
+    """Errors on TEI's routes, in TEI's shape."""
+
+    error: str
+    error_type: str
+
+
+# TEI's error kinds, by our status.
+_TEI_KINDS = {429: "Overloaded", 503: "Unhealthy", 500: "Backend"}
+
+
+def in_tei_shape(response: Response) -> Response:
+    """One of our error answers as TEI gives errors: {"error": message, "error_type": kind}.
+    The status stays ours (a client mistake is a 4xx either way)."""
+    message = orjson.loads(bytes(response.body))["error"]["message"]
+    kind = _TEI_KINDS.get(response.status_code, "Validation")
+    headers = {k: v for k, v in response.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
+    return json_response({"error": message, "error_type": kind}, response.status_code, headers)
+
 
 # TEI's truncation side (only "right" is served; "left" is refused, not ignored).
 Direction = Literal["right", "left", "Right", "Left"]
