@@ -10,6 +10,7 @@ import importlib
 import json
 import pkgutil
 import shutil
+import typing
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.server import dialects
+from infinity_cloud.server.dialects import common
 
 LONG = "word " * 400  # past every tiny model's limit
 
@@ -48,12 +50,22 @@ SP = {"model": "sp", "inputs": ["hello world"]}
 
 def request_models() -> dict[str, type[BaseModel]]:
     """The request models of every module of the dialects package (each dialect's, and what
-    they share), by name."""
+    they share), by name: every `_Request`, and the models their fields hold. A dialect's
+    other models (its error shape) are answers, not requests."""
     modules = [importlib.import_module(f"{dialects.__name__}.{info.name}")
                for info in pkgutil.iter_modules(dialects.__path__)]
-    return {name: obj for module in modules for name, obj in vars(module).items()
-            if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
-            and not name.startswith("_")}
+    found = {name: obj for module in modules for name, obj in vars(module).items()
+             if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
+             and not name.startswith("_")}
+    requests = {name: model for name, model in found.items() if issubclass(model, common._Request)}
+    fields = [field for request in requests.values() for field in request.model_fields.values()]
+    held = {name: model for name, model in found.items() if any(holds(f.annotation, model) for f in fields)}
+    return {**requests, **held}
+
+
+def holds(annotation: Any, model: type[BaseModel]) -> bool:
+    """Whether a field's type is `model` or contains it (a list of it, a union with it)."""
+    return annotation is model or any(holds(arg, model) for arg in typing.get_args(annotation))
 
 
 P = SimpleNamespace(**request_models())
