@@ -36,6 +36,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpuinfo("flags").split())
 
 
+def kernel_flags() -> list[str]:
+    """This CPU's flags among KERNEL_FLAGS, sorted: what a measurement on it depends on."""
+    return sorted(KERNEL_FLAGS & cpu_flags())
+
+
 def cpu_model() -> str:
     """The CPU's model name, as the kernel reports it ("" where it does not)."""
     return _cpuinfo("model name")

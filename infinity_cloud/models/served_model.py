@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +25,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
-from infinity_cloud.hardware import KERNEL_FLAGS, cpu_flags, cpu_model, usable_cores
+from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
 from infinity_cloud.media import MediaPreprocessor
 from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.model_files import Tower as TowerName
@@ -63,6 +64,12 @@ class _Loaded:
     media: dict[TowerName, MediaPreprocessor]
     # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
     namespaces: dict[TowerName, str] = field(default_factory=dict)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The model's files by their content, read once (on first use: /health and /models
+        report it, and a health probe must not stat the folder each time)."""
+        return model_fingerprint(self.info.path)
 
     @property
     def backend(self) -> Backend:
@@ -398,12 +405,12 @@ class ServedModel:
             # replicas on other hardware compute other last digits, so they keep rows apart.
             device = type(backend).device_name(spec)
             if backend.device.startswith("cpu"):
-                device = f"{cpu_model()} {sorted(cpu_flags() & KERNEL_FLAGS)}"
+                device = f"{cpu_model()} {kernel_flags()}"
             facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
                      spec.pooling or loaded.info.pooling, loaded.normalize, "rows before Normalize",
                      spec.trust_remote_code,
                      sorted(spec.backend_options.items()))
-            loaded.namespaces[tower] = namespace(model_fingerprint(loaded.info.path), facts)
+            loaded.namespaces[tower] = namespace(loaded.fingerprint, facts)
         return loaded.namespaces[tower]
 
     def row_form(self, tower: TowerName = "text") -> RowForm | None:
@@ -483,11 +490,11 @@ class ServedModel:
             labels=list(facts.labels) if facts.capability == Capability.CLASSIFY.value else None,
             modalities=list(facts.modalities),
             # What a measurement of it depends on (`infinity-cloud bench` tags its profile so).
-            fingerprint=model_fingerprint(self._loaded.info.path),
+            fingerprint=self._loaded.fingerprint,
             host={
                 "device": "cpu" if facts.device == "cpu" else type(backend).device_name(self.spec),
                 "cpu": cpu_model(), "cores": usable_cores(),
-                "kernel_flags": sorted(KERNEL_FLAGS & cpu_flags()),
+                "kernel_flags": kernel_flags(),
             },
             stats={
                 "queue_depth": sum(w.queue.depth for w in workers),

@@ -47,10 +47,6 @@ class Server:
     headers: dict[str, str]
     facts: dict[str, Any]
 
-    @property
-    def label(self) -> str:
-        return self.url
-
 
 def parse_shapes(text: str) -> list[tuple[str, int]]:
     """`query:1,passage:32` as [("query", 1), ("passage", 32)]."""
@@ -196,7 +192,7 @@ async def bench(
             order = servers if step % 2 == 0 else servers[::-1]
             step += 1
             for server in order:
-                say(f"{shape_label(kind, size)}, {clients} client(s): {server.label}")
+                say(f"{shape_label(kind, size)}, {clients} client(s): {server.url}")
                 run = await load(server.url, server.model, batches, clients, seconds, server.headers)
                 point = Point.of(kind, size, clients, run, await rss_mb(server))
                 (profile.points if server is primary else profile.compared[server.url]).append(point)

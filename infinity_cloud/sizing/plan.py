@@ -54,8 +54,14 @@ class Choice:
     deadline_s: float | None = None
 
 
+def _batches_waited(utilisation: float) -> float:
+    """Batch times a request's p95 spans: the one running when it came, its own, and the
+    M/D/1 queue ahead at `utilisation`."""
+    return 1 + 1 / (1 - utilisation)
+
+
 def predicted_p95_ms(batch_tokens: int, capacity: float, utilisation: float) -> float:
-    return 1000 * batch_tokens / capacity * (1 + 1 / (1 - utilisation))
+    return 1000 * batch_tokens / capacity * _batches_waited(utilisation)
 
 
 def batch_for(load: Load, capacity: float) -> int:
@@ -63,7 +69,7 @@ def batch_for(load: Load, capacity: float) -> int:
     the planned utilisation is within the p95 asked for; the largest of all without one."""
     if load.p95_ms is None:
         return LARGEST_BATCH
-    fits = load.p95_ms / 1000 * capacity / (1 + 1 / (1 - UTILISATION))
+    fits = load.p95_ms / 1000 * capacity / _batches_waited(UTILISATION)
     size = SMALLEST_BATCH
     while size * 2 <= min(fits, LARGEST_BATCH):
         size *= 2
