@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud import wiring
 
 __version__ = "0.1.0"
-__all__ = ["DeploymentSpec", "Engine", "ModelSpec", "__version__"]
+__all__ = ["DeploymentSpec", "EmbedAsk", "Engine", "ModelSpec", "__version__"]
 
 if TYPE_CHECKING:
+    from infinity_cloud.asks import EmbedAsk
     from infinity_cloud.config import DeploymentSpec, ModelSpec
     from infinity_cloud.engine import Engine
 
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from infinity_cloud.engine import Engine
 
         return Engine
+    if name == "EmbedAsk":
+        from infinity_cloud.asks import EmbedAsk
+
+        return EmbedAsk
     if name in {"DeploymentSpec", "ModelSpec"}:
         from infinity_cloud import config
 

@@ -37,6 +37,7 @@ from infinity_cloud.admission.validation import (
     check_texts,
     check_top_n,
 )
+from infinity_cloud.asks import ROLE_OF_USE, EmbedAsk, Embeddings
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.result_cache import ResultCache, cache_mode
 from infinity_cloud.capability import Capability
@@ -63,13 +64,14 @@ from infinity_cloud.results import (
     MultiVectorResult,
     RankedDocument,
     RerankResult,
+    SimilarityResult,
     SparseEmbeddingResult,
     Token,
 )
 from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
-from infinity_cloud.tasks.embed import EmbedCall, Modality, prompted
+from infinity_cloud.tasks.embed import EmbedCall, Modality, prompt_for_use, prompted
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
@@ -413,6 +415,14 @@ class Engine:
             else f"several models are served; name one in 'model': {known}", param="model",
         )
 
+    def facts_of(self, name: str | None = None, *capabilities: Capability) -> ModelFacts:
+        """What the served model a request means is (`model`'s choice; a 503 until it has
+        loaded): for a route that answers each kind of model in its own shape (TEI's `/`,
+        SageMaker's /invocations)."""
+        served = self.model(name, *capabilities)
+        served.loaded  # noqa: B018  # raises while it loads, fails or has a dead worker
+        return served.facts  # type: ignore[return-value]  # loaded, so known
+
     def _known_names(self) -> str:
         return ", ".join(n for m in self.models.values() for n in m.spec.names)
 
@@ -537,27 +547,71 @@ class Engine:
         quantized = await self.quantize(result, kind, dimensions, wait=wait)
         return replace(result, embeddings=quantized, dtype=kind)
 
-    async def embed_by_type(
-        self,
-        inputs: Sequence[str],
-        types: Sequence[str],
-        model: str | None = None,
-        *,
-        dimensions: int | None = None,
-        truncate: bool = True,
-        modality: Modality = "text",
-        prompt_name: str | None = None,
-        wait: bool = True,
+    async def embeddings(self, ask: EmbedAsk) -> Embeddings:
+        """An embeddings request of any dialect, answered in one call: the model's own kind of
+        embedding among those `ask.accepts` (else the first, whose task says why this model
+        cannot), the prompt or role the texts' use means to it, and the output types asked."""
+        served = self.model(ask.model, *ask.accepts)
+        kind = served.capability if served.capability in ask.accepts else ask.accepts[0]
+        if kind is Capability.SPARSE:
+            if ask.modality != "text":
+                raise UnsupportedError("sparse embeddings are of text; send modality 'text'",
+                                       param="modality")
+            return await self.embed_sparse(ask.inputs, served.name, truncate=ask.truncate,  # type: ignore[arg-type]
+                                           prompt_name=ask.prompt_name)
+        if kind is Capability.MULTI_VECTOR:
+            return await self._multi_vector(served, ask)
+        prompt = ask.prompt_name
+        if prompt is None and ask.modality == "text":
+            prompt = prompt_for_use(ask.use, served.loaded.info.prompts)
+        if isinstance(ask.dtype, tuple):
+            return await self._embed_by_type(served, ask, prompt)
+        return await self.embed(
+            ask.inputs, served.name, dimensions=ask.dimensions, truncate=ask.truncate, modality=ask.modality,
+            openai_sender=ask.openai_sender, prompt_name=prompt, packed=ask.packed, output_dtype=ask.dtype,
+            normalize=ask.normalize, wait=ask.wait,
+        )
+
+    async def _multi_vector(self, served: ServedModel, ask: EmbedAsk) -> MultiVectorResult:
+        """A multi-vector model's matrices: never truncated nor quantised, and its texts read
+        through its own query/document templates (the role their use means)."""
+        if ask.dimensions:
+            raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
+                                   param="dimensions")
+        if ask.dtype not in (None, "float32"):
+            raise UnsupportedError("multi-vector embeddings are float32; omit the embedding type",
+                                   param="embedding_types")
+        if ask.prompt_name:
+            raise UnsupportedError("a multi-vector model reads texts through its own query/document "
+                                   "templates; omit 'prompt_name'", param="prompt_name")
+        role = ROLE_OF_USE.get(ask.use or "")
+        return await self.embed_multi_vector(ask.inputs, served.name, modality=ask.modality,  # type: ignore[arg-type]
+                                             truncate=ask.truncate, role=role)  # type: ignore[arg-type]
+
+    async def _embed_by_type(
+        self, served: ServedModel, ask: EmbedAsk, prompt: str | None
     ) -> EmbeddingsByType:
-        """One embedding of `inputs` in each of `types` (as `embed`'s `output_dtype`): the
-        floats made once, each type made from them."""
-        served = self.model(model, Capability.EMBED)
+        """One embedding of the inputs in each type `ask.dtype` names: the floats made once,
+        each type made from them."""
+        types = ask.dtype or ()
         check_embedding_types(types, quantization.EMBEDDING_TYPES)
-        await self._calibrated_before_work(served, types, dimensions, wait)
-        floats = await self.embed(inputs, served.name, dimensions=dimensions, truncate=truncate,
-                                  modality=modality, prompt_name=prompt_name, output_dtype="float32")
-        by_type = {kind: await self.quantize(floats, kind, dimensions) for kind in types}
+        await self._calibrated_before_work(served, types, ask.dimensions, ask.wait)
+        floats = await self.embed(ask.inputs, served.name, dimensions=ask.dimensions, truncate=ask.truncate,
+                                  modality=ask.modality, prompt_name=prompt, output_dtype="float32")
+        by_type = {kind: await self.quantize(floats, kind, ask.dimensions) for kind in types}
         return EmbeddingsByType(floats.model, by_type, floats.prompt_tokens)
+
+    async def similarity(
+        self, source: str, sentences: Sequence[str], model: str | None = None, *, truncate: bool = True,
+        prompt_name: str | None = None,
+    ) -> SimilarityResult:
+        """The cosine of `source`'s embedding to each of `sentences`' (sentence-transformers'
+        `cos_sim` row; TEI's /similarity), embedded in one call."""
+        check_texts(sentences, self.limits, param="sentences")
+        result = await self.embed([source, *sentences], model, truncate=truncate, prompt_name=prompt_name,
+                                  output_dtype="float32", normalize=True)
+        vectors = result.embeddings  # unit length: their dot products are their cosines
+        return SimilarityResult(result.model, vectors[1:] @ vectors[0], result.prompt_tokens)
 
     async def _calibrated_before_work(
         self, served: ServedModel, types: Sequence[str], dimensions: int | None, wait: bool

@@ -25,6 +25,15 @@ class EmbeddingsByType:
 
 
 @dataclass(frozen=True, slots=True)
+class SimilarityResult:
+    """The cosine of a source text's embedding to each other text's."""
+
+    model: str
+    scores: np.ndarray  # (texts,) float32, in input order
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class SparseVector:
     """The non-zero terms of a vocabulary-sized vector: ids ascending, their weights."""
 

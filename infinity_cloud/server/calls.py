@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -17,14 +17,21 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def truncation_named(field: str | None, value: str = "true") -> Iterator[None]:
-    """A too-long input's error naming the dialect's own truncation field (None: ours)."""
+def in_own_terms(fields: Mapping[str, str], truncate_value: str = "true") -> Iterator[None]:
+    """The engine's refusals naming the caller's own fields: the engine names its parameters
+    (asks.EmbedAsk's: dimensions, embedding_types, truncate, ...); a dialect that calls one
+    otherwise (Voyage's `output_dimension`) maps it here, and a too-long input's remedy says
+    the dialect's truncation field and the value that turns it on."""
     try:
         yield
     except InputTooLongError as exc:
-        if field is None:
+        if "truncate" not in fields:
             raise
-        raise exc.naming(field, value) from None
+        raise exc.naming(fields["truncate"], truncate_value) from None
+    except InfinityCloudError as exc:
+        if exc.param in fields:
+            exc.param = fields[exc.param]
+        raise
 
 
 class ClientDisconnected(Exception):
@@ -62,14 +69,22 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     await asyncio.wait({task})
 
 
+def _label(engine: Any, model: str | None) -> str:
+    """The name a failed call's metrics go under: the model its name (or alias) means, the
+    only one served, else "unknown" (several served and none named)."""
+    try:
+        return engine.model(model).name
+    except InfinityCloudError:
+        return "unknown"
+
+
 async def answer(
     request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T]
 ) -> T:
     """Run an engine call for a route and record its metrics."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
-    only = next(iter(engine.models)) if len(engine.models) == 1 else "unknown"
-    label = model if model in engine.models else only
+    label = _label(engine, model)
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)

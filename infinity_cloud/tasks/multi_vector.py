@@ -57,6 +57,12 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return [np.ascontiguousarray(row[: len(item)]) for row, item in zip(batch, items, strict=True)]
 
     def check(self, call: MultiVectorCall, served: Served, limits: LimitsSpec) -> None:
+        capability = served.loaded.info.capability  # not ready: a 503 here
+        if capability is not self.capability:
+            raise UnsupportedError(
+                f"per-token embeddings are made by multi-vector (ColBERT) models and ColPali; model "
+                f"{served.name!r} is for {capability.noun}", param="model",
+            )
         require_tower(served, self.capability, call.modality)
         if call.modality == "text":
             check_no_token_ids(call.inputs, "multi-vector embeddings")  # the [Q]/[D] prompts are text

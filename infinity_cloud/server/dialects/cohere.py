@@ -6,15 +6,15 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictStr, model_validator
 from starlette.responses import Response
 
+from infinity_cloud.asks import EmbedAsk, Embeddings
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.results import EmbeddingResult, EmbeddingsByType, RerankResult
-from infinity_cloud.server.calls import answer, truncation_named
+from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     Item,
     NonNegative,
@@ -30,7 +30,6 @@ from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute
-from infinity_cloud.tasks.embed import prompt_for_use
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 
 
@@ -59,24 +58,23 @@ class CohereEmbedRequest(_Request):
         return self
 
 
-def cohere_embed_body(
-    result: EmbeddingResult | EmbeddingsByType, texts: list[str], by_type: dict[str, np.ndarray] | None,
-    version: int,
-) -> dict[str, Any]:
-    """Cohere's shapes: v1 without `embedding_types` gives a bare float list
-    (`embeddings_floats`); otherwise `embeddings` maps each asked type to its vectors."""
+def cohere_embed_body(result: Embeddings, texts: list[str], version: int) -> dict[str, Any]:
+    """Cohere's shapes: v1 in the model's float type gives a bare float list
+    (`embeddings_floats`); otherwise `embeddings` maps each type to its vectors (those asked
+    in `embedding_types`, else the model's own)."""
     body: dict[str, Any] = {
         "id": str(uuid.uuid4()),
         "texts": texts,
         "meta": {"api_version": {"version": str(version)},
                  "billed_units": {"input_tokens": result.prompt_tokens}},
     }
-    if by_type is None:
-        assert isinstance(result, EmbeddingResult)
-    if version == 1 and by_type is None:
+    if isinstance(result, EmbeddingsByType):
+        return {**body, "response_type": "embeddings_by_type", "embeddings": result.by_type}
+    assert isinstance(result, EmbeddingResult)  # a dense model: what the ask accepts
+    if result.dtype == "float32" and version == 1:
         return {**body, "response_type": "embeddings_floats", "embeddings": result.embeddings}
-    by_type = by_type or {"float": result.embeddings}
-    return {**body, "response_type": "embeddings_by_type", "embeddings": by_type}
+    kind = "float" if result.dtype == "float32" else result.dtype
+    return {**body, "response_type": "embeddings_by_type", "embeddings": {kind: result.embeddings}}
 
 
 def rerank_body(result: RerankResult, documents: list[str], *, with_documents: bool, version: int
@@ -96,31 +94,31 @@ def rerank_body(result: RerankResult, documents: list[str], *, with_documents: b
 router = APIRouter(route_class=JsonRoute, responses=error_responses())
 
 
-async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
-    engine = request.app.state.engine
-    model = engine.model(body.model, Capability.EMBED).name
+def embed_ask(body: CohereEmbedRequest) -> EmbedAsk:
+    """The request in the engine's terms: texts with their use, or images (Cohere v2 sends
+    them as data URIs); `embedding_types`, answered by type, else the model's own type."""
     if body.truncate == "START":
         raise InvalidInputError(
             "truncate START (dropping the start of long texts) is not supported; use END or NONE",
             param="truncate",
         )
-    if body.images:  # Cohere v2 sends images as data URIs, for a model that embeds images
-        inputs, modality, prompt = body.images, "image", None
-    else:
-        inputs, modality = body.texts or [], "text"
-        prompt = prompt_for_use(body.input_type, engine.prompts(model))
-    options = {"dimensions": body.output_dimension, "truncate": body.truncate != "NONE",
-               "prompt_name": prompt, "modality": modality, "wait": False}
-    with truncation_named("truncate", "END"):
-        if body.embedding_types is None:  # the model's --embedding-dtype
-            result = await answer(request, "embed", model, len(inputs),
-                                  engine.embed(inputs, model, **options))
-            by_type = None if result.dtype == "float32" else {result.dtype: result.embeddings}
-        else:
-            typed = await answer(request, "embed", model, len(inputs),
-                                 engine.embed_by_type(inputs, body.embedding_types, model, **options))
-            result, by_type = typed, typed.by_type
-    return json_response(cohere_embed_body(result, body.texts or [], by_type, version))
+    inputs, modality = (body.images, "image") if body.images else (body.texts or [], "text")
+    return EmbedAsk(inputs, body.model, accepts=(Capability.EMBED,), dimensions=body.output_dimension,
+                    truncate=body.truncate != "NONE", modality=modality, use=body.input_type,
+                    dtype=tuple(body.embedding_types) if body.embedding_types is not None else None,
+                    wait=False)
+
+
+# The engine's names for Cohere's fields where they differ; its remedy for a too-long text.
+FIELD_NAMES = {"dimensions": "output_dimension", "truncate": "truncate"}
+
+
+async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
+    ask = embed_ask(body)
+    with in_own_terms(FIELD_NAMES, truncate_value="END"):
+        result = await answer(request, "embed", body.model, len(ask.inputs),
+                              request.app.state.engine.embeddings(ask))
+    return json_response(cohere_embed_body(result, body.texts or [], version))
 
 
 @router.post("/v1/embed", tags=["embeddings"], summary="Embed texts (Cohere v1 shape)")

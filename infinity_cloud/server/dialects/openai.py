@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 from starlette.responses import Response
 
+from infinity_cloud.asks import ANY_EMBEDDING, EmbedAsk, Embeddings
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
-from infinity_cloud.server.calls import answer, truncation_named
+from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
@@ -28,7 +27,6 @@ from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response, vector_base64
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
-from infinity_cloud.tasks.embed import prompt_for_use
 
 
 class EmbeddingRequest(_Request):
@@ -78,6 +76,15 @@ class EmbeddingRequest(_Request):
     def dims(self) -> int | None:
         return self.output_dimension if self.output_dimension is not None else self.dimensions
 
+    def field_names(self) -> dict[str, str]:
+        """The engine's names for this request's fields where they differ (Voyage's where sent)."""
+        names = {"embedding_types": "embedding_type"}
+        for ours, voyage in (("embedding_types", "output_dtype"), ("dimensions", "output_dimension"),
+                             ("truncate", "truncation")):
+            if voyage in self.model_fields_set:
+                names[ours] = voyage
+        return names
+
     @property
     def truncates(self) -> bool:
         return self.truncate if self.truncation is None else self.truncation
@@ -90,11 +97,10 @@ class EmbeddingRequest(_Request):
         return self.input  # type: ignore[return-value]
 
 
-def embeddings_body(
-    result: EmbeddingResult, vectors: np.ndarray, encoding_format: Literal["float", "base64"]
-) -> dict[str, Any]:
-    """OpenAI's shape; `vectors` are the result's, maybe quantised (then `base64` holds their
-    own bytes: int8, uint8, or packed bits)."""
+def embeddings_body(result: EmbeddingResult, encoding_format: Literal["float", "base64"]) -> dict[str, Any]:
+    """OpenAI's shape; with base64 each vector's own bytes (float32, int8, uint8, or packed
+    bits, as the result's dtype says)."""
+    vectors = result.embeddings
     if encoding_format == "base64":
         data = [{"object": "embedding", "index": i, "embedding": vector_base64(v)}
                 for i, v in enumerate(vectors)]
@@ -127,9 +133,6 @@ def sparse_embeddings_body(result: SparseEmbeddingResult) -> dict[str, Any]:
     return {**envelope("list", result.model, result.prompt_tokens), "data": data}
 
 
-# What /embeddings serves without `encoding_format: sparse` (which asks a SPLADE model).
-EMBEDDING_CAPABILITIES = (Capability.EMBED, Capability.MULTI_VECTOR)
-
 router = APIRouter(tags=["embeddings"], route_class=JsonRoute, responses=error_responses())
 
 
@@ -140,43 +143,35 @@ def from_openai_sdk(request: Request) -> bool:
     return "x-stainless-lang" in headers or headers.get("user-agent", "").startswith("OpenAI/")
 
 
+def embed_ask(body: EmbeddingRequest, request: Request) -> EmbedAsk:
+    """The request in the engine's terms: `encoding_format: sparse` asks a SPLADE model,
+    anything else a dense or a multi-vector one."""
+    sparse = body.encoding_format == "sparse"
+    return EmbedAsk(
+        body.inputs(), body.model, accepts=(Capability.SPARSE,) if sparse else ANY_EMBEDDING,
+        dimensions=body.dims, truncate=body.truncates, modality=body.modality, use=body.input_type,
+        dtype=body.kind, openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
+        wait=False,
+    )
+
+
+def embeddings_response(result: Embeddings, encoding_format: str) -> Response:
+    """OpenAI's shape for whichever kind of embedding the model made."""
+    if isinstance(result, SparseEmbeddingResult):
+        return json_response(sparse_embeddings_body(result))
+    if isinstance(result, MultiVectorResult):
+        return json_response(multi_vector_body(result, encoding_format))  # type: ignore[arg-type]
+    assert isinstance(result, EmbeddingResult)
+    return json_response(embeddings_body(result, encoding_format))  # type: ignore[arg-type]
+
+
 @router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    with truncation_named("truncation" if body.truncation is not None else None):  # Voyage's name
-        return await _embeddings(body, request)
-
-
-async def _embeddings(body: EmbeddingRequest, request: Request) -> Response:
-    inputs, engine = body.inputs(), request.app.state.engine
-    sparse_asked = body.encoding_format == "sparse"
-    served = engine.model(body.model, *((Capability.SPARSE,) if sparse_asked else EMBEDDING_CAPABILITIES))
-    model = served.name
-    if sparse_asked:
-        if body.modality != "text":
-            raise UnsupportedError("sparse embeddings are of text; send modality 'text'", param="modality")
-        sparse = await answer(request, "embeddings", model, len(inputs), engine.embed_sparse(
-            inputs, model, truncate=body.truncates,
-        ))
-        return json_response(sparse_embeddings_body(sparse))
-    if served.capability is Capability.MULTI_VECTOR:
-        if body.dims:
-            raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
-                                   param="dimensions")
-        if body.kind not in (None, "float32"):
-            raise UnsupportedError("multi-vector embeddings are float32; omit the embedding type",
-                                   param="output_dtype" if body.output_dtype else "embedding_type")
-        multi = await answer(request, "embeddings", model, len(inputs), engine.embed_multi_vector(
-            inputs, model, modality=body.modality, truncate=body.truncates, role=body.input_type,
-        ))
-        return json_response(multi_vector_body(multi, body.encoding_format))
-    # The request's embedding_type; the engine takes the model's --embedding-dtype otherwise.
-    prompt = prompt_for_use(body.input_type, engine.prompts(model)) if body.modality == "text" else None
-    result = await answer(request, "embeddings", model, len(inputs), engine.embed(
-        inputs, model, dimensions=body.dims, truncate=body.truncates, modality=body.modality,
-        openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
-        prompt_name=prompt, output_dtype=body.kind, wait=False,
-    ))
-    return json_response(embeddings_body(result, result.embeddings, body.encoding_format))
+    ask = embed_ask(body, request)
+    with in_own_terms(body.field_names()):
+        result = await answer(request, "embeddings", body.model, len(ask.inputs),
+                              request.app.state.engine.embeddings(ask))
+    return embeddings_response(result, body.encoding_format)
 
 
 # At the root and under /v1: the OpenAI SDK is given `http://host/v1`, Infinity's clients the host.

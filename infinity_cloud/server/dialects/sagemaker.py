@@ -50,11 +50,12 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
     engine = request.app.state.engine
     if "query" in data:
         return "rerank"
-    model = engine.model(data.get("model") if isinstance(data.get("model"), str) else None,
-                         Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR)
+    facts = engine.facts_of(data.get("model") if isinstance(data.get("model"), str) else None,
+                            Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR)
+    capability = Capability(facts.capability)
     if "input" in data:
-        return "classify" if model.capability is Capability.CLASSIFY else "embeddings"
-    return CALLS.get(model.capability, "embeddings")
+        return "classify" if capability is Capability.CLASSIFY else "embeddings"
+    return CALLS.get(capability, "embeddings")
 
 
 # The body is read here, not by FastAPI, so the document is told what it may be.

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from infinity_cloud import __version__
-from infinity_cloud.admission.validation import check_texts
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError, UnsupportedError
-from infinity_cloud.server.calls import answer
+from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError
+from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,
@@ -161,13 +161,11 @@ def check_direction(direction: str) -> None:
 @router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    engine, texts = request.app.state.engine, body.texts()
-    served = engine.model(body.model, Capability.EMBED)
     # TEI normalises unless told not to, whatever the model's own head does.
-    result = await answer(request, "embed", served.name, len(texts), engine.embed(
-        texts, served.name, dimensions=body.dimensions, truncate=body.truncate, prompt_name=body.prompt_name,
-        normalize=body.normalize, wait=False,
-    ))
+    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
+                   truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
+    result = await answer(request, "embed", body.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask))
     return json_response(result.embeddings)
 
 
@@ -186,9 +184,9 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     if isinstance(body.inputs, SimilarityInputs):
         return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
-    served = request.app.state.engine.model(body.model, Capability.EMBED, Capability.CLASSIFY)
-    body = body.model_copy(update={"model": served.name})
-    if served.capability is Capability.CLASSIFY:
+    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY)
+    body = body.model_copy(update={"model": facts.name})
+    if facts.capability == Capability.CLASSIFY:
         return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
     return await embed(body, request)
 
@@ -202,45 +200,33 @@ async def by_model_in_path(name: str, body: TeiAnyRequest, request: Request) -> 
 @router.post("/similarity", summary="Cosine of a source sentence to each sentence (TEI's shape)")
 async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    engine = request.app.state.engine
-    model = engine.model(body.model, Capability.EMBED).name
-    check_texts(body.inputs.sentences, engine.limits, "inputs.sentences")
-    texts = [body.inputs.source_sentence, *body.inputs.sentences]
-    result = await answer(request, "embed", model, len(texts), engine.embed(
-        texts, model, truncate=body.truncate, prompt_name=body.prompt_name,
-        output_dtype="float32", normalize=True,
-    ))
-    vectors = result.embeddings
-    return json_response((vectors[1:] @ vectors[0]).tolist())
+    sentences = body.inputs.sentences
+    with in_own_terms({"sentences": "inputs.sentences"}):
+        result = await answer(request, "embed", body.model, len(sentences) + 1,
+                              request.app.state.engine.similarity(
+                                  body.inputs.source_sentence, sentences, body.model, truncate=body.truncate,
+                                  prompt_name=body.prompt_name,
+                              ))
+    return json_response(result.scores.tolist())
 
 
 @router.post("/embed_all", summary="Per-token embeddings of a multi-vector (ColBERT) model (TEI's shape)")
 async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    engine, texts = request.app.state.engine, body.texts()
-    served = engine.model(body.model, Capability.MULTI_VECTOR)
-    if served.capability is not Capability.MULTI_VECTOR:
-        noun = served.capability.noun
-        raise UnsupportedError(
-            f"per-token embeddings (/embed_all) are served for multi-vector (ColBERT) models; model "
-            f"{served.name!r} is for {noun}: use /embed", param="inputs",
-        )
-    if body.prompt_name:
-        raise UnsupportedError("a multi-vector model reads texts through its own query/document "
-                               "templates; omit 'prompt_name'", param="prompt_name")
-    result = await answer(request, "embed_all", served.name, len(texts), engine.embed_multi_vector(
-        texts, served.name, truncate=body.truncate, role="document",
-    ))
+    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
+                   use="document", prompt_name=body.prompt_name)
+    result = await answer(request, "embed_all", body.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask))
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
 
 @router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
 async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    engine, texts = request.app.state.engine, body.texts()
-    result = await answer(request, "embed_sparse", body.model, len(texts), engine.embed_sparse(
-        texts, body.model, truncate=body.truncate, prompt_name=body.prompt_name,
-    ))
+    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
+                   prompt_name=body.prompt_name)
+    result = await answer(request, "embed_sparse", body.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask))
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
         for row in result.embeddings

@@ -12,7 +12,7 @@ from pydantic import Field
 from starlette.responses import Response
 
 from infinity_cloud.results import RerankResult
-from infinity_cloud.server.calls import truncation_named
+from infinity_cloud.server.calls import in_own_terms
 from infinity_cloud.server.dialects.common import NonNegative, _DocumentsRerank, ranked
 from infinity_cloud.server.dialects.registry import Body, Dialect
 from infinity_cloud.server.encoding import json_response
@@ -33,7 +33,7 @@ def rerank_body(result: RerankResult, documents: list[str], return_documents: bo
 
 async def rerank_voyage(body: VoyageRerankRequest, request: Request) -> Response:
     documents = body.docs()
-    with truncation_named("truncation"):
+    with in_own_terms({"truncate": "truncation", "top_n": "top_k"}):
         result = await ranked(request, body.model, body.query, documents, top_n=body.top_k,
                               raw_scores=body.raw_scores, truncate=body.truncation, modality=body.modality)
     return json_response(rerank_body(result, documents, body.return_documents))
