@@ -431,10 +431,6 @@ class Engine:
         the caller goes."""
         return await cancellation.in_pool(self._tokenize_pool, fn, *args)
 
-    def prompts(self, model: str | None = None) -> dict[str, str]:
-        """The model's named prompts (sentence-transformers' `prompts`), e.g. {"query": ...}."""
-        return dict(self.model(model).loaded.info.prompts)
-
     @property
     def decoder(self) -> MediaDecoder:
         """The pool that decodes images and audio, made on first use (text never needs it)."""
@@ -522,7 +518,7 @@ class Engine:
     ) -> EmbeddingResult:
         """`openai_sender`: the inputs come from an OpenAI SDK client, whose token ids are
         OpenAI's cl100k_base ids whatever the model reads ids as. `prompt_name`: one of the
-        model's named prompts (`prompts(model)`), prepended to each text. `packed`: the
+        model's named prompts (sentence-transformers' `prompts`), prepended to each text. `packed`: the
         answer goes out as base64, which a response limit counts smaller.
 
         The model's policy holds here, for every route and the Python API alike:
