@@ -19,7 +19,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.families import Family, ModelFolder, read_model_info
 from infinity_cloud.families.base import TextFacts, graphs_of, text_graph
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 
 @pytest.mark.parametrize(("kind", "options", "family"), [

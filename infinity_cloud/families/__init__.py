@@ -24,7 +24,7 @@ from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.siglip import Siglip
 from infinity_cloud.families.splade import Splade
 from infinity_cloud.families.text_encoder import TextEncoder
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type

@@ -1,6 +1,6 @@
-"""What a model family declares, once, for everything else to ask (`model_files.ModelFamily`):
+"""What a model family declares, once, for everything else to ask (`family.ModelFamily`):
 how to recognise its folder, the facts it reads from it (`ModelInfo`), its graphs (what each
-takes, computes and is exported with: `model_files.Graph`) and the preprocessors of its media
+takes, computes and is exported with: `family.Graph`) and the preprocessors of its media
 towers.
 
 Importing a family imports no ML framework: a graph's `forward` and `example` are called only
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
+from infinity_cloud.family import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor

@@ -10,7 +10,7 @@ from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.families.base import AUDIO_INPUTS, TEXT_INPUTS, Family, graphs_of, pooled
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import text_embeds
-from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+from infinity_cloud.family import Example, Graph, ModelInfo, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from infinity_cloud.families.base import IMAGE_INPUTS, TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.page_reader import PageReader, token_vectors
-from infinity_cloud.model_files import Example, ModelInfo, Tower
+from infinity_cloud.family import Example, ModelInfo, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor

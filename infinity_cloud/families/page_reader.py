@@ -8,7 +8,7 @@ from typing import Any
 from infinity_cloud.capability import Capability
 from infinity_cloud.families.base import Family, padded_text_example
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Graph, ModelInfo
+from infinity_cloud.family import Graph, ModelInfo
 
 
 def token_vectors(name: str, inputs: tuple[str, ...], **options: Any) -> Graph:

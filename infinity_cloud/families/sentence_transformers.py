@@ -11,7 +11,7 @@ import numpy as np
 
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.families.folder import ModelFolder, read_json
-from infinity_cloud.model_files import DenseLayer, LateInteraction
+from infinity_cloud.family import DenseLayer, LateInteraction
 
 # sentence-transformers' names for the pooling modes the engine has, to the engine's names.
 _POOLING_MODES = {

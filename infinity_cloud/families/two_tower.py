@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud.capability import Capability
 from infinity_cloud.families.base import IMAGE_INPUTS, Family, max_length, padded_text_example, pooled
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+from infinity_cloud.family import Example, Graph, ModelInfo, Tower
 
 if TYPE_CHECKING:
     from infinity_cloud.media import MediaPreprocessor

@@ -19,7 +19,7 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 # Shorter than this a clip holds nothing to hear.

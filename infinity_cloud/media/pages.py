@@ -16,8 +16,8 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.family import ModelInfo
 from infinity_cloud.media.images import decode, decoding_bytes, open_image, probe_pictures
-from infinity_cloud.model_files import ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 IMAGE_TOKEN = "<|image_pad|>"

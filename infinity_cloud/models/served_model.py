@@ -25,10 +25,10 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
+from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.family import Tower as TowerName
 from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
 from infinity_cloud.media import MediaPreprocessor
-from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES

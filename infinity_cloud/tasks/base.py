@@ -19,7 +19,7 @@ import numpy as np
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.text.tokenization import TextTokenizer

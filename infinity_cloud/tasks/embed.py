@@ -18,7 +18,7 @@ from infinity_cloud.admission.validation import (
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions

@@ -13,7 +13,7 @@ from infinity_cloud.admission.validation import check_media, check_no_token_ids,
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import MultiVectorResult

@@ -1,6 +1,8 @@
-"""What a model is, as the engine sees it: `ModelInfo`, read from a folder by its family
-(`infinity_cloud.families`). Imports no ML framework, so the engine can decide what to load
-before paying for torch or transformers.
+"""What a model family is, as every layer sees it: the `ModelFamily` protocol, the `Graph`s it
+declares, and the `ModelInfo` it reads from a folder (the families themselves live in
+`infinity_cloud.families`). Here, below the backends, because they run a family's graphs; it
+imports no ML framework, so the engine can decide what to load before paying for torch or
+transformers.
 """
 
 from __future__ import annotations
