@@ -1,10 +1,11 @@
 """Model families: each module says how to recognise one kind of model folder, what it reads
-from it, its graphs and its preprocessors (`base.Family`). `FAMILIES` is the registry, asked
-in order: the first family that recognises a folder reads it. Nothing else branches on a
-family or a graph's name; it asks `ModelInfo.family`.
+from it (the facts every model has, and its own, `ModelInfo.own_facts`), its graphs, and how
+each tower's inputs are encoded (`base.Family`). `FAMILIES` is the registry, asked in order:
+the first family that recognises a folder reads it. Nothing else branches on a family or a
+graph's name, nor reads a family's own facts; it asks `ModelInfo.family`.
 
-Adding a family: a module here, and its line in `FAMILIES` (before any family that would
-claim its folders too).
+Adding a family, even one whose inputs are of a new kind: a module here, and its line in
+`FAMILIES` (before any family that would claim its folders too).
 """
 
 from __future__ import annotations

@@ -15,4 +15,4 @@ class Siglip(TwoTower):
     graphs = graphs_of(text_embeds(TEXT_INPUTS[:1]), IMAGE_EMBEDS)
 
     def read(self, folder: ModelFolder) -> ModelInfo:  # type: ignore[override]
-        return super().read(folder, pad_to_max_length=True)
+        return super().read(folder, full_length=True)
