@@ -24,6 +24,7 @@ from infinity_cloud.families import Family, ModelFolder, read_model_info
 from infinity_cloud.families.base import TOKEN_STATES, TextFacts, TowerEncoders, graphs_of, text_graph
 from infinity_cloud.family import ModelInfo
 from infinity_cloud.numerics.inputs import Encoded, ModelInputs
+from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
 
@@ -131,8 +132,9 @@ def test_without_its_registry_line_the_folder_is_a_text_encoder(pooler_folder: P
 
 # -- a family with its own kind of input, written in the test --------------------------------
 # Its readings tower reads lists of numbers (a sensor's readings), which no module of the
-# package knows of: the family's own facts (`SensorFacts`) and its tower's input encoder
-# (`ReadingsEncoder`) are all it adds, with its registry line.
+# package knows of, and its text tower reads notes its own way: the family's own facts
+# (`SensorFacts`) and its towers' input encoders (`ReadingsEncoder`, `NotesEncoder`) are all
+# it adds, with its registry line.
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,20 @@ class ReadingsEncoder:
         return self.encode([[0.0, 1.5, 3.0], [2.5] * 8])
 
 
+def rendered(note: str) -> str:
+    """A note of readings ("temp=21.5, humidity=40", its fields in any order) as the model
+    was trained on them: "field: value" per field, in the fields' order."""
+    pairs = sorted(part.strip().partition("=")[::2] for part in note.split(","))
+    return "; ".join(f"{field.strip()}: {value.strip()}" for field, value in pairs)
+
+
+class NotesEncoder(TextInputEncoder):
+    """A text tower that reads notes of readings, each rendered as the model was trained on."""
+
+    def encode(self, texts: Sequence[str], truncate: bool = True, role: str | None = None) -> list[Encoded]:
+        return super().encode([rendered(text) for text in texts], truncate, role)
+
+
 class Sensor(Family):
     """Models that embed a sensor's readings and texts about them into one space, marked in
     their config.json by "reads": "readings" with their "steps_per_unit"."""
@@ -196,7 +212,7 @@ class Sensor(Family):
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
         readings = ReadingsEncoder(info.own_facts, tokenizer.pad_id)
-        return {**super().encoders(info, tokenizer), "readings": readings}  # type: ignore[dict-item]
+        return {"text": NotesEncoder(tokenizer), "readings": readings}  # type: ignore[dict-item]
 
 
 @pytest.fixture
@@ -229,7 +245,7 @@ async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
         served = engine.model("sensor")
         assert served.loaded.info.family.name == "sensor" and served.towers == ("text", "readings")
         result = await engine.embed(READINGS, "sensor", modality="readings")  # type: ignore[arg-type]
-        text = await engine.embed(["a text about readings"], "sensor")
+        text = await engine.embed(["temp=21.5, humidity=40"], "sensor")
         with pytest.raises(InvalidInputError, match="list of readings"):
             await engine.embed(["not readings"], "sensor", modality="readings")  # type: ignore[arg-type]
         info = served.loaded.info
@@ -244,6 +260,24 @@ async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
     assert np.array_equal(result.embeddings[0], result.embeddings[2])
     assert not np.allclose(result.embeddings[0], result.embeddings[1])
     assert text.embeddings.shape == (1, info.hidden_size)
+
+
+async def test_its_text_tower_reads_notes_its_own_way_over_http(
+    sensor_registered: None, sensor_folder: Path, tiny_embedder: Path
+) -> None:
+    """Over the real app, a note is embedded as its rendering (the same files served as a
+    plain text encoder, given that rendering, answer the same vector), its fields in any
+    order."""
+    notes = ["temp=21.5, humidity=40", "humidity=40,temp=21.5"]
+    spec = spec_of(fake(sensor_folder, "sensor"), fake(tiny_embedder, "plain"))
+    async with serve_in_process(spec) as client:
+        ours = await client.post("/v1/embeddings", json={"model": "sensor", "input": notes})
+        plain = await client.post("/v1/embeddings", json={"model": "plain", "input": [rendered(notes[0])]})
+    assert ours.status_code == 200 and plain.status_code == 200, (ours.text, plain.text)
+    vectors = np.array([row["embedding"] for row in ours.json()["data"] + plain.json()["data"]])
+    assert rendered(notes[0]) == "humidity: 40; temp: 21.5"
+    np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-6)
+    np.testing.assert_allclose(vectors[1], vectors[2], atol=1e-6)
 
 
 def test_without_its_registry_line_the_sensor_folder_is_a_text_encoder(sensor_folder: Path) -> None:
