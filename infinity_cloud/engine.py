@@ -474,12 +474,12 @@ class Engine:
             key = request_key(task, call, served.name) if queue.contended and not background else None
             predicted = queue.admit(cost.tokens, key, cost.inputs, background)
             try:
-                uris = task.media(call)
+                uris = task.media(call, served)
                 if uris:
                     with self.memory.growing() as hold:  # the fetched bytes, held till decoded
                         fetched = await self.media.fetch_all(uris, hold)
                         items = await self.decoder.prepare_all(
-                            served.loaded.media[tower], fetched, served.spec.deadline_s,
+                            served.loaded.encoders[tower], fetched, served.spec.deadline_s,
                             served.spec.request_limit_s,
                         )
                 else:

@@ -20,7 +20,7 @@ from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends.torch_backend import TorchBackend, out_of_memory_is_retryable
 from infinity_cloud.errors import DeviceMemoryError
 from infinity_cloud.families import read_model_info
-from infinity_cloud.model_files import DenseLayer
+from infinity_cloud.family import DenseLayer
 from infinity_cloud.models import backend_choice
 from infinity_cloud.numerics.heads import FINAL, Head, nonzero_terms
 from infinity_cloud.numerics.inputs import ModelInputs

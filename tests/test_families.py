@@ -1,25 +1,31 @@
 """Model families (`infinity_cloud/families/`): each built folder is read by the family meant
 for it, and a family written here, in the test, is served and exported with nothing else
-changed: its module (below) and its line in the registry are all it takes."""
+changed: its module (below) and its line in the registry are all it takes; so is one whose
+tower reads a kind of input of its own (lists of numbers)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import serve_in_process, spec_of
+from conftest import fake, serve_in_process, spec_of
 
-from infinity_cloud import families
+from infinity_cloud import Engine, families
 from infinity_cloud.capability import Capability
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.config import LimitsSpec, ModelSpec
+from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.families import Family, ModelFolder, read_model_info
-from infinity_cloud.families.base import TextFacts, graphs_of, text_graph
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.families.base import TOKEN_STATES, TextFacts, TowerEncoders, graphs_of, text_graph
+from infinity_cloud.family import ModelInfo
+from infinity_cloud.numerics.inputs import Encoded, ModelInputs
+from infinity_cloud.text.input_encoder import TextInputEncoder
+from infinity_cloud.text.tokenization import TextTokenizer
 
 
 @pytest.mark.parametrize(("kind", "options", "family"), [
@@ -122,3 +128,157 @@ async def test_a_family_written_here_is_served_and_exported(
 
 def test_without_its_registry_line_the_folder_is_a_text_encoder(pooler_folder: Path) -> None:
     assert read_model_info(pooler_folder).family.name == "text-encoder"
+
+
+# -- a family with its own kind of input, written in the test --------------------------------
+# Its readings tower reads lists of numbers (a sensor's readings), which no module of the
+# package knows of, and its text tower reads notes its own way: the family's own facts
+# (`SensorFacts`) and its towers' input encoders (`ReadingsEncoder`, `NotesEncoder`) are all
+# it adds, with its registry line.
+
+
+@dataclass(frozen=True)
+class SensorFacts:
+    """What the folder says of its readings: they are read in steps of 1 / `steps_per_unit`,
+    each step one token id from `first_id` on, `steps` of them."""
+
+    steps_per_unit: int
+    first_id: int = 5
+    steps: int = 50
+
+
+class ReadingsEncoder:
+    """A readings tower's input encoder: each reading to the token id of its step, a list of
+    them one model input (`numerics.inputs.InputEncoder`)."""
+
+    kind = "readings"
+    fetched = False  # sent in the call itself: encoded in the tokenizer pool
+    cost = 16  # readings an input holds, as estimated before it is read
+
+    def __init__(self, facts: SensorFacts, pad_id: int) -> None:
+        self.facts, self.pad_id = facts, pad_id
+
+    def check(self, inputs: Sequence[Any], limits: LimitsSpec) -> None:
+        for index, item in enumerate(inputs):
+            if not isinstance(item, list | tuple) or not item or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in item
+            ):
+                raise InvalidInputError(f"'input' item {index} must be a list of readings", param="input")
+
+    def encode(self, inputs: Sequence[Any], truncate: bool = True) -> list[Encoded]:
+        return [Encoded([self.token_id(x) for x in item], [0] * len(item)) for item in inputs]
+
+    def token_id(self, reading: float) -> int:
+        facts = self.facts
+        return facts.first_id + min(max(round(reading * facts.steps_per_unit), 0), facts.steps - 1)
+
+    def collate(self, items: Sequence[Encoded], rows: int | None = None) -> ModelInputs:
+        return ModelInputs.collate(items, self.pad_id, rows=rows)
+
+    def probes(self) -> list[Encoded]:
+        return self.encode([[0.0, 1.5, 3.0], [2.5] * 8])
+
+
+def rendered(note: str) -> str:
+    """A note of readings ("temp=21.5, humidity=40", its fields in any order) as the model
+    was trained on them: "field: value" per field, in the fields' order."""
+    pairs = sorted(part.strip().partition("=")[::2] for part in note.split(","))
+    return "; ".join(f"{field.strip()}: {value.strip()}" for field, value in pairs)
+
+
+class NotesEncoder(TextInputEncoder):
+    """A text tower that reads notes of readings, each rendered as the model was trained on."""
+
+    def encode(self, texts: Sequence[str], truncate: bool = True, role: str | None = None) -> list[Encoded]:
+        return super().encode([rendered(text) for text in texts], truncate, role)
+
+
+class Sensor(Family):
+    """Models that embed a sensor's readings and texts about them into one space, marked in
+    their config.json by "reads": "readings" with their "steps_per_unit"."""
+
+    name = "sensor"
+    graphs = graphs_of(TOKEN_STATES)
+
+    def recognises(self, folder: ModelFolder) -> bool:
+        return folder.config.get("reads") == "readings"
+
+    def read(self, folder: ModelFolder) -> ModelInfo:
+        return TextFacts.of(folder).info(
+            folder, self, capability=Capability.EMBED, normalize=True,
+            towers={"text": "token_states", "readings": "token_states"},  # type: ignore[dict-item]
+            own_facts=SensorFacts(int(folder.config["steps_per_unit"])),
+        )
+
+    def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
+        readings = ReadingsEncoder(info.own_facts, tokenizer.pad_id)
+        return {"text": NotesEncoder(tokenizer), "readings": readings}  # type: ignore[dict-item]
+
+
+@pytest.fixture
+def sensor_registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The registry line: the test family first, before the text encoder that would claim it."""
+    monkeypatch.setattr(families, "FAMILIES", [Sensor(), *families.FAMILIES])
+    yield
+
+
+@pytest.fixture
+def sensor_folder(tiny_embedder: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "sensor"
+    shutil.copytree(tiny_embedder, folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update(reads="readings", steps_per_unit=10)
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+READINGS = [[0.0, 0.5, 1.25], [3.0, 2.9, 2.8, 2.7, 0.1], [0.0, 0.5, 1.25]]
+
+
+async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
+    sensor_registered: None, sensor_folder: Path
+) -> None:
+    """Readings go through the real engine (checked, costed, encoded in the tokenizer pool,
+    batched on their own tower's queue, finished by the embedding task) as the family's
+    encoder reads them; its text tower still reads text."""
+    async with Engine(fake(sensor_folder, "sensor")) as engine:
+        served = engine.model("sensor")
+        assert served.loaded.info.family.name == "sensor" and served.towers == ("text", "readings")
+        result = await engine.embed(READINGS, "sensor", modality="readings")  # type: ignore[arg-type]
+        text = await engine.embed(["temp=21.5, humidity=40"], "sensor")
+        with pytest.raises(InvalidInputError, match="list of readings"):
+            await engine.embed(["not readings"], "sensor", modality="readings")  # type: ignore[arg-type]
+        info = served.loaded.info
+    # The fake backend's token states are rows of its table: a readings vector is the mean of
+    # its readings' steps' rows, normalised, as the family's facts make them.
+    table = np.random.default_rng(0).standard_normal((int(info.vocab_size or 0), info.hidden_size))
+    steps = [[5 + min(max(round(x * 10), 0), 49) for x in item] for item in READINGS]
+    want = np.stack([table[ids].astype(np.float32).mean(0) for ids in steps])
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(result.embeddings, want, atol=1e-5)
+    assert result.prompt_tokens == sum(map(len, READINGS))
+    assert np.array_equal(result.embeddings[0], result.embeddings[2])
+    assert not np.allclose(result.embeddings[0], result.embeddings[1])
+    assert text.embeddings.shape == (1, info.hidden_size)
+
+
+async def test_its_text_tower_reads_notes_its_own_way_over_http(
+    sensor_registered: None, sensor_folder: Path, tiny_embedder: Path
+) -> None:
+    """Over the real app, a note is embedded as its rendering (the same files served as a
+    plain text encoder, given that rendering, answer the same vector), its fields in any
+    order."""
+    notes = ["temp=21.5, humidity=40", "humidity=40,temp=21.5"]
+    spec = spec_of(fake(sensor_folder, "sensor"), fake(tiny_embedder, "plain"))
+    async with serve_in_process(spec) as client:
+        ours = await client.post("/v1/embeddings", json={"model": "sensor", "input": notes})
+        plain = await client.post("/v1/embeddings", json={"model": "plain", "input": [rendered(notes[0])]})
+    assert ours.status_code == 200 and plain.status_code == 200, (ours.text, plain.text)
+    vectors = np.array([row["embedding"] for row in ours.json()["data"] + plain.json()["data"]])
+    assert rendered(notes[0]) == "humidity: 40; temp: 21.5"
+    np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-6)
+    np.testing.assert_allclose(vectors[1], vectors[2], atol=1e-6)
+
+
+def test_without_its_registry_line_the_sensor_folder_is_a_text_encoder(sensor_folder: Path) -> None:
+    assert read_model_info(sensor_folder).family.name == "text-encoder"

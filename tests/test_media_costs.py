@@ -121,13 +121,13 @@ def test_what_decoding_is_counted_covers_what_it_takes(fmt: str, mode: str, tmp_
 
 
 def image_preprocessor(path: Path) -> Any:
-    """The preprocessor the model's family gives its image tower, as a server loads it."""
+    """The encoder the model's family gives its image tower, as a server loads it."""
     from infinity_cloud.families import read_model_info
     from infinity_cloud.text.tokenization import TextTokenizer
 
     info = read_model_info(path)
     tokenizer = TextTokenizer.load(path, info.max_length, info.vocab_size, info.pad_token)
-    return info.family.preprocessors(info, tokenizer)["image"]
+    return info.family.encoders(info, tokenizer)["image"]
 
 
 async def test_decoding_is_held_from_the_memory_budget(clip: Path) -> None:
@@ -171,7 +171,7 @@ def test_long_audio_decodes_only_the_window(build_model: Callable[..., Path]) ->
     from infinity_cloud.families import read_model_info
     from infinity_cloud.media.audio import AudioPreprocessor
 
-    preprocessor = AudioPreprocessor.load(read_model_info(build_model("clap")))
+    preprocessor = AudioPreprocessor(read_model_info(build_model("clap")).own_facts.audio_processor)
     hour = encoded(np.zeros(3600 * 48_000, dtype=np.float32), 48_000, "FLAC")
     assert len(hour) < 2**20
     opened, counted = preprocessor.open(hour, 0, LimitsSpec())

@@ -11,7 +11,7 @@ import numpy as np
 
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs
 

@@ -19,8 +19,8 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 MODEL_FILE = "model.bin"

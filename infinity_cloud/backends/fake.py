@@ -17,7 +17,7 @@ import numpy as np
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 

@@ -13,7 +13,7 @@ import transformers
 
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ModelLoadError
-from infinity_cloud.model_files import Graph, GraphOutput, ModelInfo
+from infinity_cloud.family import Graph, GraphOutput, ModelInfo
 
 # Two towers of one model (CLIP's text and image graphs) share its weights in memory.
 _LOADED: weakref.WeakValueDictionary[tuple[Any, ...], torch.nn.Module] = weakref.WeakValueDictionary()

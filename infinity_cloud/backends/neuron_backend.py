@@ -26,7 +26,7 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 COMPILE_ENV = "INFINITY_CLOUD_NEURON_COMPILE"

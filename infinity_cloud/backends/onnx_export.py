@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 # sentence-transformers' OpenVINO export (`export_static_quantized_openvino_model` and

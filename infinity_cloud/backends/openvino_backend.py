@@ -33,8 +33,8 @@ from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, 
 from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError, PrecisionCrashError
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels, usable_cores
-from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.numerics.fidelity import MIN_AGREEMENT
 from infinity_cloud.numerics.inputs import INPUT_NAMES, ModelInputs
 

@@ -1,10 +1,11 @@
 """Model families: each module says how to recognise one kind of model folder, what it reads
-from it, its graphs and its preprocessors (`base.Family`). `FAMILIES` is the registry, asked
-in order: the first family that recognises a folder reads it. Nothing else branches on a
-family or a graph's name; it asks `ModelInfo.family`.
+from it (the facts every model has, and its own, `ModelInfo.own_facts`), its graphs, and how
+each tower's inputs are encoded (`base.Family`). `FAMILIES` is the registry, asked in order:
+the first family that recognises a folder reads it. Nothing else branches on a family or a
+graph's name, nor reads a family's own facts; it asks `ModelInfo.family`.
 
-Adding a family: a module here, and its line in `FAMILIES` (before any family that would
-claim its folders too).
+Adding a family, even one whose inputs are of a new kind: a module here, and its line in
+`FAMILIES` (before any family that would claim its folders too).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.siglip import Siglip
 from infinity_cloud.families.splade import Splade
 from infinity_cloud.families.text_encoder import TextEncoder
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type

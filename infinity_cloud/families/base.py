@@ -1,7 +1,7 @@
-"""What a model family declares, once, for everything else to ask (`model_files.ModelFamily`):
-how to recognise its folder, the facts it reads from it (`ModelInfo`), its graphs (what each
-takes, computes and is exported with: `model_files.Graph`) and the preprocessors of its media
-towers.
+"""What a model family declares, once, for everything else to ask (`family.ModelFamily`):
+how to recognise its folder, the facts it reads from it (`ModelInfo`, and its own facts in
+`ModelInfo.own_facts`), its graphs (what each takes, computes and is exported with:
+`family.Graph`) and, per tower, how its inputs are encoded (`encoders`).
 
 Importing a family imports no ML framework: a graph's `forward` and `example` are called only
 by what already runs torch (`backends/graphs.py`, `backends/onnx_export.py`).
@@ -12,14 +12,18 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
+from infinity_cloud.family import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
 
 if TYPE_CHECKING:
-    from infinity_cloud.media import MediaPreprocessor
+    from infinity_cloud.numerics.inputs import InputEncoder
+    from infinity_cloud.text.input_encoder import TextInputEncoder
     from infinity_cloud.text.tokenization import TextTokenizer
+
+# Each tower's input encoder, by tower (`Family.encoders`).
+TowerEncoders: TypeAlias = "dict[Tower, TextInputEncoder | InputEncoder]"
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 IMAGE_INPUTS = ("pixel_values",)
@@ -68,7 +72,7 @@ LOGITS = text_graph("logits", "scores", lambda model, feed: model(**feed).logits
 
 class Family(ModelFamily):
     """A kind of model folder. Subclasses set `name` and `graphs` and implement `recognises`
-    and `read`; families with media towers implement `preprocessors`."""
+    and `read`; families whose towers read anything but plain text implement `encoders`."""
 
     name: ClassVar[str]
     graphs: ClassVar[Mapping[str, Graph]]
@@ -81,9 +85,12 @@ class Family(ModelFamily):
     def read(self, folder: ModelFolder) -> ModelInfo:
         raise NotImplementedError
 
-    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
-        """The preprocessor of each tower that reads images or audio."""
-        return {}
+    def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
+        """How each tower's inputs become model inputs: here, the text tower's texts through
+        the tokenizer, as they are."""
+        from infinity_cloud.text.input_encoder import TextInputEncoder
+
+        return {"text": TextInputEncoder(tokenizer)}
 
     def graph(self, name: str) -> Graph:
         return self.graphs[name]

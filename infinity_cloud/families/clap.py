@@ -3,25 +3,33 @@ models only: a fused one reads random crops of long audio."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.families.base import AUDIO_INPUTS, TEXT_INPUTS, Family, graphs_of, pooled
+from infinity_cloud.families.base import AUDIO_INPUTS, TEXT_INPUTS, Family, TowerEncoders, graphs_of, pooled
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import text_embeds
-from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+from infinity_cloud.family import Example, Graph, ModelInfo
 
 if TYPE_CHECKING:
-    from infinity_cloud.media import MediaPreprocessor
     from infinity_cloud.text.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class ClapFacts:
+    """The audio feature extractor's settings (preprocessor_config.json, or inside
+    processor_config.json)."""
+
+    audio_processor: dict[str, Any] = field(repr=False)
 
 
 def _audio_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     """Log-mel frames x bins of CLAP's window."""
     import torch
 
-    audio = info.audio_processor
+    audio = _facts(info).audio_processor
     frames = int(float(audio.get("max_length_s", 10)) * int(audio.get("sampling_rate", 48_000)))
     frames = frames // int(audio.get("hop_length", 480)) + 1
     example = torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40
@@ -60,10 +68,15 @@ class Clap(Family):
             hidden_size=int(config.get("projection_dim") or 512), vocab_size=text.get("vocab_size"),
             pad_token=folder.pad_token, normalize=True,
             towers={"text": "text_embeds", "audio": "audio_embeds"},
-            audio_processor=folder.preprocessor("feature_extractor"), raw=config,
+            own_facts=ClapFacts(folder.preprocessor("feature_extractor")), raw=config,
         )
 
-    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+    def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
         from infinity_cloud.media.audio import AudioPreprocessor
 
-        return {"audio": AudioPreprocessor.load(info)}
+        return {**super().encoders(info, tokenizer), "audio": AudioPreprocessor(_facts(info).audio_processor)}
+
+
+def _facts(info: ModelInfo) -> ClapFacts:
+    assert isinstance(info.own_facts, ClapFacts), f"{info.path}: not a CLAP model's facts"
+    return info.own_facts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from infinity_cloud.capability import Capability
 from infinity_cloud.families.base import LOGITS, Family, TextFacts, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 
 def labels_of(folder: ModelFolder) -> tuple[tuple[str, ...], int]:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from infinity_cloud.families.base import IMAGE_INPUTS, TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.families.page_reader import PageReader, token_vectors
-from infinity_cloud.model_files import Example, ModelInfo, Tower
+from infinity_cloud.families.page_reader import PageFacts, PageReader, facts_of, token_vectors
+from infinity_cloud.family import Example, ModelInfo
 
 if TYPE_CHECKING:
-    from infinity_cloud.media import MediaPreprocessor
+    from infinity_cloud.numerics.inputs import InputEncoder
     from infinity_cloud.text.tokenization import TextTokenizer
 
 
@@ -19,9 +19,9 @@ def _page_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     """A page: its image tokens, then the prompt's text."""
     import torch
 
-    vlm = info.raw.get("vlm_config") or {}
-    side = info.image_size or 448
-    tokens = (side // (info.patch_size or 14)) ** 2
+    vlm, facts = info.raw.get("vlm_config") or {}, facts_of(info)
+    side = facts.image_size or 448
+    tokens = (side // (facts.patch_size or 14)) ** 2
     ids = torch.tensor([[int(vlm.get("image_token_index", 0))] * tokens + [2, 5, 6, 7]] * 2)
     axes = {name: {0: "batch", 1: "sequence"} for name in names[:3]} | {"pixel_values": {0: "batch"}}
     return (ids, torch.ones_like(ids), torch.zeros_like(ids), torch.rand(2, 3, side, side)), axes
@@ -51,11 +51,13 @@ class ColPali(PageReader):
             "query": f"{bos}{query_prefix}{{}}{pad * 10}\n",
             "image": "<image>" * image_tokens + f"{bos}{visual_prefix}\n",
         }
-        return self.page_info(folder, templates, pad_token=pad, image_size=image_size, patch_size=patch_size)
+        facts = PageFacts(templates, folder.preprocessor(), image_size, patch_size)
+        return self.page_info(folder, facts, pad_token=pad)
 
-    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+    def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
         from infinity_cloud.media.images import ImagePreprocessor
 
         # Each page is read behind the same prompt: its ids are tokenised once, here.
-        prompt = tokenizer.encode([info.templates["image"]], truncate=False, special_tokens=False)[0].ids
-        return {"image": ImagePreprocessor.load(info, prompt)}
+        prompt = tokenizer.encode([facts.templates["image"]], truncate=False, special_tokens=False)[0].ids
+        side, patch = facts.image_size or 224, facts.patch_size or 32
+        return ImagePreprocessor(facts.image_processor, side, patch, False, prompt)

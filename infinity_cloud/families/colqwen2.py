@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from infinity_cloud.families.base import IMAGE_INPUTS, TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.families.page_reader import PageReader, token_vectors
-from infinity_cloud.model_files import ModelInfo, Tower
+from infinity_cloud.families.page_reader import PageFacts, PageReader, token_vectors
+from infinity_cloud.family import ModelInfo
 
 if TYPE_CHECKING:
-    from infinity_cloud.media import MediaPreprocessor
+    from infinity_cloud.numerics.inputs import InputEncoder
     from infinity_cloud.text.tokenization import TextTokenizer
 
 _GRAPHS = graphs_of(
@@ -34,12 +34,12 @@ class ColQwen2(PageReader):
         )
         query = f"{processor.get('query_prefix') or 'Query: '}{{}}{pad * 10}\n"
         templates = {"query": query, "image": visual}
-        return self.page_info(folder, templates, pad_token=pad)
+        return self.page_info(folder, PageFacts(templates, folder.preprocessor()), pad_token=pad)
 
-    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+    def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
         from infinity_cloud.media.pages import PagePreprocessor
 
         def tokenize(text: str) -> list[int]:
             return tokenizer.encode([text], truncate=False, special_tokens=False)[0].ids
 
-        return {"image": PagePreprocessor(info, tokenize, tokenizer.pad_id)}
+        return PagePreprocessor(facts.image_processor, facts.templates["image"], tokenize, tokenizer.pad_id)

@@ -7,7 +7,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.families.base import LOGITS, Family, TextFacts, graphs_of
 from infinity_cloud.families.classifier import labels_of, reads_sequences
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 
 class CrossEncoder(Family):

@@ -1,14 +1,53 @@
 """What ColPali and ColQwen2 share: a vision-language model read to one normalised vector
-per token, queries as text and pages as images behind a prompt (`ModelInfo.templates`)."""
+per token, queries as text inside a template and pages as images behind a prompt
+(`PageFacts`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from infinity_cloud.capability import Capability
-from infinity_cloud.families.base import Family, padded_text_example
+from infinity_cloud.families.base import Family, TowerEncoders, padded_text_example
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Graph, ModelInfo
+from infinity_cloud.family import Graph, ModelInfo
+from infinity_cloud.text.input_encoder import TextInputEncoder
+
+if TYPE_CHECKING:
+    from infinity_cloud.numerics.inputs import Encoded, InputEncoder
+    from infinity_cloud.text.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class PageFacts:
+    """How a page reader reads its inputs: `templates`, text it reads around them, "{}"
+    standing for the input (ColPali's query "<bos>Question: {}<pad>...\n"; "image": the prompt
+    its pages are read behind); its image processor's settings; its image tower's side and
+    patch where they are fixed (ColPali's; ColQwen2 reads pages of any shape)."""
+
+    templates: dict[str, str]
+    image_processor: dict[str, Any] = field(repr=False)
+    image_size: int | None = None
+    patch_size: int | None = None
+
+
+def facts_of(info: ModelInfo) -> PageFacts:
+    assert isinstance(info.own_facts, PageFacts), f"{info.path}: not a page reader's facts"
+    return info.own_facts
+
+
+class QueryTemplate(TextInputEncoder):
+    """Texts read as queries inside the model's template, which writes the special tokens
+    itself."""
+
+    def __init__(self, tokenizer: TextTokenizer, template: str) -> None:
+        super().__init__(tokenizer)
+        self.template = template
+
+    def encode(self, texts: Sequence[str], truncate: bool = True, role: str | None = None) -> list[Encoded]:
+        templated = [self.template.replace("{}", text) for text in texts]
+        return self.tokenizer.encode(templated, truncate, special_tokens=False)
 
 
 def token_vectors(name: str, inputs: tuple[str, ...], **options: Any) -> Graph:
@@ -25,7 +64,7 @@ class PageReader(Family):
     def recognises(self, folder: ModelFolder) -> bool:
         return folder.model_type == self.name
 
-    def page_info(self, folder: ModelFolder, templates: dict[str, str], **facts: Any) -> ModelInfo:
+    def page_info(self, folder: ModelFolder, facts: PageFacts, **common: Any) -> ModelInfo:
         vlm = folder.config.get("vlm_config") or {}
         text = vlm.get("text_config") or vlm
         return ModelInfo(
@@ -34,5 +73,13 @@ class PageReader(Family):
             hidden_size=int(folder.config.get("embedding_dim") or 128),
             vocab_size=vlm.get("vocab_size") or text.get("vocab_size"),
             towers={"text": f"{self.name}_text", "image": f"{self.name}_image"},
-            templates=templates, image_processor=folder.preprocessor(), raw=folder.config, **facts,
+            own_facts=facts, raw=folder.config, **common,
         )
+
+    def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
+        return {"text": QueryTemplate(tokenizer, facts_of(info).templates["query"]),
+                "image": self.page_encoder(facts_of(info), tokenizer)}
+
+    def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
+        """How its pages become model inputs."""
+        raise NotImplementedError

@@ -11,7 +11,7 @@ import numpy as np
 
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.families.folder import ModelFolder, read_json
-from infinity_cloud.model_files import DenseLayer, LateInteraction
+from infinity_cloud.family import DenseLayer
 
 # sentence-transformers' names for the pooling modes the engine has, to the engine's names.
 _POOLING_MODES = {
@@ -35,6 +35,23 @@ _LEGACY_POOLING_KEYS = {
 _KNOWN_MODULES = {
     "Transformer", "MLMTransformer", "Pooling", "Dense", "Normalize", "SpladePooling", "MultiVectorMask",
 }
+
+
+@dataclass(frozen=True)
+class LateInteraction:
+    """How a ColBERT-style model (sentence-transformers' MultiVectorEncoder) reads queries and
+    documents: token limits per role, query expansion (queries padded with a token whose
+    vectors count in scoring; the encoder attends to them or not), and tokens (punctuation)
+    dropped from documents' vectors."""
+
+    query_length: int | None = None
+    document_length: int | None = None
+    expansion: str | None = None  # "fixed": every query exactly `expansion_length`; "min": at least
+    expansion_length: int = 32
+    expansion_token: str | None = None  # None: the tokenizer's mask token
+    attend_expansion: bool = False
+    skiplist: tuple[str, ...] = ()
+    skiplist_roles: tuple[str, ...] = ("document",)
 
 
 @dataclass(frozen=True)

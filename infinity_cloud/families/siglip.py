@@ -7,7 +7,7 @@ from __future__ import annotations
 from infinity_cloud.families.base import TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import IMAGE_EMBEDS, TwoTower, text_embeds
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 
 class Siglip(TwoTower):
@@ -15,4 +15,4 @@ class Siglip(TwoTower):
     graphs = graphs_of(text_embeds(TEXT_INPUTS[:1]), IMAGE_EMBEDS)
 
     def read(self, folder: ModelFolder) -> ModelInfo:  # type: ignore[override]
-        return super().read(folder, pad_to_max_length=True)
+        return super().read(folder, full_length=True)

@@ -8,7 +8,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.families import sentence_transformers
 from infinity_cloud.families.base import TOKEN_STATES, Family, TextFacts, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.family import ModelInfo
 
 
 class TextEncoder(Family):

@@ -3,22 +3,47 @@ read as transformers' get_text_features / get_image_features of the whole model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from infinity_cloud.capability import Capability
-from infinity_cloud.families.base import IMAGE_INPUTS, Family, max_length, padded_text_example, pooled
+from infinity_cloud.families.base import (
+    IMAGE_INPUTS,
+    Family,
+    TowerEncoders,
+    max_length,
+    padded_text_example,
+    pooled,
+)
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.model_files import Example, Graph, ModelInfo, Tower
+from infinity_cloud.family import Example, Graph, ModelInfo
 
 if TYPE_CHECKING:
-    from infinity_cloud.media import MediaPreprocessor
     from infinity_cloud.text.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class TwoTowerFacts:
+    """What a two-tower model's folder says of its inputs: its image tower's side and patch
+    (vision_config) and image processor's settings; `full_length`: its text tower was trained
+    on texts padded to its full length (SigLIP's)."""
+
+    image_size: int
+    patch_size: int
+    image_processor: dict[str, Any] = field(repr=False)
+    full_length: bool = False
+
+
+def facts_of(info: ModelInfo) -> TwoTowerFacts:
+    facts = info.own_facts
+    assert isinstance(facts, TwoTowerFacts), f"{info.path}: not a two-tower model's facts"
+    return facts
 
 
 def _image_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     import torch
 
-    side = info.image_size or 224
+    side = facts_of(info).image_size
     return (torch.rand(2, 3, side, side),), {"pixel_values": {0: "batch"}}
 
 
@@ -42,7 +67,7 @@ class TwoTower(Family):
     def recognises(self, folder: ModelFolder) -> bool:
         return folder.model_type == self.name
 
-    def read(self, folder: ModelFolder, **facts: Any) -> ModelInfo:
+    def read(self, folder: ModelFolder, full_length: bool = False) -> ModelInfo:
         config = folder.config
         text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
         # CLIP projects both towers to projection_dim; SigLIP's text head keeps the text width.
@@ -51,12 +76,21 @@ class TwoTower(Family):
             path=folder.path, family=self, capability=Capability.EMBED, model_type=folder.model_type,
             architectures=folder.architectures, max_length=max_length(folder, text),
             hidden_size=int(width or 0), vocab_size=text.get("vocab_size"), pad_token=folder.pad_token,
-            normalize=True, towers={"text": "text_embeds", "image": "image_embeds"},
-            image_size=int(vision.get("image_size") or 224), patch_size=int(vision.get("patch_size") or 32),
-            image_processor=folder.preprocessor(), raw=config, **facts,
+            normalize=True, towers={"text": "text_embeds", "image": "image_embeds"}, raw=config,
+            own_facts=TwoTowerFacts(
+                int(vision.get("image_size") or 224), int(vision.get("patch_size") or 32),
+                folder.preprocessor(), full_length,
+            ),
         )
 
-    def preprocessors(self, info: ModelInfo, tokenizer: TextTokenizer) -> dict[Tower, MediaPreprocessor]:
+    def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
         from infinity_cloud.media.images import ImagePreprocessor
+        from infinity_cloud.text.input_encoder import TextInputEncoder
 
-        return {"image": ImagePreprocessor.load(info, class_token=self.class_token)}
+        facts = facts_of(info)
+        return {
+            "text": TextInputEncoder(tokenizer, full_length=facts.full_length),
+            "image": ImagePreprocessor(
+                facts.image_processor, facts.image_size, facts.patch_size, self.class_token
+            ),
+        }

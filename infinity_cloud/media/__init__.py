@@ -1,28 +1,25 @@
 """Images and audio: fetching them for a request (`fetch.py`), turning them into a tower's
-inputs (`images.py`, `audio.py`, `pages.py`; which a model's towers use, its family says)."""
+inputs (`images.py`, `audio.py`, `pages.py`; which a model's towers use, its family says,
+`ModelFamily.encoders`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from infinity_cloud.admission.validation import check_media
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.numerics.inputs import ModelInputs
 
 
-class MediaPreprocessor(Protocol):
-    """What a tower that reads media needs: one input's bytes opened (its header read, its
-    size checked against `limits`) with what decoding it takes at its peak in bytes, an opened
-    input (or bytes) to a model input (whose length is its batch cost), a batch of them as
-    arrays, and fixed probes for warm-up and fidelity; `cost`: what one input costs, as
-    estimated before it is fetched (admission)."""
+class MediaEncoder:
+    """What the input encoders of media towers share (`numerics.inputs.InputEncoder`): their
+    inputs are URLs or data URIs, which the engine fetches and they then open and prepare."""
 
-    cost: int
+    kind: str
+    fetched = True
 
-    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]: ...
+    def check(self, inputs: Sequence[Any], limits: LimitsSpec) -> None:
+        check_media(inputs, limits)
 
-    def prepare(self, data: Any, index: int) -> Any: ...
-
-    def collate(self, items: Sequence[Any], rows: int | None = None) -> ModelInputs: ...
-
-    def probes(self) -> list[Any]: ...
+    def encode(self, inputs: Sequence[Any], truncate: bool = True) -> list[Any]:
+        raise TypeError(f"{self.kind} inputs are fetched, opened and prepared; none is encoded from a call")

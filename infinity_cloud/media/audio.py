@@ -19,7 +19,7 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.media import MediaEncoder
 from infinity_cloud.numerics.inputs import ModelInputs
 
 # Shorter than this a clip holds nothing to hear.
@@ -74,7 +74,11 @@ def mel_filters(rate: int, n_fft: int, bins: int, low: float, high: float) -> np
     return np.maximum(0, np.minimum(rising, falling)) * (2 / (edges[2:] - edges[:-2]))[None, :]
 
 
-class AudioPreprocessor:
+class AudioPreprocessor(MediaEncoder):
+    """An audio tower's input encoder, from its feature extractor's settings (`config`)."""
+
+    kind = "audio"
+
     def __init__(self, config: dict[str, Any]) -> None:
         try:
             import soundfile
@@ -103,10 +107,6 @@ class AudioPreprocessor:
         )
         self.window = np.hanning(self.n_fft + 1)[:-1]  # periodic Hann
         self.cost = self.samples // self.hop + 1  # frames: every clip fills the window
-
-    @classmethod
-    def load(cls, info: ModelInfo) -> AudioPreprocessor:
-        return cls(info.audio_processor)
 
     def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Clip, int]:
         """One input's clip, its header read: what decoding it takes at its peak (only the

@@ -29,7 +29,7 @@ from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import PayloadTooLargeError, QueueFullError
 from infinity_cloud.hardware import usable_cores
-from infinity_cloud.media import MediaPreprocessor
+from infinity_cloud.numerics.inputs import InputEncoder
 
 # Seconds per byte of decoding before any is measured: a 16 MP RGBA PNG, 184 MB of decoding
 # by `decoding_bytes`, took 0.8 s on one AVX2 core; learned from each decode after that.
@@ -53,7 +53,7 @@ class MediaDecoder:
         return decoding * self._seconds_per_byte
 
     async def prepare_all(
-        self, preprocessor: MediaPreprocessor, fetched: Sequence[bytes], deadline_s: float | None,
+        self, preprocessor: InputEncoder, fetched: Sequence[bytes], deadline_s: float | None,
         request_limit_s: float | None = None,
     ) -> list[Any]:
         """Each fetched input as its model input, in order (a bad one: a 400 naming it)."""
@@ -77,7 +77,7 @@ class MediaDecoder:
         finally:
             self._release(total)
 
-    def _open_all(self, preprocessor: MediaPreprocessor, fetched: Sequence[bytes]) -> list[tuple[Any, int]]:
+    def _open_all(self, preprocessor: InputEncoder, fetched: Sequence[bytes]) -> list[tuple[Any, int]]:
         return [preprocessor.open(data, index, self.limits) for index, data in enumerate(fetched)]
 
     def _admit(self, decoding: int, deadline_s: float | None, limit_s: float | None) -> None:
@@ -105,7 +105,7 @@ class MediaDecoder:
         with self._lock:
             self._queued_bytes -= decoding
 
-    def _prepare(self, preprocessor: MediaPreprocessor, item: Any, index: int, cost: int) -> Any:
+    def _prepare(self, preprocessor: InputEncoder, item: Any, index: int, cost: int) -> Any:
         started = time.perf_counter()
         try:
             prepared = preprocessor.prepare(item, index)

@@ -16,7 +16,7 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
-from infinity_cloud.model_files import ModelInfo
+from infinity_cloud.media import MediaEncoder
 from infinity_cloud.numerics.inputs import ModelInputs
 
 # Below this a picture holds too little to embed (an icon, a tracking pixel): refused, not
@@ -62,7 +62,13 @@ def _pil() -> Any:
     return Image
 
 
-class ImagePreprocessor:
+class ImagePreprocessor(MediaEncoder):
+    """An image tower's input encoder; `class_token`: its tower reads one besides the patches
+    (CLIP), which an image's cost counts; `prompt_ids`: the prompt it reads each image behind
+    (ColPali's), whose tokens are then what an image costs."""
+
+    kind = "image"
+
     def __init__(
         self, config: dict[str, Any], image_size: int, patch_size: int, class_token: bool,
         prompt_ids: list[int] | None = None,
@@ -84,15 +90,6 @@ class ImagePreprocessor:
         # What an image costs a batch: its patches (and CLIP's class token), or its prompt's tokens.
         self.tokens = len(prompt_ids) if prompt_ids else (image_size // patch_size) ** 2 + class_token
         self.cost = self.tokens
-
-    @classmethod
-    def load(
-        cls, info: ModelInfo, prompt_ids: list[int] | None = None, class_token: bool = False
-    ) -> ImagePreprocessor:
-        """The image tower's preprocessor; `class_token`: its tower reads one besides the
-        patches (CLIP), which an image's cost counts."""
-        side, patch = info.image_size or 224, info.patch_size or 32
-        return cls(info.image_processor, side, patch, class_token, prompt_ids)
 
     def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]:
         """One input's picture, its header read, and what decoding it takes at its peak."""

@@ -16,8 +16,8 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.media import MediaEncoder
 from infinity_cloud.media.images import decode, decoding_bytes, open_image, probe_pictures
-from infinity_cloud.model_files import ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -52,9 +52,15 @@ def fitted_size(height: int, width: int, factor: int, min_pixels: int, max_pixel
     return h, w
 
 
-class PagePreprocessor:
-    def __init__(self, info: ModelInfo, tokenize: Callable[[str], list[int]], pad_id: int) -> None:
-        config = info.image_processor
+class PagePreprocessor(MediaEncoder):
+    """A page tower's input encoder, from its image processor's settings (`config`) and the
+    prompt each page is read behind (`prompt`, its image token repeated per merged patch)."""
+
+    kind = "page"
+
+    def __init__(
+        self, config: dict[str, Any], prompt: str, tokenize: Callable[[str], list[int]], pad_id: int
+    ) -> None:
         size = config.get("size") or {}
         self.patch = int(config.get("patch_size", 14))
         self.merge = int(config.get("merge_size", 2))
@@ -65,7 +71,7 @@ class PagePreprocessor:
         self.rescale = float(config.get("rescale_factor", 1 / 255))
         self.mean = np.array(config["image_mean"], np.float32)
         self.std = np.array(config["image_std"], np.float32)
-        self.prompt = info.templates["image"]
+        self.prompt = prompt
         self._tokenize, self.pad_id = tokenize, pad_id
         # A page at the pixel budget: one token per merged patch, and the prompt's few.
         self.cost = self.max_pixels // (self.patch * self.merge) ** 2 + 32

@@ -13,8 +13,8 @@ from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels
-from infinity_cloud.model_files import GraphOutput, ModelInfo
 from infinity_cloud.numerics.fidelity import MIN_AGREEMENT, agreement
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs

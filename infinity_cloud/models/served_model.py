@@ -25,19 +25,19 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
+from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.family import Tower as TowerName
 from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
-from infinity_cloud.media import MediaPreprocessor
-from infinity_cloud.model_files import GraphOutput, ModelInfo
-from infinity_cloud.model_files import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
 from infinity_cloud.numerics.heads import FINAL
-from infinity_cloud.numerics.inputs import ModelInputs
+from infinity_cloud.numerics.inputs import InputEncoder, ModelInputs
 from infinity_cloud.numerics.pooling import supported_activation
 from infinity_cloud.results import ModelFacts
 from infinity_cloud.tasks.quantization import calibration_texts
 from infinity_cloud.tasks.registry import task_for
+from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,8 @@ class _Loaded:
     tokenizer: TextTokenizer
     towers: dict[TowerName, Tower]
     normalize: bool
-    # The preprocessor of each tower that reads media (image, audio), by tower.
-    media: dict[TowerName, MediaPreprocessor]
+    # Each tower's input encoder, as its family says (`ModelFamily.encoders`).
+    encoders: dict[TowerName, TextInputEncoder | InputEncoder]
     # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
     namespaces: dict[TowerName, str] = field(default_factory=dict)
 
@@ -196,24 +196,28 @@ class ServedModel:
         if spec.length_buckets:  # an input longer than every static shape cannot run
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
-        media = info.family.preprocessors(info, tokenizer)
+        encoders = info.family.encoders(info, tokenizer)
         normalize = info.normalize if spec.normalize is None else spec.normalize
         towers: dict[TowerName, Tower] = {}
         try:
             for name, graph in info.towers.items():
-                towers[name] = self._tower(info, name, graph, tokenizer, media.get(name), normalize)
+                towers[name] = self._tower(info, name, graph, tokenizer, encoders[name], normalize)
         except BaseException:
             for tower in towers.values():
                 tower.worker.stop()
                 tower.backend.close()
             raise
-        return _Loaded(info, tokenizer, towers, normalize, media)
+        return _Loaded(info, tokenizer, towers, normalize, encoders)
 
     def _tower(
         self, info: ModelInfo, name: TowerName, graph: GraphOutput, tokenizer: TextTokenizer,
-        preprocessor: MediaPreprocessor | None, normalize: bool,
+        encoder: TextInputEncoder | InputEncoder, normalize: bool,
     ) -> Tower:
         spec = self.spec
+        # A text tower's batches are padded here (static shapes, the backend's grain); any
+        # other tower's encoder collates its own, from its own probes.
+        preprocessor = None if isinstance(encoder, TextInputEncoder) else encoder
+        full_length = isinstance(encoder, TextInputEncoder) and encoder.full_length
         task = task_for(info.capability)
         head = task.head(info, graph, spec.pooling or info.pooling, normalize)
         compared = head.reference  # what precisions are measured on
@@ -222,7 +226,7 @@ class ServedModel:
         grain = 1  # the backend's `length_grain`, once it is open
 
         def padded_length(longest: int) -> int:
-            if info.pad_to_max_length:
+            if full_length:
                 return tokenizer.max_length
             if spec.length_buckets:
                 return bucket(longest, spec.length_buckets)
@@ -234,7 +238,7 @@ class ServedModel:
             if preprocessor:
                 return preprocessor.collate(items, rows)
             longest = max(len(e) for e in items)
-            length = padded_length(longest) if static or info.pad_to_max_length else None
+            length = padded_length(longest) if static or full_length else None
             return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)
 
         def calibration() -> Calibration:

@@ -1,13 +1,17 @@
-"""What a model takes in: one input as the model will see it (`Encoded`, its token ids) and a
+"""What a model takes in: one input as the model will see it (`Encoded`, its token ids), a
 batch of them as named arrays (`ModelInputs`), the types the tokenizers, media, tasks and
-backends share."""
+backends share; and how a tower's inputs become them (`InputEncoder`), which its family says."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from infinity_cloud.config import LimitsSpec
 
 
 @dataclass(eq=False, slots=True)
@@ -91,3 +95,33 @@ class ModelInputs:
     def feed(self, names: Iterable[str]) -> dict[str, np.ndarray]:
         """The arrays a graph declares as inputs, by their conventional names, in that order."""
         return {name: self.arrays[name] for name in names}
+
+
+class InputEncoder(Protocol):
+    """How the inputs of a tower that reads something other than text (images, audio, pages,
+    or a kind a family defines itself) become model inputs. Its family gives one per tower
+    (`ModelFamily.encoders`; a text tower's is `text.input_encoder.TextInputEncoder`); the
+    engine, the tasks and the served model call it without knowing which kind it is.
+
+    `fetched`: its inputs are URLs or data URIs, which the engine fetches; each is then opened
+    (`open`: its size checked against `limits`, with what decoding it takes at its peak, in
+    bytes) and prepared (`prepare`) in the decoding pool. Otherwise the inputs are encoded
+    (`encode`) in the tokenizer pool. A model input's length is its batch cost; `cost` is what
+    one input costs, as estimated before it is read (admission); `probes` are fixed inputs
+    for warm-up and fidelity checks."""
+
+    kind: str  # what its inputs are, for messages: "image", "audio", "page", ...
+    fetched: bool
+    cost: int
+
+    def check(self, inputs: Sequence[Any], limits: LimitsSpec) -> None: ...
+
+    def encode(self, inputs: Sequence[Any], truncate: bool = True) -> list[Any]: ...
+
+    def open(self, data: bytes, index: int, limits: LimitsSpec) -> tuple[Any, int]: ...
+
+    def prepare(self, data: Any, index: int) -> Any: ...
+
+    def collate(self, items: Sequence[Any], rows: int | None = None) -> ModelInputs: ...
+
+    def probes(self) -> list[Any]: ...

@@ -19,7 +19,7 @@ import numpy as np
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.text.tokenization import TextTokenizer
@@ -32,7 +32,9 @@ class LoadedModel(Protocol):
     tokenizer: TextTokenizer
     normalize: bool
     towers: Mapping[Tower, Any]
-    media: Mapping[Tower, Any]  # the preprocessor of each tower that reads media
+    # Each tower's input encoder (`ModelFamily.encoders`): a text tower's reads texts; any
+    # other's is a `numerics.inputs.InputEncoder`, whatever its inputs are.
+    encoders: Mapping[Tower, Any]
 
 
 class Served(Protocol):
@@ -110,8 +112,9 @@ class Task(ABC, Generic[Call, Result]):
         a token, capped at the model's limit; media at their tower's cost; and its memory."""
         return Cost(0, 0)
 
-    def media(self, call: Call) -> Sequence[str]:
-        """URLs (and data URIs) the engine fetches before `encode`; none for text."""
+    def media(self, call: Call, served: Served) -> Sequence[str]:
+        """URLs (and data URIs) the engine fetches and its tower's encoder then opens and
+        prepares, instead of `encode`; none for text."""
         return ()
 
     def tower(self, call: Call) -> Tower:
@@ -122,9 +125,9 @@ class Task(ABC, Generic[Call, Result]):
     def encode(
         self, call: Call, served: Served, limits: LimitsSpec
     ) -> list[Any]:
-        """The call's text inputs as model inputs, each with a length (its batch cost); runs
-        in the tokenizer pool. (A call with `media` has them decoded by its tower's
-        preprocessor instead, in the decoding pool.)"""
+        """The call's inputs as model inputs, each with a length (its batch cost); runs in the
+        tokenizer pool. (A call with `media` has them decoded by its tower's encoder instead,
+        in the decoding pool.)"""
 
     @abstractmethod
     def finish(self, rows: list[Any], call: Call, served: Served, encodings: list[Any]) -> Result:
@@ -142,6 +145,17 @@ def require_tower(served: Served, capability: Capability, modality: Tower) -> No
         )
 
 
+def check_inputs(inputs: Sequence[Any], modality: Tower, served: Served, limits: LimitsSpec) -> None:
+    """The inputs of a tower other than text, as its encoder checks them (media: URLs or data
+    URIs, not too many)."""
+    served.loaded.encoders[modality].check(inputs, limits)
+
+
+def fetched_inputs(inputs: Sequence[Any], modality: Tower, served: Served) -> Sequence[Any]:
+    """The inputs the engine fetches: those of a tower whose encoder reads fetched media."""
+    return inputs if modality != "text" and served.loaded.encoders[modality].fetched else ()
+
+
 def text_cost(texts: Sequence[str], limit: int) -> Cost:
     """A list of texts, estimated from their length (no tokenizing)."""
     return length_cost([len(text) for text in texts], limit)
@@ -154,11 +168,12 @@ def length_cost(lengths: Sequence[int], limit: int) -> Cost:
 
 
 def inputs_cost(inputs: Sequence[Any], modality: Tower, served: Served) -> Cost:
-    """Texts, token-id lists or media inputs, estimated."""
+    """Texts, token-id lists, or inputs of another tower (media: URLs, data URIs), estimated;
+    those at what their tower's encoder says one costs."""
     loaded = served.loaded
     if modality != "text":
-        fetched = sum(len(uri) * MEMORY_PER_CHAR + MEMORY_PER_MEDIA for uri in inputs)
-        return Cost(len(inputs) * loaded.media[modality].cost, fetched, inputs=len(inputs))
+        held = sum(len(item) * MEMORY_PER_CHAR + MEMORY_PER_MEDIA for item in inputs)
+        return Cost(len(inputs) * loaded.encoders[modality].cost, held, inputs=len(inputs))
     limit = loaded.tokenizer.max_length
     if inputs and not isinstance(inputs[0], str):
         tokens = sum(min(len(ids) + 2, limit) for ids in inputs)

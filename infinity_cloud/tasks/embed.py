@@ -10,7 +10,6 @@ import numpy as np
 
 from infinity_cloud.admission.validation import (
     check_dimensions,
-    check_media,
     check_texts,
     check_token_ids,
     is_token_ids,
@@ -18,7 +17,7 @@ from infinity_cloud.admission.validation import (
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo, Tower
+from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
@@ -28,6 +27,8 @@ from infinity_cloud.tasks.base import (
     PACKED_BYTES_PER_NUMBER,
     Cost,
     Task,
+    check_inputs,
+    fetched_inputs,
     inputs_cost,
     prompt_tokens,
     require_tower,
@@ -107,7 +108,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         require_tower(served, self.capability, call.modality)
         check_dimensions(call.dimensions, served.loaded.info.dimensions)
         if call.modality != "text":
-            check_media(call.inputs, limits)
+            check_inputs(call.inputs, call.modality, served, limits)
         elif is_token_ids(call.inputs):
             check_token_ids(call.inputs, limits)  # type: ignore[arg-type]
         else:
@@ -119,8 +120,8 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
         n = len(call.inputs)
         return inputs_cost(call.inputs, call.modality, served).answering(n * width, wire, items=n)
 
-    def media(self, call: EmbedCall) -> Sequence[str]:
-        return () if call.modality == "text" else call.inputs  # type: ignore[return-value]
+    def media(self, call: EmbedCall, served: Served) -> Sequence[str]:
+        return fetched_inputs(call.inputs, call.modality, served)
 
     def tower(self, call: EmbedCall) -> Tower:
         return call.modality
@@ -128,10 +129,12 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     def encode(
         self, call: EmbedCall, served: Served, limits: LimitsSpec
     ) -> list[Any]:
+        if call.modality != "text":  # a tower's own kind of input, which its encoder reads
+            return served.loaded.encoders[call.modality].encode(call.inputs, call.truncate)
         if is_token_ids(call.inputs):
             return self._token_ids(call, served, limits)
         texts = prompted(served, call.inputs, call.prompt_name)  # type: ignore[arg-type]
-        return served.loaded.tokenizer.encode(texts, call.truncate)
+        return served.loaded.encoders["text"].encode(texts, call.truncate)
 
     @staticmethod
     def _token_ids(call: EmbedCall, served: Served, limits: LimitsSpec) -> list[Encoded]:

@@ -11,7 +11,7 @@ import numpy as np
 from infinity_cloud.admission.validation import check_max_tokens_per_doc, check_texts, check_top_n
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import RankedDocument, RerankResult

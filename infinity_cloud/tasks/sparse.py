@@ -13,7 +13,7 @@ from infinity_cloud.admission.validation import check_no_token_ids, check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.model_files import GraphOutput, ModelInfo
+from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import SparseEmbeddingResult, SparseVector

@@ -1,2 +1,3 @@
 """Text as a model reads it: the model's tokenizer with truncation and token counts
-(`tokenization`), and OpenAI's cl100k_base token ids decoded back to text (`openai_tokens`)."""
+(`tokenization`), a text tower's input encoder (`input_encoder`), and OpenAI's cl100k_base
+token ids decoded back to text (`openai_tokens`)."""

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from infinity_cloud.model_files import DenseLayer
+from infinity_cloud.family import DenseLayer
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.pooling import (
     apply_dense,

@@ -1,6 +1,8 @@
-"""What a model is, as the engine sees it: `ModelInfo`, read from a folder by its family
-(`infinity_cloud.families`). Imports no ML framework, so the engine can decide what to load
-before paying for torch or transformers.
+"""What a model family is, as every layer sees it: the `ModelFamily` protocol, the `Graph`s it
+declares, and the `ModelInfo` it reads from a folder (the families themselves live in
+`infinity_cloud.families`). Here, below the backends, because they run a family's graphs; it
+imports no ML framework, so the engine can decide what to load before paying for torch or
+transformers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from infinity_cloud.capability import Capability
 
 # A graph's name: which of its family's graphs (`ModelFamily.graph`) a backend runs.
 GraphOutput = str
-# A tower is the graph that takes one modality; text-only models have one, CLIP two.
+# A tower is the graph that takes one modality; text-only models have one, CLIP two. A family
+# may name one of its own (any string at run time: only the tower's input encoder reads what
+# goes in).
 Tower = Literal["text", "image", "audio"]
 # What a graph returns, which is what the tasks' heads read (`numerics/heads.py`):
 # - token_states: (batch, length, width) states, to pool or to keep per token;
@@ -59,14 +63,16 @@ class Graph:
 
 class ModelFamily(Protocol):
     """What the engine asks of the family that read a model (`infinity_cloud.families`):
-    its graphs, and the preprocessors of its towers that read media."""
+    its graphs, and each tower's input encoder (how its inputs become model inputs: a
+    `text.input_encoder.TextInputEncoder` for text, a `numerics.inputs.InputEncoder` for
+    anything else), made with the model's tokenizer."""
 
     name: str
     media: tuple[Tower, ...]
 
     def graph(self, name: GraphOutput) -> Graph: ...
 
-    def preprocessors(self, info: ModelInfo, tokenizer: Any) -> dict[Tower, Any]: ...
+    def encoders(self, info: ModelInfo, tokenizer: Any) -> dict[Tower, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -76,23 +82,6 @@ class DenseLayer:
     weight: np.ndarray
     bias: np.ndarray | None
     activation: str
-
-
-@dataclass(frozen=True)
-class LateInteraction:
-    """How a ColBERT-style model (sentence-transformers' MultiVectorEncoder) reads queries and
-    documents: token limits per role, query expansion (queries padded with a token whose
-    vectors count in scoring; the encoder attends to them or not), and tokens (punctuation)
-    dropped from documents' vectors."""
-
-    query_length: int | None = None
-    document_length: int | None = None
-    expansion: str | None = None  # "fixed": every query exactly `expansion_length`; "min": at least
-    expansion_length: int = 32
-    expansion_token: str | None = None  # None: the tokenizer's mask token
-    attend_expansion: bool = False
-    skiplist: tuple[str, ...] = ()
-    skiplist_roles: tuple[str, ...] = ("document",)
 
 
 @dataclass(frozen=True)
@@ -113,20 +102,10 @@ class ModelInfo:
     towers: dict[Tower, GraphOutput] = field(default_factory=lambda: {"text": "token_states"})
     # Named instructions prepended to inputs (sentence-transformers' `prompts`: "query", ...).
     prompts: dict[str, str] = field(default_factory=dict)
-    # The image tower's input side and patch (vision_config), for image models.
-    image_size: int | None = None
-    patch_size: int | None = None
-    # SigLIP was trained on texts padded to its full length, without an attention mask: its
-    # text tower pools the last position, so it must see what it was trained on.
-    pad_to_max_length: bool = False
-    # Text a model reads around its inputs, "{}" standing for the input (ColPali's query
-    # "<bos>Question: {}<pad>...\n"; "image": the prompt its pages are read behind).
-    templates: dict[str, str] = field(default_factory=dict)
-    # The image processor's settings (preprocessor_config.json, or inside processor_config.json).
-    image_processor: dict[str, Any] = field(default_factory=dict, repr=False)
-    # The audio feature extractor's settings, likewise.
-    audio_processor: dict[str, Any] = field(default_factory=dict, repr=False)
-    late_interaction: LateInteraction | None = None
+    # The family's own facts, a dataclass it defines and reads from the folder (CLIP's image
+    # processor settings, ColPali's templates, ColBERT's late interaction): only the family
+    # reads them, in its graphs' examples and its towers' input encoders.
+    own_facts: Any = field(default=None, repr=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
