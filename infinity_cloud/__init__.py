@@ -30,9 +30,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _target_registry() -> wiring.TargetSections:
-    from infinity_cloud.edge import target_registry
+    from infinity_cloud.targets import registry
 
-    return target_registry
+    return registry
 
 
 # The spec checks its target sections with the target registry, which it cannot import (the

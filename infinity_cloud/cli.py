@@ -26,8 +26,8 @@ from infinity_cloud.config import (
     ServerSpec,
     load_spec,
 )
-from infinity_cloud.edge import target_registry
 from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.targets import registry
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, ROUTES, VERBS, Deployment, usage_examples
 
 APP_HELP = (
@@ -159,7 +159,7 @@ def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None
 def section_options(target: str) -> dict[str, tuple[str, Any, Any]]:
     """A target's spec section as CLI options: parameter name -> (field, type, typer option),
     made as the serve options are (`field_option`), the variable INFINITY_CLOUD_<TARGET>_<FIELD>."""
-    section = target_registry.section_class(target)
+    section = registry.section_class(target)
     if section is None:
         return {}
     return {
@@ -236,7 +236,7 @@ def _show_steps(spec: DeploymentSpec) -> None:
 
 def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     """The commands of one target, by verb, each with the spec's and the section's flags."""
-    cls = target_registry.target_class(name)
+    cls = registry.target_class(name)
     default_out = Path("build") / name
     out_option = Annotated[Path, typer.Option("--out", help=_OUT)]
 
@@ -385,7 +385,7 @@ _ADMIN_KEY = Annotated[
 
 
 def _admin(url: str, key: str | None) -> Any:
-    from infinity_cloud.edge.admin_client import AdminClient
+    from infinity_cloud.admin_client import AdminClient
 
     return AdminClient(url, key)
 
@@ -455,7 +455,7 @@ def build_cli() -> typer.Typer:
     cli.registered_commands.extend(_base.registered_commands)
     cli.registered_groups.extend(_base.registered_groups)
     families = {verb: typer.Typer(help=text, no_args_is_help=True) for verb, text in VERBS.items()}
-    for name in target_registry.target_names():
+    for name in registry.target_names():
         for verb, command in target_commands(name).items():
             # Python names in the spec (aws_lambda:), command-line names on the command line.
             families[verb].command(name.replace("_", "-"))(command)
@@ -722,8 +722,8 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
         )
-        names = target_registry.target_names()
-        detaching = [n for n in names if target_registry.target_class(n).detaches_jobs]
+        names = registry.target_names()
+        detaching = [n for n in names if registry.target_class(n).detaches_jobs]
         if detach and runner.replace("-", "_") not in detaching:
             raise fail(f"--detach: a {runner} job runs until it ends here; --runner {' or '.join(detaching)} "
                        "can start one and return")
@@ -736,9 +736,9 @@ def embed(
         else:
             from infinity_cloud.targets.base import JobOptions
 
-            target = target_registry.target_class(runner.replace("-", "_"))
+            target = registry.target_class(runner.replace("-", "_"))
             if not target.runs_jobs:
-                jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
+                jobs = [n for n in names if registry.target_class(n).runs_jobs]
                 raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
                            f"{', '.join(jobs)}")
             options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret,
@@ -752,7 +752,7 @@ def _infinity_v2(**given: Any) -> None:
     (`;` between models); prints the infinity-cloud command that means the same, once."""
     import os
 
-    from infinity_cloud.edge.infinity_compat import translate
+    from infinity_cloud.infinity_compat import translate
     from infinity_cloud.models.served_model import prepare_model
     from infinity_cloud.targets.local.target import LocalTarget
 
@@ -771,7 +771,7 @@ def _infinity_v2(**given: Any) -> None:
 
 def _infinity_v2_command() -> Callable[..., None]:
     """`_infinity_v2` with one option per Infinity flag (`infinity_compat.FLAGS`)."""
-    from infinity_cloud.edge.infinity_compat import FLAGS
+    from infinity_cloud.infinity_compat import FLAGS
 
     params = []
     for flag in FLAGS:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 
 class TargetSections(Protocol):
-    """What the spec asks the target registry (`edge.target_registry`): a target's section
+    """What the spec asks the target registry (`targets/registry.py`): a target's section
     model (None: it has none; a ConfigError for an unknown name) and the names it knows."""
 
     def section_class(self, name: str) -> Any: ...

@@ -4,7 +4,8 @@ the `infinity_cloud.targets` entry-point group, and any registered at run time.
 The deployment spec takes each target's section from here (handed to it by the package,
 `wiring.target_sections`: the spec cannot import what imports the targets), and the CLI its
 verbs and flags, so adding a target adds no line to either. Targets are named by import path and
-imported on first use: the core never imports a target it does not need.
+imported on first use: the core never imports a target it does not need. It sits beside the
+targets and above them (tests/unit/test_layers.py): no target imports it.
 """
 
 from __future__ import annotations
