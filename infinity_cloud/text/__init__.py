@@ -1,2 +1,3 @@
 """Text as a model reads it: the model's tokenizer with truncation and token counts
-(`tokenization`), and OpenAI's cl100k_base token ids decoded back to text (`openai_tokens`)."""
+(`tokenization`), the tokenizer pool's work stopped when its caller goes (`pool_cancellation`),
+and OpenAI's cl100k_base token ids decoded back to text (`openai_tokens`)."""
