@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from infinity_cloud.capability import CALLS
+from infinity_cloud.capability import ROUTE_NAMES
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import InfinityCloudError
 
@@ -29,7 +29,7 @@ VERBS = {
 }
 # How a caller picks the route of /invocations (SageMaker passes it through as is).
 ROUTE_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
-ROUTES = tuple(CALLS.values())
+ROUTES = tuple(ROUTE_NAMES.values())
 # The client-side variable holding the key an endpoint checks (its bearer token).
 CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # The variable a platform secret sets in a container to protect its endpoint: one key, or

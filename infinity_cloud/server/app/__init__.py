@@ -17,10 +17,10 @@ from infinity_cloud import __version__
 from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
-from infinity_cloud.server.calls import ClientDisconnected
 from infinity_cloud.server.dialects import DIALECTS, Dialect
 from infinity_cloud.server.dialects.registry import mount
 from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
+from infinity_cloud.server.engine_calls import ClientDisconnected
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit, CacheControl

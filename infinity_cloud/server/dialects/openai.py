@@ -14,7 +14,6 @@ from starlette.responses import Response
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
-from infinity_cloud.server.calls import answer, truncation_named
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
@@ -26,6 +25,7 @@ from infinity_cloud.server.dialects.common import (
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response, vector_base64
+from infinity_cloud.server.engine_calls import answer, truncation_named
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 from infinity_cloud.tasks.embed import prompt_for_use
