@@ -53,9 +53,11 @@ RANKS: dict[str, int] = {
     "infinity_cloud.bulk": 7,
     "infinity_cloud.sizing": 7,
     "infinity_cloud.server": 7,
-    # 8 the HTTP routes: a module per wire dialect, the status and admin routes
+    # 8 the HTTP routes: a module per wire dialect, the status routes (models, health, metrics)
+    #   and the admin routes
     "infinity_cloud.server.dialects": 8,
-    "infinity_cloud.server.routes": 8,
+    "infinity_cloud.server.status_routes": 8,
+    "infinity_cloud.server.admin_routes": 8,
     # 9 the app factory, which mounts the routes on the shared parts
     "infinity_cloud.server.app": 9,
     # 10 what every target shares (base, images, the container's runtime, preflight checks)
