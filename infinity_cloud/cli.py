@@ -65,11 +65,11 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def field_option(name: str, info: FieldInfo, env: str, panel: str) -> tuple[Any, Any]:
+def field_option(name: str, info: FieldInfo, env: str | None, panel: str) -> tuple[Any, Any]:
     """A spec field as a typer option: (the type typer parses, or None, the option). The flag is
     `--field-name` (or the field's `flag`), booleans get `--x/--no-x` (or its `off`), the help
     is the field's description and its default, the variable `env` + the field's name (or its
-    `env`)."""
+    `env`); none when `env` is None."""
     extra: dict[str, Any] = info.json_schema_extra or {}  # type: ignore[assignment]
     hint = _cli_type(info.annotation)
     flag = str(extra.get("flag") or f"--{name.replace('_', '-')}")
@@ -78,9 +78,10 @@ def field_option(name: str, info: FieldInfo, env: str, panel: str) -> tuple[Any,
     shown = "" if default in (None, (), "") or "(default:" in (info.description or "") else (
         f" (default: {_shown(default)})"
     )
+    envvar = None if env is None else f"{env}{str(extra.get('env') or name).upper()}"
     option = typer.Option(
-        *decls, envvar=f"{env}{str(extra.get('env') or name).upper()}", help=(info.description or "") + shown,
-        rich_help_panel=panel, show_default=False,
+        *decls, envvar=envvar, help=(info.description or "") + shown, rich_help_panel=panel,
+        show_default=False,
     )
     return hint | None, option
 
@@ -154,6 +155,25 @@ def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None
         return command
 
     return decorate(fn) if fn is not None else decorate
+
+
+def with_model_options(fn: Callable[..., Any]) -> Any:
+    """Give a command one model's spec options, made as serve's are (`field_option`) but each
+    given once and read from no variable (a shell's INFINITY_CLOUD_DTYPE, say, is meant for
+    `serve`); it receives those given as `options`, a model of the spec less its `model_id`."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "options"]
+    flags = {name: field_option(name, ModelSpec.model_fields[name], None, "Model") for name in MODEL_OPTIONS}
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in flags}
+        return fn(options={k: v for k, v in given.items() if v is not None and v != []}, **kwargs)
+
+    command.__signature__ = inspect.Signature(own + [  # type: ignore[attr-defined]
+        inspect.Parameter(name, KEYWORD, default=None, annotation=Annotated[hint, option])
+        for name, (hint, option) in flags.items()
+    ])
+    return command
 
 
 def section_options(target: str) -> dict[str, tuple[str, Any, Any]]:
@@ -406,22 +426,19 @@ def models_list(url: _URL = "http://127.0.0.1:7997", admin_key: _ADMIN_KEY = Non
 
 
 @models_app.command("load")
+@with_model_options
 def models_load(
+    options: dict[str, Any],
     model_id: Annotated[str, typer.Argument(help="Hub id or local folder of the model (on the server).")],
     url: _URL = "http://127.0.0.1:7997",
     admin_key: _ADMIN_KEY = None,
-    served_model_name: Annotated[str | None, typer.Option(help="Name clients send as 'model'.")] = None,
-    backend: Annotated[str | None, typer.Option(help="As serve's --backend (default: auto).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="As serve's --dtype (default: auto).")] = None,
-    device: Annotated[str | None, typer.Option(help="As serve's --device (default: auto).")] = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait until it is ready (0: return at once).")] = 600,
 ) -> None:
     """Load one more model while the server serves.
 
     409 if its name is taken, 413 if it would not fit the memory budget; it answers 503 with
     Retry-After until ready."""
-    options = {"served_model_name": served_model_name, "backend": backend, "dtype": dtype, "device": device}
-    spec = {"model_id": model_id, **{k: v for k, v in options.items() if v is not None}}
+    spec = {"model_id": model_id, **options}
     with reported_errors():
         model = _admin(url, admin_key).load(spec, wait_s=wait or None)
     typer.echo(f"{model['id']}: {model.get('state')} ({model.get('backend')}, {model.get('dtype', '')})")
