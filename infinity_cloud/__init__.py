@@ -35,6 +35,14 @@ def _target_registry() -> wiring.TargetSections:
     return registry
 
 
-# The spec checks its target sections with the target registry, which it cannot import (the
-# targets import the spec): the package hands it over here, before any module can read it.
+def _target_planners() -> wiring.TargetPlanners:
+    from infinity_cloud.targets import registry
+
+    return registry
+
+
+# The spec checks its target sections with the target registry, and `plan` finds each target's
+# planner there; neither can import it (the targets import them): the package hands it over
+# here, before any module can read it.
 wiring.target_sections = _target_registry
+wiring.target_planners = _target_planners

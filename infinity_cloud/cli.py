@@ -629,10 +629,11 @@ def plan(
     from infinity_cloud.sizing.estimate import Shape, calibrations
     from infinity_cloud.sizing.profile import Profile
 
+    targets = planning.planned_targets()
     if interactive:
         model_id = model_id or typer.prompt("Model (hub id or folder)")
-        while (target or "").replace("-", "_") not in planning.TARGETS:
-            target = typer.prompt(f"Target ({', '.join(planning.TARGETS)})", default=planning.TARGETS[0])
+        while (target or "").replace("-", "_") not in targets:
+            target = typer.prompt(f"Target ({', '.join(targets)})", default=targets[0])
         qps = qps or typer.prompt("Requests per second at the busiest hour", type=float)
         if p95_ms is None:
             answer = typer.prompt("p95 latency to stay within, ms (blank: none)", default="",
@@ -643,8 +644,8 @@ def plan(
     if missing:
         raise fail(f"give {', '.join(missing)} (or --interactive)")
     target = str(target).replace("-", "_")  # as `deploy` spells it on the command line, or as the spec does
-    if target not in planning.TARGETS:
-        raise fail(f"--target is one of {', '.join(planning.TARGETS)}, not {target!r}")
+    if target not in targets:
+        raise fail(f"--target is one of {', '.join(targets)}, not {target!r}")
     with reported_errors():
         folder = resolve_model_dir(str(model_id))
     try:

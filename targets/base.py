@@ -96,6 +96,9 @@ class Target(Generic[Settings]):
     runs_jobs: ClassVar[bool] = False
     # Whether `embed --detach` may start its job and return (the job outlives the process).
     detaches_jobs: ClassVar[bool] = False
+    # How `infinity-cloud plan` sizes this target's section: "module:attribute" of a
+    # `sizing.plan.Planner` (imported only when a plan asks), or None: plan does not size it.
+    planner: ClassVar[str | None] = None
 
     def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""

@@ -43,6 +43,7 @@ class LambdaTarget(Target[LambdaSpec]):
     name = "aws_lambda"
     spec_class = LambdaSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
+    planner = "infinity_cloud.targets.aws_lambda.plan:PLANNER"
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Lambda function {self.settings(spec).function_name!r}"

@@ -66,6 +66,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
+    planner = "infinity_cloud.targets.sagemaker.plan:PLANNER"
     runs_jobs = True
 
     def describe(self, spec: DeploymentSpec) -> str:
