@@ -35,11 +35,19 @@ def __getattr__(name: str) -> Any:
 
 
 def _target_registry() -> wiring.TargetSections:
-    from infinity_cloud.edge import target_registry
+    from infinity_cloud.targets import registry
 
-    return target_registry
+    return registry
 
 
-# The spec checks its target sections with the target registry, which it cannot import (the
-# targets import the spec): the package hands it over here, before any module can read it.
+def _target_planners() -> wiring.TargetPlanners:
+    from infinity_cloud.targets import registry
+
+    return registry
+
+
+# The spec checks its target sections with the target registry, and `plan` finds each target's
+# planner there; neither can import it (the targets import them): the package hands it over
+# here, before any module can read it.
 wiring.target_sections = _target_registry
+wiring.target_planners = _target_planners

@@ -45,7 +45,7 @@ class EmbedAsk:
     for int8/uint8 ranges still being calibrated, else a 503 with Retry-After.
 
     The engine's refusals name these fields; a dialect whose fields are named otherwise maps
-    the names back (server/calls.in_own_terms)."""
+    the names back (server/engine_calls.in_own_terms)."""
 
     inputs: Sequence[str] | Sequence[Sequence[int]]
     model: str | None = None

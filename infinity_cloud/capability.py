@@ -21,6 +21,6 @@ class Capability(str, enum.Enum):
         }[self.value]
 
 
-# The calls a single-entry endpoint takes (SageMaker's /invocations, `infinity-cloud invoke
-# --route`), by the capability each serves.
-CALLS = {Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify"}
+# The route names a single-entry endpoint takes (SageMaker's /invocations, `infinity-cloud
+# invoke --route`), by the capability each serves.
+ROUTE_NAMES = {Capability.EMBED: "embeddings", Capability.RERANK: "rerank", Capability.CLASSIFY: "classify"}

@@ -26,8 +26,8 @@ from infinity_cloud.config import (
     ServerSpec,
     load_spec,
 )
-from infinity_cloud.edge import target_registry
 from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.targets import registry
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, ROUTES, VERBS, Deployment, usage_examples
 
 APP_HELP = (
@@ -65,11 +65,11 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def field_option(name: str, info: FieldInfo, env: str, panel: str) -> tuple[Any, Any]:
+def field_option(name: str, info: FieldInfo, env: str | None, panel: str) -> tuple[Any, Any]:
     """A spec field as a typer option: (the type typer parses, or None, the option). The flag is
     `--field-name` (or the field's `flag`), booleans get `--x/--no-x` (or its `off`), the help
     is the field's description and its default, the variable `env` + the field's name (or its
-    `env`)."""
+    `env`); none when `env` is None."""
     extra: dict[str, Any] = info.json_schema_extra or {}  # type: ignore[assignment]
     hint = _cli_type(info.annotation)
     flag = str(extra.get("flag") or f"--{name.replace('_', '-')}")
@@ -78,9 +78,10 @@ def field_option(name: str, info: FieldInfo, env: str, panel: str) -> tuple[Any,
     shown = "" if default in (None, (), "") or "(default:" in (info.description or "") else (
         f" (default: {_shown(default)})"
     )
+    envvar = None if env is None else f"{env}{str(extra.get('env') or name).upper()}"
     option = typer.Option(
-        *decls, envvar=f"{env}{str(extra.get('env') or name).upper()}", help=(info.description or "") + shown,
-        rich_help_panel=panel, show_default=False,
+        *decls, envvar=envvar, help=(info.description or "") + shown, rich_help_panel=panel,
+        show_default=False,
     )
     return hint | None, option
 
@@ -156,10 +157,29 @@ def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None
     return decorate(fn) if fn is not None else decorate
 
 
+def with_model_options(fn: Callable[..., Any]) -> Any:
+    """Give a command one model's spec options, made as serve's are (`field_option`) but each
+    given once and read from no variable (a shell's INFINITY_CLOUD_DTYPE, say, is meant for
+    `serve`); it receives those given as `options`, a model of the spec less its `model_id`."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "options"]
+    flags = {name: field_option(name, ModelSpec.model_fields[name], None, "Model") for name in MODEL_OPTIONS}
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in flags}
+        return fn(options={k: v for k, v in given.items() if v is not None and v != []}, **kwargs)
+
+    command.__signature__ = inspect.Signature(own + [  # type: ignore[attr-defined]
+        inspect.Parameter(name, KEYWORD, default=None, annotation=Annotated[hint, option])
+        for name, (hint, option) in flags.items()
+    ])
+    return command
+
+
 def section_options(target: str) -> dict[str, tuple[str, Any, Any]]:
     """A target's spec section as CLI options: parameter name -> (field, type, typer option),
     made as the serve options are (`field_option`), the variable INFINITY_CLOUD_<TARGET>_<FIELD>."""
-    section = target_registry.section_class(target)
+    section = registry.section_class(target)
     if section is None:
         return {}
     return {
@@ -236,7 +256,7 @@ def _show_steps(spec: DeploymentSpec) -> None:
 
 def target_commands(name: str) -> dict[str, Callable[..., Any]]:
     """The commands of one target, by verb, each with the spec's and the section's flags."""
-    cls = target_registry.target_class(name)
+    cls = registry.target_class(name)
     default_out = Path("build") / name
     out_option = Annotated[Path, typer.Option("--out", help=_OUT)]
 
@@ -385,7 +405,7 @@ _ADMIN_KEY = Annotated[
 
 
 def _admin(url: str, key: str | None) -> Any:
-    from infinity_cloud.edge.admin_client import AdminClient
+    from infinity_cloud.admin_client import AdminClient
 
     return AdminClient(url, key)
 
@@ -406,22 +426,19 @@ def models_list(url: _URL = "http://127.0.0.1:7997", admin_key: _ADMIN_KEY = Non
 
 
 @models_app.command("load")
+@with_model_options
 def models_load(
+    options: dict[str, Any],
     model_id: Annotated[str, typer.Argument(help="Hub id or local folder of the model (on the server).")],
     url: _URL = "http://127.0.0.1:7997",
     admin_key: _ADMIN_KEY = None,
-    served_model_name: Annotated[str | None, typer.Option(help="Name clients send as 'model'.")] = None,
-    backend: Annotated[str | None, typer.Option(help="As serve's --backend (default: auto).")] = None,
-    dtype: Annotated[str | None, typer.Option(help="As serve's --dtype (default: auto).")] = None,
-    device: Annotated[str | None, typer.Option(help="As serve's --device (default: auto).")] = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait until it is ready (0: return at once).")] = 600,
 ) -> None:
     """Load one more model while the server serves.
 
     409 if its name is taken, 413 if it would not fit the memory budget; it answers 503 with
     Retry-After until ready."""
-    options = {"served_model_name": served_model_name, "backend": backend, "dtype": dtype, "device": device}
-    spec = {"model_id": model_id, **{k: v for k, v in options.items() if v is not None}}
+    spec = {"model_id": model_id, **options}
     with reported_errors():
         model = _admin(url, admin_key).load(spec, wait_s=wait or None)
     typer.echo(f"{model['id']}: {model.get('state')} ({model.get('backend')}, {model.get('dtype', '')})")
@@ -455,7 +472,7 @@ def build_cli() -> typer.Typer:
     cli.registered_commands.extend(_base.registered_commands)
     cli.registered_groups.extend(_base.registered_groups)
     families = {verb: typer.Typer(help=text, no_args_is_help=True) for verb, text in VERBS.items()}
-    for name in target_registry.target_names():
+    for name in registry.target_names():
         for verb, command in target_commands(name).items():
             # Python names in the spec (aws_lambda:), command-line names on the command line.
             families[verb].command(name.replace("_", "-"))(command)
@@ -612,10 +629,11 @@ def plan(
     from infinity_cloud.sizing.estimate import Shape, calibrations
     from infinity_cloud.sizing.profile import Profile
 
+    targets = planning.planned_targets()
     if interactive:
         model_id = model_id or typer.prompt("Model (hub id or folder)")
-        while (target or "").replace("-", "_") not in planning.TARGETS:
-            target = typer.prompt(f"Target ({', '.join(planning.TARGETS)})", default=planning.TARGETS[0])
+        while (target or "").replace("-", "_") not in targets:
+            target = typer.prompt(f"Target ({', '.join(targets)})", default=targets[0])
         qps = qps or typer.prompt("Requests per second at the busiest hour", type=float)
         if p95_ms is None:
             answer = typer.prompt("p95 latency to stay within, ms (blank: none)", default="",
@@ -626,8 +644,8 @@ def plan(
     if missing:
         raise fail(f"give {', '.join(missing)} (or --interactive)")
     target = str(target).replace("-", "_")  # as `deploy` spells it on the command line, or as the spec does
-    if target not in planning.TARGETS:
-        raise fail(f"--target is one of {', '.join(planning.TARGETS)}, not {target!r}")
+    if target not in targets:
+        raise fail(f"--target is one of {', '.join(targets)}, not {target!r}")
     with reported_errors():
         folder = resolve_model_dir(str(model_id))
     try:
@@ -722,8 +740,8 @@ def embed(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
         )
-        names = target_registry.target_names()
-        detaching = [n for n in names if target_registry.target_class(n).detaches_jobs]
+        names = registry.target_names()
+        detaching = [n for n in names if registry.target_class(n).detaches_jobs]
         if detach and runner.replace("-", "_") not in detaching:
             raise fail(f"--detach: a {runner} job runs until it ends here; --runner {' or '.join(detaching)} "
                        "can start one and return")
@@ -736,9 +754,9 @@ def embed(
         else:
             from infinity_cloud.targets.base import JobOptions
 
-            target = target_registry.target_class(runner.replace("-", "_"))
+            target = registry.target_class(runner.replace("-", "_"))
             if not target.runs_jobs:
-                jobs = [n for n in names if target_registry.target_class(n).runs_jobs]
+                jobs = [n for n in names if registry.target_class(n).runs_jobs]
                 raise fail(f"--runner {runner}: that target runs no batch jobs; use local, ray or "
                            f"{', '.join(jobs)}")
             options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret,
@@ -752,7 +770,7 @@ def _infinity_v2(**given: Any) -> None:
     (`;` between models); prints the infinity-cloud command that means the same, once."""
     import os
 
-    from infinity_cloud.edge.infinity_compat import translate
+    from infinity_cloud.infinity_compat import translate
     from infinity_cloud.models.served_model import prepare_model
     from infinity_cloud.targets.local.target import LocalTarget
 
@@ -771,7 +789,7 @@ def _infinity_v2(**given: Any) -> None:
 
 def _infinity_v2_command() -> Callable[..., None]:
     """`_infinity_v2` with one option per Infinity flag (`infinity_compat.FLAGS`)."""
-    from infinity_cloud.edge.infinity_compat import FLAGS
+    from infinity_cloud.infinity_compat import FLAGS
 
     params = []
     for flag in FLAGS:

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from infinity_cloud.admission import cancellation
 from infinity_cloud.admission.memory import (
     MB,
     MemoryBudget,
@@ -77,6 +76,7 @@ from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
 from infinity_cloud.tasks.sparse import SparseCall
+from infinity_cloud.text import pool_cancellation
 
 if TYPE_CHECKING:  # imported on first use: they bring httpx, Pillow
     from infinity_cloud.media.decoding import MediaDecoder
@@ -427,9 +427,9 @@ class Engine:
         return ", ".join(n for m in self.models.values() for n in m.spec.names)
 
     async def _tokenize(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` in the tokenizer pool, stopped at its next check (`cancellation`) when
+        """`fn(*args)` in the tokenizer pool, stopped at its next check (`pool_cancellation`) when
         the caller goes."""
-        return await cancellation.in_pool(self._tokenize_pool, fn, *args)
+        return await pool_cancellation.in_pool(self._tokenize_pool, fn, *args)
 
     @property
     def decoder(self) -> MediaDecoder:

@@ -26,7 +26,7 @@ class AwsError(TargetError):
 
 
 @dataclass(frozen=True)
-class Call:
+class ApiCall:
     """One AWS API call: the client (`sagemaker`, `lambda`, ...), the boto3 method and its
     parameters."""
 
@@ -89,11 +89,11 @@ def require_image_and_role(target: str, image_uri: str | None, role: str | None)
         )
 
 
-def run(client: Callable[[str], Any], call: Call) -> Any:
+def run(client: Callable[[str], Any], call: ApiCall) -> Any:
     return getattr(client(call.service), call.operation)(**call.params)
 
 
-def check_known(client: Callable[[str], Any], calls: Iterable[Call]) -> None:
+def check_known(client: Callable[[str], Any], calls: Iterable[ApiCall]) -> None:
     """Each call's parameters checked against this botocore's model of its API before the
     first call is made: a botocore older than a parameter (AWS adds them) fails here, naming
     the upgrade, not half-way through a deployment."""

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from infinity_cloud.capability import CALLS
+from infinity_cloud.capability import ROUTE_NAMES
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import InfinityCloudError
 
@@ -29,7 +29,7 @@ VERBS = {
 }
 # How a caller picks the route of /invocations (SageMaker passes it through as is).
 ROUTE_HEADER = "X-Amzn-SageMaker-Custom-Attributes"
-ROUTES = tuple(CALLS.values())
+ROUTES = tuple(ROUTE_NAMES.values())
 # The client-side variable holding the key an endpoint checks (its bearer token).
 CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # The variable a platform secret sets in a container to protect its endpoint: one key, or
@@ -96,6 +96,9 @@ class Target(Generic[Settings]):
     runs_jobs: ClassVar[bool] = False
     # Whether `embed --detach` may start its job and return (the job outlives the process).
     detaches_jobs: ClassVar[bool] = False
+    # How `infinity-cloud plan` sizes this target's section: "module:attribute" of a
+    # `sizing.plan.Planner` (imported only when a plan asks), or None: plan does not size it.
+    planner: ClassVar[str | None] = None
 
     def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""

@@ -21,7 +21,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
-from infinity_cloud.targets.aws_lambda import calls
+from infinity_cloud.targets.aws_lambda import lambda_api
 
 runner = CliRunner()
 REGION = "us-east-1"
@@ -30,7 +30,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/minilm-lambda:1"
 
 @pytest.fixture(autouse=True)
 def aws_env(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calls, "POLL_S", 0.0)  # no waiting between polls
+    monkeypatch.setattr(lambda_api, "POLL_S", 0.0)  # no waiting between polls
 
 
 def role() -> str:
@@ -363,11 +363,11 @@ def test_a_provisioned_redeploy_moves_the_public_url_to_the_alias_and_deletes_th
         assert new["AuthType"] == "NONE" and new["FunctionUrl"] != old and new["FunctionUrl"] in result.output
         statements = json.loads(lam.get_policy(**where)["Policy"])["Statement"]
         assert sorted((s["Sid"], s["Resource"].rsplit(":", 1)[1]) for s in statements) == [
-            (calls.PUBLIC_URL_STATEMENT, "live"), (calls.PUBLIC_INVOKE_STATEMENT, "live")]
+            (lambda_api.PUBLIC_URL_STATEMENT, "live"), (lambda_api.PUBLIC_INVOKE_STATEMENT, "live")]
         output = " ".join(result.output.split())
         assert (f"removed what an earlier deploy left on function 'emb' itself, where this deploy serves no "
-                f"URL: its URL {old} (auth NONE), the public grants ({calls.PUBLIC_URL_STATEMENT}, "
-                f"{calls.PUBLIC_INVOKE_STATEMENT})") in output
+                f"URL: its URL {old} (auth NONE), the public grants ({lambda_api.PUBLIC_URL_STATEMENT}, "
+                f"{lambda_api.PUBLIC_INVOKE_STATEMENT})") in output
 
         # Provisioned concurrency back to 0: still served through the alias, whose URL stays.
         stub.add_response("get_provisioned_concurrency_config", provisioning("READY", 2), where)
@@ -430,7 +430,7 @@ class LambdaWith:
 
 def grant(sid: str, **condition: Any) -> dict[str, Any]:
     """add_permission's request for one of a public URL's two statements."""
-    action = "lambda:InvokeFunctionUrl" if sid == calls.PUBLIC_URL_STATEMENT else "lambda:InvokeFunction"
+    action = "lambda:InvokeFunctionUrl" if sid == lambda_api.PUBLIC_URL_STATEMENT else "lambda:InvokeFunction"
     return {"FunctionName": "emb", "StatementId": sid, "Action": action, "Principal": "*", **condition}
 
 
@@ -446,8 +446,8 @@ def test_a_failed_step_takes_back_what_the_deploy_made(
     lam = LambdaWith({"add_permission", "remove_permission", "get_policy"}, moto_lambda, stubbed)
     monkeypatch.setattr("infinity_cloud.targets.aws_lambda.target.clients",
                         lambda _: lambda service: lam if service == "lambda" else boto3.client(service))
-    url_grant = grant(calls.PUBLIC_URL_STATEMENT, FunctionUrlAuthType="NONE")
-    invoke_grant = grant(calls.PUBLIC_INVOKE_STATEMENT, InvokedViaFunctionUrl=True)
+    url_grant = grant(lambda_api.PUBLIC_URL_STATEMENT, FunctionUrlAuthType="NONE")
+    invoke_grant = grant(lambda_api.PUBLIC_INVOKE_STATEMENT, InvokedViaFunctionUrl=True)
     refusal = ("User: arn:aws:iam::123456789012:user/deployer is not authorized to perform: "
                "lambda:AddPermission")
     with Stubber(stubbed) as stub:
@@ -458,7 +458,7 @@ def test_a_failed_step_takes_back_what_the_deploy_made(
             stub.add_client_error("add_permission", "AccessDeniedException", refusal, 403,
                                   expected_params=invoke_grant)
             stub.add_response("remove_permission", {}, {"FunctionName": "emb",
-                                                        "StatementId": calls.PUBLIC_URL_STATEMENT})
+                                                        "StatementId": lambda_api.PUBLIC_URL_STATEMENT})
 
         refused_once()
         result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE")
@@ -489,7 +489,8 @@ def test_a_redeploy_with_iam_auth_removes_the_public_grants(tmp_path: Path, tiny
     lam = boto3.client("lambda", region_name=REGION)
     assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
     statements = json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]
-    assert {s["Sid"] for s in statements} == {calls.PUBLIC_URL_STATEMENT, calls.PUBLIC_INVOKE_STATEMENT}
+    public = {lambda_api.PUBLIC_URL_STATEMENT, lambda_api.PUBLIC_INVOKE_STATEMENT}
+    assert {s["Sid"] for s in statements} == public
     # Again with a public URL: the statements there are kept, not granted twice.
     assert deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE").exit_code == 0
     assert len(json.loads(lam.get_policy(FunctionName="emb")["Policy"])["Statement"]) == 2
@@ -522,8 +523,8 @@ def test_a_redeploy_without_a_url_deletes_it_and_its_public_grants(
     assert [s["Sid"] for s in statements] == ["someone-elses"]  # only ours went
     output = " ".join(result.output.split())
     assert (f"removed what an earlier deploy left on function 'emb' itself, where this deploy serves no URL: "
-            f"its URL {old} (auth NONE), the public grants ({calls.PUBLIC_URL_STATEMENT}, "
-            f"{calls.PUBLIC_INVOKE_STATEMENT})") in output
+            f"its URL {old} (auth NONE), the public grants ({lambda_api.PUBLIC_URL_STATEMENT}, "
+            f"{lambda_api.PUBLIC_INVOKE_STATEMENT})") in output
     assert "the function URL is public" not in output and "infinity-cloud invoke aws-lambda" in output
     assert "printed above" not in output and "it has no URL" in output  # no URL said to be above
     # Again: nothing there to remove, nothing said.
@@ -560,7 +561,8 @@ def test_a_refused_url_removal_takes_nothing_back_and_says_the_old_url_stays(
     assert moto_lambda.get_function(FunctionName="emb")["Code"]["ImageUri"] == IMAGE.replace(":1", ":2")
     assert moto_lambda.get_function_url_config(FunctionName="emb")["AuthType"] == "NONE"
     statements = json.loads(moto_lambda.get_policy(FunctionName="emb")["Policy"])["Statement"]
-    assert {s["Sid"] for s in statements} == {calls.PUBLIC_URL_STATEMENT, calls.PUBLIC_INVOKE_STATEMENT}
+    public = {lambda_api.PUBLIC_URL_STATEMENT, lambda_api.PUBLIC_INVOKE_STATEMENT}
+    assert {s["Sid"] for s in statements} == public
 
 
 @mock_aws

@@ -17,7 +17,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
-from infinity_cloud.targets.aws_lambda import calls as lambda_calls
+from infinity_cloud.targets.aws_lambda import lambda_api
 from infinity_cloud.targets.sagemaker import aws as sagemaker_aws
 
 runner = CliRunner()
@@ -29,7 +29,7 @@ ACCOUNT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/infinity-cloud:1"
 def sent(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The IAM action of every AWS call made: the service's signing name and the operation."""
     monkeypatch.setattr(sagemaker_aws, "POLL_S", 0.0)
-    monkeypatch.setattr(lambda_calls, "POLL_S", 0.0)
+    monkeypatch.setattr(lambda_api, "POLL_S", 0.0)
     actions: list[str] = []
     make_call = BaseClient._make_api_call
 
@@ -203,7 +203,7 @@ def test_the_declared_botocore_floor_makes_every_call_of_a_first_deployment(
     fails there, naming the upgrade): with the floor's own models, every command of a first
     deployment, its redeploys and its delete passes."""
     monkeypatch.setattr(sagemaker_aws, "POLL_S", 0.0)
-    monkeypatch.setattr(lambda_calls, "POLL_S", 0.0)
+    monkeypatch.setattr(lambda_api, "POLL_S", 0.0)
     monkeypatch.setenv("AWS_DATA_PATH", str(floor_botocore_models))  # found before this botocore's own
     _, steps = commands(tmp_path, tiny_embedder)
     run_all(steps)

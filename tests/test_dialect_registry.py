@@ -17,11 +17,11 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
 from infinity_cloud.server.app import create_app
-from infinity_cloud.server.calls import answer
 from infinity_cloud.server.dialects import DIALECTS
 from infinity_cloud.server.dialects.common import Text, Texts, _Request, ranked
 from infinity_cloud.server.dialects.registry import Body, Dialect, Mount, mount
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import answer
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 

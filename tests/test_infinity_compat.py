@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import app
 from infinity_cloud.config import load_spec
-from infinity_cloud.edge.infinity_compat import FLAGS, translate
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.infinity_compat import FLAGS, translate
 
 # `infinity_emb v2 --help` of infinity-emb 0.0.78, every option.
 INFINITY_0_0_78_FLAGS = (

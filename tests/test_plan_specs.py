@@ -173,9 +173,9 @@ def test_the_lambda_plan_deploys_with_its_memory(
     import boto3
     from moto import mock_aws
 
-    from infinity_cloud.targets.aws_lambda import calls
+    from infinity_cloud.targets.aws_lambda import lambda_api
 
-    monkeypatch.setattr(calls, "POLL_S", 0.0)  # no waiting between polls
+    monkeypatch.setattr(lambda_api, "POLL_S", 0.0)  # no waiting between polls
 
     written = tmp_path / "spec.yaml"
     code, output = plan(

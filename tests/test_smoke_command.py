@@ -26,7 +26,7 @@ from test_sagemaker_target import Serve, write_config
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
-from infinity_cloud.targets.aws_lambda import calls as lambda_calls
+from infinity_cloud.targets.aws_lambda import lambda_api
 from infinity_cloud.targets.sagemaker import aws as sagemaker_aws
 
 runner = CliRunner()
@@ -126,7 +126,7 @@ def test_smoke_aws_lambda_deploys_checks_and_deletes(
     Docker only), in a process of its own as Lambda runs it: from the task root, with its
     environment."""
     out = tmp_path / "build"
-    monkeypatch.setattr(lambda_calls, "POLL_S", 0.0)
+    monkeypatch.setattr(lambda_api, "POLL_S", 0.0)
     trust = {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "lambda.amazonaws.com"}}]}
     role = boto3.client("iam", region_name=REGION).create_role(

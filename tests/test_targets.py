@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import build_cli
 from infinity_cloud.config import DeploymentSpec, load_spec
-from infinity_cloud.edge import target_registry
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.targets import registry
 from infinity_cloud.targets.base import Target
 
 runner = CliRunner()
@@ -56,11 +56,11 @@ class ToyTarget(Target[ToySpec]):
 
 @pytest.fixture
 def toy() -> Iterator[Any]:
-    target_registry.register_target(ToyTarget)
+    registry.register_target(ToyTarget)
     try:
         yield build_cli()
     finally:
-        target_registry.unregister_target("toy")
+        registry.unregister_target("toy")
 
 
 def test_a_registered_target_gets_its_verbs_and_flags(toy: Any, tmp_path: Path) -> None:

@@ -6,14 +6,17 @@ hardware when given, else `estimate`). A batch of `B` tokens takes B/C; a reques
 batch running when it came and then for its own, and at utilisation `u` for what queued ahead
 (the M/D/1 factor 1/(1-u)), so p95 ~ B/C x (1 + 1/(1-u)). The batch is the largest that keeps
 that within the p95 asked for; the replicas are enough that the load is `UTILISATION` of their
-capacity. Each target's autoscaler is given the same rule in its own metric."""
+capacity. Each target's autoscaler is given the same rule in its own metric, by the target
+itself (its `Planner`, in `targets/<name>/plan.py`), so this module names no target."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infinity_cloud import wiring
 from infinity_cloud.sizing.estimate import Calibration, Estimate, Offer, Shape, estimate, offers
 from infinity_cloud.sizing.profile import Profile
 
@@ -21,10 +24,7 @@ from infinity_cloud.sizing.profile import Profile
 UTILISATION = 0.7
 # Batch tokens the plan chooses between: the server's default is the largest.
 SMALLEST_BATCH, LARGEST_BATCH = 256, 16384
-# A platform's own limit on one request, s (the deadline stays within half of it).
-PLATFORM_LIMIT_S = {"sagemaker": 60.0, "aws_lambda": 900.0}
 HOURS_PER_MONTH = 730
-TARGETS = ("modal", "sagemaker", "kubernetes", "aws_lambda")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,40 @@ class Choice:
     reasons: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)  # the target section's fields
     deadline_s: float | None = None
+    scales_to_zero: bool = False  # the section lets every replica stop when idle
+
+
+@dataclass(frozen=True)
+class Planner:
+    """How a target sizes its own section: given by the target (`targets/<name>/plan.py`, named
+    by its class's `planner`), found through the target registry the package hands over
+    (`wiring.target_planners`)."""
+
+    # Sets `choice.settings` (the section's fields) and `choice.reasons["autoscaling"]` (the
+    # threshold in the metric the target's autoscaler reads), from the load and the requests/s
+    # a replica takes at `UTILISATION`; also `choice.scales_to_zero`, and the replicas and cost
+    # where the platform counts them its own way. Called as (choice, load, per_replica_qps,
+    # scale_to_zero: the caller's --scale-to-zero/--keep-warm, None for the target's own).
+    settings: Callable[[Choice, Load, float, bool | None], None]
+    # The platform's own limit on one request, s (the deadline stays within half of it).
+    request_limit_s: float | None = None
+
+
+def planner_of(target: str) -> Planner | None:
+    """The target's planner, or None where it sizes no section."""
+    if wiring.target_planners is None:
+        raise ValueError("no target registry is set (infinity_cloud.wiring.target_planners)")
+    return wiring.target_planners().planner(target)
+
+
+def planned_targets() -> tuple[str, ...]:
+    """The targets `plan` sizes: those the price table prices (in its order) with a planner."""
+    return tuple(t for t in dict.fromkeys(o.target for o in offers()) if planner_of(t) is not None)
+
+
+def container_memory_mib(offer: Offer) -> int:
+    """The memory a container of `offer` is given: three quarters of the machine's."""
+    return int(offer.memory_gib * 1024 * 0.75)
 
 
 def _batches_waited(utilisation: float) -> float:
@@ -111,7 +145,9 @@ def choose(
     that meets the p95 (or, where none does, the one nearest it) first."""
     available = offers(target)
     if not available:
-        raise ValueError(f"the price table has no offer for {target}; targets: {', '.join(TARGETS)}")
+        raise ValueError(
+            f"the price table has no offer for {target}; targets: {', '.join(planned_targets())}"
+        )
     if hardware is not None:
         named = [o for o in available if o.name == hardware]
         if not named:
@@ -162,77 +198,18 @@ def plan_offer(
         "cost": f"{replicas} x ${offer.usd_per_hour:.4g}/h x {HOURS_PER_MONTH} h "
         f"(price: {offer.source}, {offer.as_of})",
     }
+    planner = planner_of(offer.target)
     if load.p95_ms is not None:
-        limit = PLATFORM_LIMIT_S.get(offer.target)
+        limit = planner.request_limit_s if planner is not None else None
         deadline = 2 * load.p95_ms / 1000
         choice.deadline_s = round(min(deadline, limit / 2) if limit else deadline, 3)
         choice.reasons["deadline_s"] = (
             "twice the p95 asked for: a request that would wait longer is answered 429 with a true "
             "Retry-After instead" + (f" (within half of {offer.target}'s {limit:g} s limit)" if limit else "")
         )
-    target_settings(choice, load, per_replica_qps, scale_to_zero)
+    if planner is not None:
+        planner.settings(choice, load, per_replica_qps, scale_to_zero)
     return choice
-
-
-def target_settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
-    """The target section's fields, each with its reason: the replicas and the autoscaler's
-    threshold in the metric that target's autoscaler reads."""
-    offer, replicas = choice.offer, choice.replicas
-    p95_s = choice.p95_ms / 1000
-    reasons, settings = choice.reasons, choice.settings
-    memory_mib = int(offer.memory_gib * 1024 * 0.75)
-    if offer.target == "modal":
-        in_flight = max(1, math.ceil(per_replica_qps * p95_s))
-        settings.update(
-            gpu=(offer.name,) if offer.is_gpu else (),
-            min_containers=0 if scale_to_zero is not False else 1,
-            max_containers=replicas,
-            target_concurrency=in_flight,
-        )
-        if not offer.is_gpu:
-            settings.update(cpu=float(offer.cores or 4), memory_mib=memory_mib)
-        reasons["autoscaling"] = (
-            f"target_concurrency {in_flight}: the requests in flight at {per_replica_qps:.1f} requests/s "
-            f"a container and {choice.p95_ms:,.0f} ms each (Little's law); max_containers {replicas} "
-            "caps the bill"
-        )
-    elif offer.target == "sagemaker":
-        per_minute = max(1, int(per_replica_qps * 60))
-        settings.update(
-            instance_type=offer.name,
-            instance_count=replicas,
-            target_invocations=per_minute,
-            autoscale=f"1:{replicas}" if replicas > 1 else None,
-        )
-        reasons["autoscaling"] = (
-            f"target_invocations {per_minute} a minute an instance (SageMaker's InvocationsPerInstance): "
-            f"{per_replica_qps:.2f} requests/s at {UTILISATION:.0%} of an instance"
-        )
-    elif offer.target == "kubernetes":
-        queued = max(load.tokens_per_request, int(choice.capacity * p95_s / 2))
-        settings.update(
-            min_replicas=0 if scale_to_zero else 1,
-            max_replicas=replicas,
-            target_queued_tokens=queued,
-            memory_mib=memory_mib,
-        )
-        if offer.is_gpu:
-            settings.update(gpu=offer.device)
-        else:
-            settings.update(cpu=float(offer.cores or 2) * 2)  # vCPUs: Kubernetes counts threads
-        reasons["autoscaling"] = (
-            f"target_queued_tokens {queued}: what a replica clears in half the p95 ({choice.capacity:,.0f} "
-            f"tokens/s x {p95_s / 2:.2f} s), the queued-tokens metric KEDA and the HPA read"
-        )
-    elif offer.target == "aws_lambda":
-        concurrency = max(1, math.ceil(load.qps * p95_s))
-        settings.update(memory_mb=int(offer.memory_gib * 1024), provisioned_concurrency=0)
-        reasons["autoscaling"] = (
-            f"Lambda runs one request per instance: about {concurrency} at once at {load.qps:g} requests/s "
-            f"and {choice.p95_ms:,.0f} ms; it scales by itself, nothing to set"
-        )
-        choice.replicas = concurrency
-        choice.monthly_usd = concurrency * offer.usd_per_hour * HOURS_PER_MONTH
 
 
 def spec_data(model_id: str, target: str, choice: Choice) -> dict[str, Any]:

@@ -144,11 +144,7 @@ def show_plan(
         (
             "replicas",
             f"{best.replicas}"
-            + (
-                " (min 0: scales to zero)"
-                if best.settings.get("min_containers") == 0 or best.settings.get("min_replicas") == 0
-                else ""
-            ),
+            + (" (min 0: scales to zero)" if best.scales_to_zero else ""),
         ),
         ("batch_tokens", f"{best.batch_tokens:,}"),
         ("deadline_s", "the server's default" if best.deadline_s is None else f"{best.deadline_s:g}"),

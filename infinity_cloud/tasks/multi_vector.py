@@ -12,6 +12,7 @@ import numpy as np
 from infinity_cloud.admission.validation import check_no_token_ids, check_texts
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec
+from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.results import MultiVectorResult

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from infinity_cloud.admission import cancellation
 from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import Token
+from infinity_cloud.text import pool_cancellation
 
 
 def _load_fast_tokenizer(path: Path) -> Tokenizer:
@@ -146,10 +146,10 @@ class TextTokenizer:
         template's). `max_length`: a shorter limit than the model's (ColBERT's queries).
 
         In chunks of `ENCODE_CHUNK` texts (each still encoded in parallel), so a request whose
-        caller has gone stops at the next chunk (`cancellation`)."""
+        caller has gone stops at the next chunk (`pool_cancellation`)."""
         out: list[Encoded] = []
         for start in range(0, len(texts), ENCODE_CHUNK):
-            cancellation.check()
+            pool_cancellation.check()
             out += self._encode(texts[start : start + ENCODE_CHUNK], start, truncate, special_tokens,
                                 max_length)
         return out

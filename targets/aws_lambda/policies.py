@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from infinity_cloud.targets.aws import image_push_statements, repository_arn
-from infinity_cloud.targets.aws_lambda.calls import log_group
+from infinity_cloud.targets.aws_lambda.lambda_api import log_group
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.sagemaker.policies import document
 

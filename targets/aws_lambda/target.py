@@ -23,7 +23,7 @@ from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import AwsError, aws_calls, check_known, clients, require_image_and_role
-from infinity_cloud.targets.aws_lambda import calls as lambda_calls
+from infinity_cloud.targets.aws_lambda import lambda_api
 from infinity_cloud.targets.aws_lambda.limits import ENVELOPE_SHARE, PAYLOAD_BYTES
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, Deployment, Target, render_templates
@@ -43,6 +43,7 @@ class LambdaTarget(Target[LambdaSpec]):
     name = "aws_lambda"
     spec_class = LambdaSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
+    planner = "infinity_cloud.targets.aws_lambda.plan:PLANNER"
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"Lambda function {self.settings(spec).function_name!r}"
@@ -103,13 +104,13 @@ class LambdaTarget(Target[LambdaSpec]):
         self.build(spec, out_dir)
         client = clients(settings.region)
         name = settings.function_name
-        with lambda_calls.Rollback(client) as rollback, aws_calls(f"deploy function {name!r}"):
-            exists = lambda_calls.describe(client, name) is not None
-            check_known(client, [*lambda_calls.function_calls(settings, exists=exists),
-                                 *lambda_calls.url_calls(settings)])
+        with lambda_api.Rollback(client) as rollback, aws_calls(f"deploy function {name!r}"):
+            exists = lambda_api.describe(client, name) is not None
+            check_known(client, [*lambda_api.function_calls(settings, exists=exists),
+                                 *lambda_api.url_calls(settings)])
             aliased = self._function(client, settings, exists, rollback)
-            qualifier = lambda_calls.ALIAS if aliased else None
-            url, revoked = (lambda_calls.ensure_url(client, settings, rollback, qualifier)
+            qualifier = lambda_api.ALIAS if aliased else None
+            url, revoked = (lambda_api.ensure_url(client, settings, rollback, qualifier)
                             if settings.function_url else (None, []))
         # Last, outside the rollback: a URL an earlier deploy left where this one serves none
         # (the function's own, once deploys serve through the alias; any, without a URL) is
@@ -117,12 +118,12 @@ class LambdaTarget(Target[LambdaSpec]):
         # back, so nothing may fail after it; a refusal leaves the deploy done and that URL as
         # it was, and says so.
         removed = []
-        for place in lambda_calls.unwanted_url_places(settings, aliased):
-            where = lambda_calls.place_of(name, place)
+        for place in lambda_api.unwanted_url_places(settings, aliased):
+            where = lambda_api.place_of(name, place)
             done = f"the deploy itself is done{f', its URL {url}' if url else ''}"
             with aws_calls(f"remove the URL an earlier deploy left on {where} ({done}; that URL stays as it "
                            "was until a deploy removes it)"):
-                gone = lambda_calls.remove_url(client, name, place)
+                gone = lambda_api.remove_url(client, name, place)
             if gone:
                 removed.append(f"removed what an earlier deploy left on {where}, where this deploy serves no "
                                f"URL: {', '.join(gone)}")
@@ -137,7 +138,7 @@ class LambdaTarget(Target[LambdaSpec]):
             notes.append(f"no function URL (--no-function-url): call it with `infinity-cloud invoke "
                          f"aws-lambda --function-name {name}` (lambda.invoke, IAM-signed)")
         if aliased:
-            notes.append(f"served through alias {name}:{lambda_calls.ALIAS} with "
+            notes.append(f"served through alias {name}:{lambda_api.ALIAS} with "
                          f"{settings.provisioned_concurrency} provisioned environment(s)")
         examples = None
         if url and settings.auth == "AWS_IAM":  # an unsigned curl or OpenAI call would get a 403
@@ -147,7 +148,7 @@ class LambdaTarget(Target[LambdaSpec]):
 
     @staticmethod
     def _function(
-        client: Callable[[str], Any], settings: LambdaSpec, exists: bool, rollback: lambda_calls.Rollback
+        client: Callable[[str], Any], settings: LambdaSpec, exists: bool, rollback: lambda_api.Rollback
     ) -> bool:
         """Create or update the function; publish it behind the alias where deploys serve
         through one. Returns whether they do."""
@@ -156,42 +157,42 @@ class LambdaTarget(Target[LambdaSpec]):
             def report(state: str) -> None:
                 shown.update(f"{name}: {state}")
 
-            lambda_calls.apply_function(client, settings, exists, report, rollback)
+            lambda_api.apply_function(client, settings, exists, report, rollback)
             # Provisioned concurrency lives on a version: once asked for, deploys serve through
             # the alias, which follows each new version.
-            aliased = bool(settings.provisioned_concurrency or lambda_calls.alias_version(client, name))
+            aliased = bool(settings.provisioned_concurrency or lambda_api.alias_version(client, name))
             if aliased:
-                lambda_calls.publish(client, name, report, rollback)
-                lambda_calls.provision(client, name, settings.provisioned_concurrency, report)
+                lambda_api.publish(client, name, report, rollback)
+                lambda_api.provision(client, name, settings.provisioned_concurrency, report)
         return aliased
 
     @staticmethod
     def _print_plan(settings: LambdaSpec) -> None:
-        for call in lambda_calls.function_calls(settings, exists=False):
+        for call in lambda_api.function_calls(settings, exists=False):
             print(call.describe())
         print("(update_function_code and update_function_configuration when the function exists)")
         qualifier = None
         if settings.provisioned_concurrency:
-            qualifier = lambda_calls.ALIAS
-            print(f"lambda.publish_version, then alias {lambda_calls.ALIAS!r} to it, then lambda."
+            qualifier = lambda_api.ALIAS
+            print(f"lambda.publish_version, then alias {lambda_api.ALIAS!r} to it, then lambda."
                   f"put_provisioned_concurrency_config({settings.provisioned_concurrency}) on the alias")
         if settings.function_url:
-            for call in lambda_calls.url_calls(settings, qualifier):
+            for call in lambda_api.url_calls(settings, qualifier):
                 print(call.describe())
             if settings.auth != "NONE":
                 print("(where an earlier --auth NONE deploy granted them, its two statements are removed:)")
-                names = (lambda_calls.PUBLIC_URL_STATEMENT, lambda_calls.PUBLIC_INVOKE_STATEMENT)
-                for call in lambda_calls.revoke_calls(settings.function_name, names, qualifier):
+                names = (lambda_api.PUBLIC_URL_STATEMENT, lambda_api.PUBLIC_INVOKE_STATEMENT)
+                for call in lambda_api.revoke_calls(settings.function_name, names, qualifier):
                     print(call.describe())
         print("(if a step fails, what this deploy created is deleted again)")
-        unwanted = lambda_calls.unwanted_url_places(settings, aliased=qualifier is not None)
+        unwanted = lambda_api.unwanted_url_places(settings, aliased=qualifier is not None)
         if unwanted:
             print("(last, where an earlier deploy left a URL that this one does not serve, it is deleted, "
                   "then the two public statements there; a deleted URL cannot be brought back:)")
-            names = (lambda_calls.PUBLIC_URL_STATEMENT, lambda_calls.PUBLIC_INVOKE_STATEMENT)
+            names = (lambda_api.PUBLIC_URL_STATEMENT, lambda_api.PUBLIC_INVOKE_STATEMENT)
             for place in unwanted:
-                for call in [lambda_calls.delete_url_call(settings.function_name, place),
-                             *lambda_calls.revoke_calls(settings.function_name, names, place)]:
+                for call in [lambda_api.delete_url_call(settings.function_name, place),
+                             *lambda_api.revoke_calls(settings.function_name, names, place)]:
                     print(call.describe())
 
     def policies(self, spec: DeploymentSpec) -> dict[str, dict[str, Any]]:
@@ -204,7 +205,7 @@ class LambdaTarget(Target[LambdaSpec]):
     def exists(self, spec: DeploymentSpec) -> bool:
         settings = self.settings(spec)
         with aws_calls(f"describe function {settings.function_name!r}"):
-            return lambda_calls.describe(clients(settings.region), settings.function_name) is not None
+            return lambda_api.describe(clients(settings.region), settings.function_name) is not None
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The function's state, configuration and URL, from Lambda; its alias and provisioned
@@ -213,22 +214,22 @@ class LambdaTarget(Target[LambdaSpec]):
         client = clients(settings.region)
         name = settings.function_name
         with aws_calls(f"describe function {name!r}"):
-            config = lambda_calls.describe(client, name)
+            config = lambda_api.describe(client, name)
             if config is None:
                 raise AwsError(f"no Lambda function named {name!r}")
-            version = lambda_calls.alias_version(client, name)
-            qualifier = lambda_calls.ALIAS if version else None
+            version = lambda_api.alias_version(client, name)
+            qualifier = lambda_api.ALIAS if version else None
             facts = {
                 "function": config["FunctionName"], "state": config.get("State"),
                 "last_update": config.get("LastUpdateStatus"), "memory_mb": config.get("MemorySize"),
                 "timeout_s": config.get("Timeout"),
                 "architectures": ",".join(config.get("Architectures", [])),
-                "url": lambda_calls.url_of(client, name, qualifier),
+                "url": lambda_api.url_of(client, name, qualifier),
             }
             if version:
-                facts["alias"] = f"{lambda_calls.ALIAS} -> version {version}"
-                facts["provisioned_concurrency"] = lambda_calls.provisioned_summary(
-                    lambda_calls.provisioned(client, name))
+                facts["alias"] = f"{lambda_api.ALIAS} -> version {version}"
+                facts["provisioned_concurrency"] = lambda_api.provisioned_summary(
+                    lambda_api.provisioned(client, name))
         return facts
 
     def delete(self, spec: DeploymentSpec) -> None:
@@ -236,9 +237,9 @@ class LambdaTarget(Target[LambdaSpec]):
         settings = self.settings(spec)
         client = clients(settings.region)
         with aws_calls(f"delete function {settings.function_name!r}"):
-            if lambda_calls.describe(client, settings.function_name) is None:
+            if lambda_api.describe(client, settings.function_name) is None:
                 raise AwsError(f"no Lambda function named {settings.function_name!r}")
-            lambda_calls.delete(client, settings.function_name)
+            lambda_api.delete(client, settings.function_name)
 
     def invoke(
         self, spec: DeploymentSpec, body: dict[str, Any], *,
@@ -248,7 +249,7 @@ class LambdaTarget(Target[LambdaSpec]):
         which routes by the body's shape."""
         settings = self.settings(spec)
         with aws_calls(f"invoke function {settings.function_name!r}"):
-            return lambda_calls.invoke(clients(settings.region), settings.function_name, body, route, api_key)
+            return lambda_api.invoke(clients(settings.region), settings.function_name, body, route, api_key)
 
     @staticmethod
     def _requirements(spec: DeploymentSpec, settings: LambdaSpec) -> list[str]:

@@ -60,6 +60,7 @@ class KubernetesTarget(Target[KubernetesSpec]):
     name = "kubernetes"
     spec_class = KubernetesSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke")
+    planner = "infinity_cloud.targets.kubernetes.plan:PLANNER"
 
     def describe(self, spec: DeploymentSpec) -> str:
         settings = self.settings(spec)

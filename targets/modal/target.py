@@ -130,6 +130,7 @@ class ModalTarget(Target[ModalSpec]):
     name = "modal"
     spec_class = ModalSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke")
+    planner = "infinity_cloud.targets.modal.plan:PLANNER"
     runs_jobs = True
     detaches_jobs = True
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.targets.aws import AwsError, Call, run
+from infinity_cloud.targets.aws import ApiCall, AwsError, run
 from infinity_cloud.targets.aws import clients as aws_clients
 from infinity_cloud.targets.base import json_answer, one_line
 from infinity_cloud.targets.sagemaker.spec import GPU_AMI, SageMakerSpec
@@ -55,16 +55,16 @@ def resource_id(endpoint: str) -> str:
 
 def deploy_calls(
     settings: SageMakerSpec, version: str, update: bool, archive: Path | None = None
-) -> list[Call]:
+) -> list[ApiCall]:
     """The calls that deploy the endpoint: the model archive uploaded (with --pack-models),
     a new model and endpoint config (named with `version`, so a redeploy is blue/green),
     then the endpoint created or moved to the new config, then autoscaling."""
-    upload: list[Call] = []
+    upload: list[ApiCall] = []
     if settings.pack_models:
         if not settings.model_data or archive is None:
             raise ConfigError("--pack-models needs --model-data s3://BUCKET/KEY.tar.gz to upload it to")
         bucket, _, key = settings.model_data.removeprefix("s3://").partition("/")
-        upload = [Call("s3", "upload_file", {"Filename": str(archive), "Bucket": bucket, "Key": key})]
+        upload = [ApiCall("s3", "upload_file", {"Filename": str(archive), "Bucket": bucket, "Key": key})]
     name = f"{settings.endpoint_name}-{version}"
     container: dict[str, Any] = {"Image": settings.image_uri}
     if settings.model_data:
@@ -84,13 +84,13 @@ def deploy_calls(
             variant["InferenceAmiVersion"] = GPU_AMI
     endpoint = {"EndpointName": settings.endpoint_name, "EndpointConfigName": name}
     calls = [
-        Call("sagemaker", "create_model", {
+        ApiCall("sagemaker", "create_model", {
             "ModelName": name, "ExecutionRoleArn": settings.role, "PrimaryContainer": container,
         }),
-        Call("sagemaker", "create_endpoint_config", {
+        ApiCall("sagemaker", "create_endpoint_config", {
             "EndpointConfigName": name, "ProductionVariants": [variant],
         }),
-        Call("sagemaker", "update_endpoint" if update else "create_endpoint", endpoint),
+        ApiCall("sagemaker", "update_endpoint" if update else "create_endpoint", endpoint),
     ]
     return upload + calls + scaling_calls(settings)
 
@@ -101,7 +101,7 @@ def scalable_target(endpoint: str) -> dict[str, str]:
             "ScalableDimension": SCALABLE_DIMENSION}
 
 
-def scaling_calls(settings: SageMakerSpec) -> list[Call]:
+def scaling_calls(settings: SageMakerSpec) -> list[ApiCall]:
     if settings.scaling is None:
         return []
     low, high = settings.scaling
@@ -112,9 +112,9 @@ def scaling_calls(settings: SageMakerSpec) -> list[Call]:
         "ScaleInCooldown": 300, "ScaleOutCooldown": 60,
     }
     return [
-        Call("application-autoscaling", "register_scalable_target",
+        ApiCall("application-autoscaling", "register_scalable_target",
              {**target, "MinCapacity": low, "MaxCapacity": high}),
-        Call("application-autoscaling", "put_scaling_policy", {
+        ApiCall("application-autoscaling", "put_scaling_policy", {
             **target, "PolicyName": f"{settings.endpoint_name}-invocations",
             "PolicyType": "TargetTrackingScaling", "TargetTrackingScalingPolicyConfiguration": policy,
         }),
@@ -126,8 +126,8 @@ class Scaling:
     """An endpoint's autoscaling as it is now: the calls that remove it (its policies, then
     its scalable target) and those that put it back as it was. Empty when it has none."""
 
-    removal: tuple[Call, ...] = ()
-    restore: tuple[Call, ...] = ()
+    removal: tuple[ApiCall, ...] = ()
+    restore: tuple[ApiCall, ...] = ()
 
 
 # The parts of a described scaling policy that put_scaling_policy takes back.
@@ -146,12 +146,12 @@ def current_scaling(client: Callable[[str], Any], endpoint: str) -> Scaling:
         return Scaling()
     policies = scaling.describe_scaling_policies(**target).get("ScalingPolicies", [])
     service = "application-autoscaling"
-    removal = [Call(service, "delete_scaling_policy", {**target, "PolicyName": p["PolicyName"]})
+    removal = [ApiCall(service, "delete_scaling_policy", {**target, "PolicyName": p["PolicyName"]})
                for p in policies]
-    removal.append(Call(service, "deregister_scalable_target", target))
-    restore = [Call(service, "register_scalable_target", {
+    removal.append(ApiCall(service, "deregister_scalable_target", target))
+    restore = [ApiCall(service, "register_scalable_target", {
         **target, "MinCapacity": found[0]["MinCapacity"], "MaxCapacity": found[0]["MaxCapacity"]})]
-    restore += [Call(service, "put_scaling_policy", {
+    restore += [ApiCall(service, "put_scaling_policy", {
         **target, "PolicyName": p["PolicyName"], "PolicyType": p["PolicyType"],
         **{key: p[key] for key in _POLICY_CONFIGS if key in p}}) for p in policies]
     return Scaling(tuple(removal), tuple(restore))
@@ -199,13 +199,13 @@ def wait_in_service(
         time.sleep(POLL_S)
 
 
-def resources_of(client: Callable[[str], Any], config_name: str) -> list[Call]:
+def resources_of(client: Callable[[str], Any], config_name: str) -> list[ApiCall]:
     """The delete calls for an endpoint config and the models its variants run."""
     config = client("sagemaker").describe_endpoint_config(EndpointConfigName=config_name)
     models = [v["ModelName"] for v in config.get("ProductionVariants", [])]
     return [
-        Call("sagemaker", "delete_endpoint_config", {"EndpointConfigName": config_name}),
-        *(Call("sagemaker", "delete_model", {"ModelName": m}) for m in models),
+        ApiCall("sagemaker", "delete_endpoint_config", {"EndpointConfigName": config_name}),
+        *(ApiCall("sagemaker", "delete_model", {"ModelName": m}) for m in models),
     ]
 
 
@@ -217,12 +217,12 @@ _UNDO = {
 }
 
 
-def roll_back(client: Callable[[str], Any], made: list[Call], scaling: Scaling = Scaling()) -> None:
+def roll_back(client: Callable[[str], Any], made: list[ApiCall], scaling: Scaling = Scaling()) -> None:
     """Delete what a failed deploy created, newest first (an updated endpoint SageMaker rolls
     back itself), and register again the autoscaling it removed (`scaling`) for the update.
     Each step is tried and said; a failing one does not hide the deploy's error."""
     undo = [
-        (Call(call.service, operation, {key: call.params[key]}), call.params[key])
+        (ApiCall(call.service, operation, {key: call.params[key]}), call.params[key])
         for call in reversed(made) if call.operation in _UNDO
         for operation, key in [_UNDO[call.operation]]
     ]
@@ -231,7 +231,7 @@ def roll_back(client: Callable[[str], Any], made: list[Call], scaling: Scaling =
     _best_effort(client, undo)
 
 
-def _best_effort(client: Callable[[str], Any], calls: list[tuple[Call, str]]) -> None:
+def _best_effort(client: Callable[[str], Any], calls: list[tuple[ApiCall, str]]) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     for call, what in calls:
@@ -246,16 +246,17 @@ def _stamped(endpoint: str) -> re.Pattern[str]:
     return re.compile(rf"^{re.escape(endpoint)}-\d{{8}}-\d{{6}}$")
 
 
-def leftovers(client: Callable[[str], Any], endpoint: str) -> list[Call]:
+def leftovers(client: Callable[[str], Any], endpoint: str) -> list[ApiCall]:
     """The delete calls for every endpoint config and model named as this endpoint's deploys
     name them (`NAME-YYYYMMDD-HHMMSS`): those a failed or replaced deploy left behind."""
     sm, stamped = client("sagemaker"), _stamped(endpoint)
     calls = []
     for page in sm.get_paginator("list_endpoint_configs").paginate(NameContains=endpoint):
-        calls += [Call("sagemaker", "delete_endpoint_config", {"EndpointConfigName": c["EndpointConfigName"]})
+        calls += [ApiCall("sagemaker", "delete_endpoint_config",
+                          {"EndpointConfigName": c["EndpointConfigName"]})
                   for c in page["EndpointConfigs"] if stamped.match(c["EndpointConfigName"])]
     for page in sm.get_paginator("list_models").paginate(NameContains=endpoint):
-        calls += [Call("sagemaker", "delete_model", {"ModelName": m["ModelName"]})
+        calls += [ApiCall("sagemaker", "delete_model", {"ModelName": m["ModelName"]})
                   for m in page["Models"] if stamped.match(m["ModelName"])]
     return calls
 

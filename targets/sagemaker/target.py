@@ -13,7 +13,7 @@ from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets import container
-from infinity_cloud.targets.aws import Call, aws_calls, delete_log_group, require_image_and_role, run
+from infinity_cloud.targets.aws import ApiCall, aws_calls, delete_log_group, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, JobOptions, Target, render_templates, spec_yaml
 from infinity_cloud.targets.platforms import ImagePlatform, required_platform
 from infinity_cloud.targets.sagemaker import aws
@@ -66,6 +66,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
     name = "sagemaker"
     spec_class = SageMakerSpec
     verbs = ("build", "deploy", "invoke", "status", "delete", "smoke", "policy")
+    planner = "infinity_cloud.targets.sagemaker.plan:PLANNER"
     runs_jobs = True
 
     def describe(self, spec: DeploymentSpec) -> str:
@@ -201,7 +202,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             # update, and what --autoscale asks for is registered once the endpoint is InService.
             scaled = aws.current_scaling(client, name) if existing else aws.Scaling()
             *creations, endpoint_call = endpoint_calls
-            made: list[Call] = []  # what this deploy did, undone in reverse if it fails
+            made: list[ApiCall] = []  # what this deploy did, undone in reverse if it fails
             try:
                 for call in (*creations, *scaled.removal, endpoint_call):
                     run(client, call)
@@ -293,7 +294,7 @@ class SageMakerTarget(Target[SageMakerSpec]):
             calls += [c for c in aws.leftovers(client, name) if c not in calls]
             for call in aws.current_scaling(client, name).removal:
                 run(client, call)
-            run(client, Call("sagemaker", "delete_endpoint", {"EndpointName": name}))
+            run(client, ApiCall("sagemaker", "delete_endpoint", {"EndpointName": name}))
             for call in calls:
                 run(client, call)
             delete_log_group(client, aws.log_group(name))

@@ -3,7 +3,7 @@ one table (RANKS), no module imports one of a higher rank, and no import circle 
 modules or two packages (type-only imports count: a circle there is a circle a reader must
 untangle). The repository's `targets/` is read too (installed as `infinity_cloud.targets`),
 and a string naming a module of the package counts as an import of it: registries import
-their entries so (`edge/target_registry.py`, `backends/registry.py`)."""
+their entries so (`targets/registry.py`, `backends/registry.py`)."""
 
 from __future__ import annotations
 
@@ -55,9 +55,11 @@ RANKS: dict[str, int] = {
     "infinity_cloud.bulk": 7,
     "infinity_cloud.sizing": 7,
     "infinity_cloud.server": 7,
-    # 8 the HTTP routes: a module per wire dialect, the status and admin routes
+    # 8 the HTTP routes: a module per wire dialect, the status routes (models, health, metrics)
+    #   and the admin routes
     "infinity_cloud.server.dialects": 8,
-    "infinity_cloud.server.routes": 8,
+    "infinity_cloud.server.status_routes": 8,
+    "infinity_cloud.server.admin_routes": 8,
     # 9 the app factory, which mounts the routes on the shared parts
     "infinity_cloud.server.app": 9,
     # 10 what every target shares (base, images, the container's runtime, preflight checks)
@@ -68,8 +70,11 @@ RANKS: dict[str, int] = {
     "infinity_cloud.targets.sagemaker": 11,
     "infinity_cloud.targets.aws_lambda": 11,
     "infinity_cloud.targets.kubernetes": 11,
-    # 12 the edge: the target registry, which names every target, and the command line's helpers
-    "infinity_cloud.edge": 12,
+    # 12 the target registry, which names every target; what the command line uses besides the
+    #   server and the targets: the admin API's client, Infinity's command line translated
+    "infinity_cloud.targets.registry": 12,
+    "infinity_cloud.admin_client": 12,
+    "infinity_cloud.infinity_compat": 12,
     # 13 the command line, and the package itself, which hands the registry to the spec
     "infinity_cloud.cli": 13,
     "infinity_cloud.__main__": 13,
@@ -211,7 +216,7 @@ def test_no_package_imports_itself_through_others() -> None:
 
 def test_registries_that_import_by_string_are_read() -> None:
     graph = imports()
-    assert "infinity_cloud.targets.local.target" in graph["infinity_cloud.edge.target_registry"]
+    assert "infinity_cloud.targets.local.target" in graph["infinity_cloud.targets.registry"]
     assert "infinity_cloud.backends.torch_backend" in graph["infinity_cloud.backends.registry"]
 
 

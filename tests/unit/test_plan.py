@@ -25,7 +25,7 @@ loads = st.builds(
 
 
 @settings(max_examples=150, deadline=None)
-@given(load=loads, more=st.floats(1.0, 50.0), target=st.sampled_from(plan.TARGETS))
+@given(load=loads, more=st.floats(1.0, 50.0), target=st.sampled_from(plan.planned_targets()))
 def test_more_load_never_means_fewer_replicas(load: plan.Load, more: float, target: str) -> None:
     busier = plan.Load(load.qps * more, load.tokens_per_request, 1, load.p95_ms)
     for offer in offers(target):
@@ -125,7 +125,7 @@ def test_kernel_classes_from_flags() -> None:
 
 def test_the_price_table_says_where_each_price_came_from() -> None:
     every = offers()
-    assert {o.target for o in every} == set(plan.TARGETS)
+    assert {o.target for o in every} == set(plan.planned_targets())
     for offer in every:
         assert offer.usd_per_hour > 0 and offer.source and offer.as_of[:4].isdigit()
         assert offer.peak_flops() > 0

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
 
-from infinity_cloud.admission import cancellation
 from infinity_cloud.errors import InputTooLongError
+from infinity_cloud.text import pool_cancellation
 from infinity_cloud.text.tokenization import CLIP_CHARS_PER_TOKEN, ENCODE_CHUNK, TextTokenizer
 
 LIMIT = 32
@@ -151,7 +151,7 @@ async def test_tokenizing_stops_at_the_next_chunk_when_its_caller_goes() -> None
     ours._encode = counted  # type: ignore[method-assign]
     pool = ThreadPoolExecutor(max_workers=1)
     try:
-        work = asyncio.ensure_future(cancellation.in_pool(pool, ours.encode, texts))
+        work = asyncio.ensure_future(pool_cancellation.in_pool(pool, ours.encode, texts))
         while not chunks:
             await asyncio.sleep(0.001)
         work.cancel()

@@ -16,17 +16,17 @@ from starlette.responses import Response
 from infinity_cloud import __version__
 from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
+from infinity_cloud.server import admin_routes, status_routes
 from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
-from infinity_cloud.server.calls import ClientDisconnected
 from infinity_cloud.server.dialects import DIALECTS, Dialect
 from infinity_cloud.server.dialects.registry import mount
 from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
+from infinity_cloud.server.engine_calls import ClientDisconnected
 from infinity_cloud.server.errors import EXCEPTION_HANDLERS, CatchBugs
 from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit, CacheControl
 from infinity_cloud.server.openapi import with_limits
 from infinity_cloud.server.request_id import RequestId
-from infinity_cloud.server.routes import admin, status
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +102,16 @@ def create_app(
     protected = [Security(api_key_scheme)]
     app.state.bodies = mount(app, dialects, prefix, protected)
     # Not dialects: what every client and orchestrator asks of the server.
-    app.include_router(status.models_router, prefix=prefix, dependencies=protected)
+    app.include_router(status_routes.models_router, prefix=prefix, dependencies=protected)
     app.include_router(
-        status.models_router, prefix=f"{prefix}/v1", dependencies=protected,
+        status_routes.models_router, prefix=f"{prefix}/v1", dependencies=protected,
         generate_unique_id_function=lambda route: f"v1_{route.name}",
     )
-    app.include_router(status.metrics_router, prefix=prefix, dependencies=protected)
-    app.include_router(status.health_router, prefix=prefix)
+    app.include_router(status_routes.metrics_router, prefix=prefix, dependencies=protected)
+    app.include_router(status_routes.health_router, prefix=prefix)
     admin_keys = spec.server.admin
     if admin_keys:  # no admin API without its own keys
-        app.include_router(admin.router, prefix=prefix, dependencies=protected)
+        app.include_router(admin_routes.router, prefix=prefix, dependencies=protected)
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
     app.add_middleware(CacheControl)
@@ -120,7 +120,7 @@ def create_app(
     open_paths = {f"{prefix}{path}" for path in ("/health", "/ping", "/docs", "/openapi.json")}
     app.add_middleware(
         ApiKeyGate, keys=spec.server.keys, open_paths=open_paths, open_prefix=f"{prefix}{DOCS_ASSETS}/",
-        admin_keys=admin_keys, admin_prefix=f"{prefix}{admin.PREFIX}" if admin_keys else None,
+        admin_keys=admin_keys, admin_prefix=f"{prefix}{admin_routes.PREFIX}" if admin_keys else None,
     )
     app.add_middleware(CatchBugs)
     app.add_middleware(RequestId)  # outermost but CORS: every answer, 401s and 500s too, carries it

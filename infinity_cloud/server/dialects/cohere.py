@@ -14,7 +14,6 @@ from infinity_cloud.asks import EmbedAsk, Embeddings
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.results import EmbeddingResult, EmbeddingsByType, RerankResult
-from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     Item,
     NonNegative,
@@ -27,6 +26,7 @@ from infinity_cloud.server.dialects.common import (
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import ClassifyResult, RerankResult
-from infinity_cloud.server.calls import answer
+from infinity_cloud.server.engine_calls import answer
 from infinity_cloud.server.openapi import Checked, Limit
 
 # What admission/validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).

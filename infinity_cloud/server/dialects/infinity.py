@@ -11,7 +11,6 @@ from pydantic import Field
 from starlette.responses import Response
 
 from infinity_cloud.results import ClassifyResult, RerankResult
-from infinity_cloud.server.calls import answer
 from infinity_cloud.server.dialects.common import (
     RerankRequest,
     Text,
@@ -24,6 +23,7 @@ from infinity_cloud.server.dialects.common import (
 from infinity_cloud.server.dialects.openai import EmbeddingRequest, embeddings
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import answer
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 

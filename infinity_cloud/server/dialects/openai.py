@@ -13,7 +13,6 @@ from starlette.responses import Response
 from infinity_cloud.asks import ANY_EMBEDDING, EmbedAsk, Embeddings
 from infinity_cloud.capability import Capability
 from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
-from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
@@ -25,6 +24,7 @@ from infinity_cloud.server.dialects.common import (
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response, vector_base64
+from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
-from infinity_cloud.capability import CALLS, Capability
+from infinity_cloud.capability import ROUTE_NAMES, Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.per_input import setting_aside
 from infinity_cloud.server.dialects.common import RerankRequest
@@ -24,8 +24,8 @@ from infinity_cloud.server.errors import ErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 
 # The routes a body may be for, by the custom attribute's name; their request models.
-_ROUTES = {CALLS[Capability.EMBED]: EmbeddingRequest, CALLS[Capability.RERANK]: RerankRequest,
-           CALLS[Capability.CLASSIFY]: ClassifyRequest}
+_ROUTES = {ROUTE_NAMES[Capability.EMBED]: EmbeddingRequest, ROUTE_NAMES[Capability.RERANK]: RerankRequest,
+           ROUTE_NAMES[Capability.CLASSIFY]: ClassifyRequest}
 
 # A TEI rerank body is answered as /rerank answers it: in TEI's shape but for a 422.
 router = APIRouter(tags=["sagemaker"], route_class=JsonRoute,
@@ -55,7 +55,7 @@ def _route_from_body(request: Request, data: dict[str, Any]) -> str:
     capability = Capability(facts.capability)
     if "input" in data:
         return "classify" if capability is Capability.CLASSIFY else "embeddings"
-    return CALLS.get(capability, "embeddings")
+    return ROUTE_NAMES.get(capability, "embeddings")
 
 
 # The body is read here, not by FastAPI, so the document is told what it may be.

@@ -19,7 +19,6 @@ from infinity_cloud import __version__
 from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError
-from infinity_cloud.server.calls import answer, in_own_terms
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,
@@ -31,6 +30,7 @@ from infinity_cloud.server.dialects.common import (
 )
 from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
 from infinity_cloud.server.parsing import JsonRoute
 

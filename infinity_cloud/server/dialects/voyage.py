@@ -12,10 +12,10 @@ from pydantic import Field
 from starlette.responses import Response
 
 from infinity_cloud.results import RerankResult
-from infinity_cloud.server.calls import in_own_terms
 from infinity_cloud.server.dialects.common import NonNegative, _DocumentsRerank, ranked
 from infinity_cloud.server.dialects.registry import Body, Dialect
 from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import in_own_terms
 
 
 class VoyageRerankRequest(_DocumentsRerank):

@@ -2,9 +2,11 @@
 the `infinity_cloud.targets` entry-point group, and any registered at run time.
 
 The deployment spec takes each target's section from here (handed to it by the package,
-`wiring.target_sections`: the spec cannot import what imports the targets), and the CLI its
-verbs and flags, so adding a target adds no line to either. Targets are named by import path and
-imported on first use: the core never imports a target it does not need.
+`wiring.target_sections`: the spec cannot import what imports the targets), `plan` each
+target's planner (`wiring.target_planners`), and the CLI its verbs and flags, so adding a
+target adds no line to any of them. Targets are named by import path and
+imported on first use: the core never imports a target it does not need. It sits beside the
+targets and above them (tests/unit/test_layers.py): no target imports it.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def target_class(name: str) -> type[Any]:
     if declared is None:
         raise ConfigError(f"unknown target {name!r}; known: {', '.join(target_names())}")
     return _load(declared) if isinstance(declared, str) else declared
+
+
+def planner(name: str) -> Any:
+    """How `plan` sizes a target's section (a `sizing.plan.Planner`, named by the target's
+    `planner`, imported now), or None where it sizes none."""
+    path = getattr(target_class(name), "planner", None)
+    return None if path is None else _load(path)
 
 
 def section_class(name: str) -> type[BaseModel] | None:

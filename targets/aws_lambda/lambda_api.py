@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from infinity_cloud.targets.aws import AwsError, Call, delete_log_group, run
+from infinity_cloud.targets.aws import ApiCall, AwsError, delete_log_group, run
 from infinity_cloud.targets.aws_lambda.spec import LambdaSpec
 
 POLL_S = 2.0
@@ -31,20 +31,20 @@ def describe(client: Callable[[str], Any], name: str) -> dict[str, Any] | None:
         return None
 
 
-def function_calls(settings: LambdaSpec, exists: bool) -> list[Call]:
+def function_calls(settings: LambdaSpec, exists: bool) -> list[ApiCall]:
     """Create the function from the image, or point it at the new image and settings."""
     name = settings.function_name
     configuration = {"MemorySize": settings.memory_mb, "Timeout": settings.timeout_s, "Role": settings.role}
     if not exists:
-        return [Call("lambda", "create_function", {
+        return [ApiCall("lambda", "create_function", {
             "FunctionName": name, "PackageType": "Image", "Code": {"ImageUri": settings.image_uri},
             "Architectures": [settings.architecture], **configuration,
         })]
     return [
-        Call("lambda", "update_function_code", {
+        ApiCall("lambda", "update_function_code", {
             "FunctionName": name, "ImageUri": settings.image_uri, "Architectures": [settings.architecture],
         }),
-        Call("lambda", "update_function_configuration", {"FunctionName": name, **configuration}),
+        ApiCall("lambda", "update_function_configuration", {"FunctionName": name, **configuration}),
     ]
 
 
@@ -58,7 +58,7 @@ def apply_function(
     for call in function_calls(settings, exists=exists):
         run(client, call)
         if call.operation == "create_function":
-            undo = Call("lambda", "delete_function", {"FunctionName": name})
+            undo = ApiCall("lambda", "delete_function", {"FunctionName": name})
             rollback.made(f"deleted function {name!r}", undo)
         wait_ready(client, name, report)
 
@@ -102,21 +102,21 @@ def url_of(client: Callable[[str], Any], name: str, qualifier: str | None = None
     return config["FunctionUrl"] if config else None
 
 
-def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool = False) -> list[Call]:
+def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool = False) -> list[ApiCall]:
     """The function's (or its alias's) URL with the spec's auth. A public (NONE) one also needs
     a resource policy letting anyone call it: since October 2025 both lambda:InvokeFunctionUrl
     and lambda:InvokeFunction (the latter only through the URL), else it answers 403."""
     name, where = settings.function_name, _qualified(qualifier)
     write = "update_function_url_config" if exists else "create_function_url_config"
-    calls = [Call("lambda", write, {"FunctionName": name, "AuthType": settings.auth, **where})]
+    calls = [ApiCall("lambda", write, {"FunctionName": name, "AuthType": settings.auth, **where})]
     if settings.auth == "NONE":
         calls += [
-            Call("lambda", "add_permission", {
+            ApiCall("lambda", "add_permission", {
                 "FunctionName": name, "StatementId": PUBLIC_URL_STATEMENT,
                 "Action": "lambda:InvokeFunctionUrl", "Principal": "*", "FunctionUrlAuthType": "NONE",
                 **where,
             }),
-            Call("lambda", "add_permission", {
+            ApiCall("lambda", "add_permission", {
                 "FunctionName": name, "StatementId": PUBLIC_INVOKE_STATEMENT,
                 "Action": "lambda:InvokeFunction", "Principal": "*", "InvokedViaFunctionUrl": True, **where,
             }),
@@ -124,13 +124,13 @@ def url_calls(settings: LambdaSpec, qualifier: str | None = None, exists: bool =
     return calls
 
 
-def delete_url_call(name: str, qualifier: str | None = None) -> Call:
-    return Call("lambda", "delete_function_url_config", {"FunctionName": name, **_qualified(qualifier)})
+def delete_url_call(name: str, qualifier: str | None = None) -> ApiCall:
+    return ApiCall("lambda", "delete_function_url_config", {"FunctionName": name, **_qualified(qualifier)})
 
 
-def revoke_calls(name: str, statements: Iterable[str], qualifier: str | None = None) -> list[Call]:
+def revoke_calls(name: str, statements: Iterable[str], qualifier: str | None = None) -> list[ApiCall]:
     where = _qualified(qualifier)
-    return [Call("lambda", "remove_permission", {"FunctionName": name, "StatementId": sid, **where})
+    return [ApiCall("lambda", "remove_permission", {"FunctionName": name, "StatementId": sid, **where})
             for sid in statements]
 
 
@@ -152,9 +152,9 @@ class Rollback:
 
     def __init__(self, client: Callable[[str], Any]) -> None:
         self._client = client
-        self._made: list[tuple[str, Call]] = []
+        self._made: list[tuple[str, ApiCall]] = []
 
-    def made(self, what: str, undo: Call) -> None:
+    def made(self, what: str, undo: ApiCall) -> None:
         self._made.append((what, undo))
 
     def __enter__(self) -> Rollback:
@@ -195,7 +195,7 @@ def ensure_url(
     if before is None:
         rollback.made("deleted the function URL", delete_url_call(name, qualifier))
     elif before["AuthType"] != settings.auth:
-        rollback.made(f"set the URL's auth back to {before['AuthType']}", Call(
+        rollback.made(f"set the URL's auth back to {before['AuthType']}", ApiCall(
             "lambda", "update_function_url_config", {**write.params, "AuthType": before["AuthType"]}))
     granted = public_grants(client, name, qualifier)
     if settings.auth != "NONE":
@@ -277,7 +277,7 @@ def publish(
     wait_ready(client, name, report, qualifier=version)
     if alias_version(client, name) is None:
         lam.create_alias(FunctionName=name, Name=ALIAS, FunctionVersion=version)
-        undo = Call("lambda", "delete_alias", {"FunctionName": name, "Name": ALIAS})
+        undo = ApiCall("lambda", "delete_alias", {"FunctionName": name, "Name": ALIAS})
         rollback.made(f"deleted alias {ALIAS!r}", undo)
     else:
         lam.update_alias(FunctionName=name, Name=ALIAS, FunctionVersion=version)

@@ -1,4 +1,4 @@
-"""`infinity-cloud models list|load|unload --url`: the admin API (`server/routes/admin.py`)
+"""`infinity-cloud models list|load|unload --url`: the admin API (`server/admin_routes.py`)
 from the command line."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Models, health and metrics."""
+"""The routes every server has besides its dialects' and the admin API: models, health and
+metrics."""
 
 from __future__ import annotations
 

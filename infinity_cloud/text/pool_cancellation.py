@@ -1,4 +1,5 @@
-"""Stopping a thread's work for a request whose caller has gone.
+"""The tokenizer pool's cancellation: stopping a thread's work for a request whose caller has
+gone.
 
 A coroutine cancelled while it awaits work in a thread pool stops waiting, but the thread goes
 on: tokenizing 2,000 long texts would run for seconds after the client left. So work run with

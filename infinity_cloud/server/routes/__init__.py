@@ -1,1 +1,0 @@
-"""Route handlers: short, no try/except; errors reach the one table in server/errors.py."""
