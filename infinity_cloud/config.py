@@ -8,6 +8,7 @@ every target.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -466,37 +467,40 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     when given once, or pairwise with the model ids when given once per model. A target's
     section comes as `sections={TARGET: {...}}`, each laid over the file's.
     """
-    sections = overrides.get("sections") or {}
     given = {k: v for k, v in overrides.items() if k != "sections" and _given(v)}
     data = {k: v for k, v in base.items()}
-    models = [dict(m) for m in data.get("models") or [{}]]
-    if "model_id" in given:
-        models = [{"model_id": mid} for mid in _split_models(given.pop("model_id"))]
-    for option in MODEL_OPTIONS:
-        if option in given:
-            value = given.pop(option)
-            values = _split_models(value if isinstance(value, list | tuple) else [value])
-            for model, v in zip(models, _per_model(list(values), len(models), option), strict=True):
-                model[option] = v
-    data["models"] = models
-    server = dict(data.get("server") or {})
-    for option in SERVER_OPTIONS:
-        if option in given:
-            server[option] = given.pop(option)
-    limits = dict(server.get("limits") or {})
-    for option in LIMIT_OPTIONS:
-        if option in given:
-            limits[option] = given.pop(option)
+    data["models"] = _models_with(data.get("models"), given)
+    server = {**(data.get("server") or {}), **_taken(given, SERVER_OPTIONS)}
+    limits = {**(server.get("limits") or {}), **_taken(given, LIMIT_OPTIONS)}
     if limits:
         server["limits"] = limits
     data["server"] = server
-    for section, options in sections.items():
+    for section, options in (overrides.get("sections") or {}).items():
         options = {k: v for k, v in options.items() if _given(v)}
         if options:
             data[section] = {**(data.get(section) or {}), **options}
     if given:
         raise ConfigError(f"unknown options: {', '.join(sorted(given))}")
     return data
+
+
+def _taken(given: dict[str, Any], options: Iterable[str]) -> dict[str, Any]:
+    """The options of `options` that were given, taken out of `given` (what is left over is
+    unknown)."""
+    return {option: given.pop(option) for option in options if option in given}
+
+
+def _models_with(models: list[dict[str, Any]] | None, given: dict[str, Any]) -> list[dict[str, Any]]:
+    """The file's models (or the models `model_id` names instead) with the per-model options
+    given, each given once for all or once per model, taken out of `given`."""
+    merged = [dict(m) for m in models or [{}]]
+    if "model_id" in given:
+        merged = [{"model_id": mid} for mid in _split_models(given.pop("model_id"))]
+    for option, value in _taken(given, MODEL_OPTIONS).items():
+        values = _split_models(value if isinstance(value, list | tuple) else [value])
+        for model, v in zip(merged, _per_model(list(values), len(merged), option), strict=True):
+            model[option] = v
+    return merged
 
 
 def build_spec(data: dict[str, Any]) -> DeploymentSpec:

@@ -138,11 +138,30 @@ async def bench(
     progress: Progress | None = None,
 ) -> Profile:
     """Measure the model at `url` (and each server of `compare`, interleaved) at every shape."""
-    from infinity_cloud import __version__
-
     say = progress or (lambda _: None)
     primary = await connect(url, model, api_key)
     rivals = [await connect(other, None, None) for other in compare]
+    pools, averages = await request_pools(primary, corpus, shapes, say)
+    profile = await new_profile(primary, rivals, corpus, averages)
+    servers = [primary, *rivals]
+    step = 0
+    for kind, size in shapes:
+        batches = pools[(kind, size)]
+        for server in servers:  # each server's first requests of this shape, not timed
+            await load(server.url, server.model, batches[:4], 2, min(1.0, seconds), server.headers)
+        step = await sweep(profile, servers, kind, size, batches, concurrency, seconds, step, say)
+        found = knee([p for p in profile.points if p.shape == (kind, size)])
+        if found is not None:
+            profile.knees[shape_label(kind, size)] = found
+    return profile
+
+
+async def request_pools(
+    primary: Server, corpus: Path | None, shapes: Sequence[tuple[str, int]], say: Progress
+) -> tuple[dict[tuple[str, int], list[Batch]], dict[str, float]]:
+    """Each shape's requests, cut from the corpus's texts of its kind, with their token counts
+    (the primary server's own `/tokenize`, which every compared server's points then share),
+    and the mean tokens a text of each kind."""
     texts = {kind: load_texts(corpus, kind) for kind in {k for k, _ in shapes}}
     for kind, size in shapes:
         if len(texts[kind]) < size:
@@ -165,7 +184,16 @@ async def bench(
         for k, size in shapes:
             if k == kind:
                 pools[(kind, size)] = make_batches(pool, size, count if by_text else None)
-    profile = Profile(
+    return pools, averages
+
+
+async def new_profile(
+    primary: Server, rivals: Sequence[Server], corpus: Path | None, averages: dict[str, float]
+) -> Profile:
+    """The profile's tags: what was measured, where, with which corpus; no points yet."""
+    from infinity_cloud import __version__
+
+    return Profile(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         package_version=__version__,
         url=primary.url,
@@ -180,31 +208,33 @@ async def bench(
         idle_rss_mb=await rss_mb(primary),
         compared={r.url: [] for r in rivals},
     )
-    servers = [primary, *rivals]
-    step = 0
-    for kind, size in shapes:
-        batches = pools[(kind, size)]
-        for server in servers:  # each server's first requests of this shape, not timed
-            await load(server.url, server.model, batches[:4], 2, min(1.0, seconds), server.headers)
-        best = 0.0
-        flat = 0
-        for clients in concurrency:
-            order = servers if step % 2 == 0 else servers[::-1]
-            step += 1
-            for server in order:
-                say(f"{shape_label(kind, size)}, {clients} client(s): {server.url}")
-                run = await load(server.url, server.model, batches, clients, seconds, server.headers)
-                point = Point.of(kind, size, clients, run, await rss_mb(server))
-                (profile.points if server is primary else profile.compared[server.url]).append(point)
-            rate = profile.points[-1].tokens_per_s
-            flat = flat + 1 if rate < best * (1 + FLAT_GAIN) else 0
-            best = max(best, rate)
-            if flat >= 2:
-                break
-        found = knee([p for p in profile.points if p.shape == (kind, size)])
-        if found is not None:
-            profile.knees[shape_label(kind, size)] = found
-    return profile
+
+
+async def sweep(
+    profile: Profile, servers: Sequence[Server], kind: str, size: int, batches: list[Batch],
+    concurrency: Sequence[int], seconds: float, step: int, say: Progress,
+) -> int:
+    """One shape against more and more clients, the servers in turn (ABBA: the order flips
+    each step, so neither always runs on a warmer machine), until two steps add under
+    `FLAT_GAIN` of the primary's throughput. Returns the step count, which goes on across
+    shapes."""
+    primary = servers[0]
+    best = 0.0
+    flat = 0
+    for clients in concurrency:
+        order = servers if step % 2 == 0 else servers[::-1]
+        step += 1
+        for server in order:
+            say(f"{shape_label(kind, size)}, {clients} client(s): {server.url}")
+            run = await load(server.url, server.model, batches, clients, seconds, server.headers)
+            point = Point.of(kind, size, clients, run, await rss_mb(server))
+            (profile.points if server is primary else profile.compared[server.url]).append(point)
+        rate = profile.points[-1].tokens_per_s
+        flat = flat + 1 if rate < best * (1 + FLAT_GAIN) else 0
+        best = max(best, rate)
+        if flat >= 2:
+            break
+    return step
 
 
 def add_bound(profile: Profile, config: dict[str, Any], clock_ghz: float) -> None:
