@@ -380,20 +380,29 @@ class BatchQueue:
     def _cut(self) -> Batch:
         window, reached = self._gather()
         order = sorted(range(len(window)), key=lambda i: window[i].length)
-        anchor = order.index(0)  # window[0] is the head request's oldest input
+        lo, hi = self._grow([window[i].length for i in order], order.index(0))
+        batch = Batch(window[i] for i in sorted(order[lo : hi + 1]))
+        self._take(batch, reached)
+        if not isinstance(self._requests[0], _Urgent):  # the next batch is anchored on the next request
+            self._requests.rotate(-1)
+        self._requests = deque(request for request in self._requests if request)
+        batch.saturated = any(not item.cancelled for request in self._requests for item in request)
+        return batch
+
+    def _grow(self, lengths: list[int], anchor: int) -> tuple[int, int]:
+        """The batch, as a run [lo, hi] of the window's inputs sorted by `lengths`, grown from
+        `anchor` (the head request's oldest input) one input at a time, each time by the
+        neighbour that adds the least padding, while it fits the token budget."""
         lo = hi = anchor
-        longest = window[0].length
-        pad = self._padded
+        longest = lengths[anchor]
         count = 1
         while count < self.max_batch_size:
             options = []
             if lo > 0:  # a shorter input: the batch's cost grows by one padded row
-                shorter = window[order[lo - 1]].length
-                options.append((longest - shorter, -1, longest))
-            if hi < len(order) - 1:  # a longer one: every row grows to its length
-                longer = window[order[hi + 1]].length
-                options.append(((longer - longest) * count, 1, longer))
-            options = [o for o in options if pad(o[2]) * (count + 1) <= self.batch_tokens]
+                options.append((longest - lengths[lo - 1], -1, longest))
+            if hi < len(lengths) - 1:  # a longer one: every row grows to its length
+                options.append(((lengths[hi + 1] - longest) * count, 1, lengths[hi + 1]))
+            options = [o for o in options if self._padded(o[2]) * (count + 1) <= self.batch_tokens]
             if not options:
                 break
             _, step, longest = min(options)
@@ -402,18 +411,15 @@ class BatchQueue:
             else:
                 hi += 1
             count += 1
-        batch = Batch(window[i] for i in sorted(order[lo : hi + 1]))
+        return lo, hi
+
+    def _take(self, batch: Batch, reached: list[int]) -> None:
+        """What was taken (or cancelled) leaves its request; only the part the window reached
+        is looked at, so a cut costs the window, not the whole queue."""
         taken = {id(item) for item in batch}
-        # What was taken (or cancelled) leaves its request; only the part the window reached
-        # is looked at, so a cut costs the window, not the whole queue.
         for request, seen in zip(self._requests, reached, strict=True):
             front = [request.popleft() for _ in range(seen)]
             for item in front:
                 if id(item) in taken or item.cancelled:
                     self._forget(item)
             request.extendleft(reversed([i for i in front if id(i) not in taken and not i.cancelled]))
-        if not isinstance(self._requests[0], _Urgent):  # the next batch is anchored on the next request
-            self._requests.rotate(-1)
-        self._requests = deque(request for request in self._requests if request)
-        batch.saturated = any(not item.cancelled for request in self._requests for item in request)
-        return batch
