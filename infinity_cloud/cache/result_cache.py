@@ -110,17 +110,7 @@ class ResultCache:
         found: list[Any] = [None] * len(items)
         if mode == "use":
             await self._look_up(namespace, keys, items, found)
-        # The misses, each distinct input once: a request that repeats a text runs it once.
-        first: dict[bytes, int] = {}
-        run: list[int] = []
-        for i, key in enumerate(keys):
-            if found[i] is not None:
-                continue
-            if key is None:
-                run.append(i)
-            elif key not in first:
-                first[key] = i
-                run.append(i)
+        run, first = _misses(keys, found)
         computed = list(await compute([items[i] for i in run])) if run else []
         for i, row in zip(run, computed, strict=True):
             found[i] = row
@@ -223,3 +213,19 @@ class ResultCache:
             "entries": 0 if self.memory is None else len(self.memory),
             "redis_errors": 0 if self.redis is None else self.redis.errors,
         }
+
+
+def _misses(keys: list[bytes | None], found: list[Any]) -> tuple[list[int], dict[bytes, int]]:
+    """The items to run: the misses, each distinct input once (a request that repeats a text
+    runs it once), and where each key first stands, for its repeats to copy."""
+    first: dict[bytes, int] = {}
+    run: list[int] = []
+    for i, key in enumerate(keys):
+        if found[i] is not None:
+            continue
+        if key is None:
+            run.append(i)
+        elif key not in first:
+            first[key] = i
+            run.append(i)
+    return run, first
