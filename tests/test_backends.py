@@ -871,3 +871,21 @@ async def test_openvino_meets_a_bounded_set_of_shapes_and_bounds_its_shape_cache
     async with Engine(spec.model_copy(update={"backend": "torch"})) as engine:
         want = (await engine.embed(texts)).embeddings
     assert cosines(got, want).min() > 0.9999
+
+
+@pytest.mark.parametrize(("backend", "device", "latency", "at_once"), [
+    ("torch", "cpu", False, 1), ("torch", "cuda", False, 2), ("onnx", "cpu", False, 1),
+    ("openvino", "cpu", False, 2), ("openvino", "cpu", True, 1),
+])
+async def test_each_backend_says_how_many_batches_it_keeps_in_flight(
+    models, backend: str, device: str, latency: bool, at_once: int
+) -> None:
+    """What a device's memory is divided among (`fit_device_memory`): torch on the CPU and
+    ONNX Runtime run one batch at a time, torch on CUDA one a stream; OpenVINO two sets of
+    requests, one in latency mode."""
+    if device == "cuda" and not has_nvidia_gpu():
+        pytest.skip("no CUDA device here")
+    spec = ModelSpec(model_id=str(models["bert"]), backend=backend, device=device, dtype="float32",
+                     latency=latency)
+    async with Engine(spec) as engine:
+        assert engine.models[spec.name].loaded.backend.batches_in_flight == at_once

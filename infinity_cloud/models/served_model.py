@@ -110,10 +110,8 @@ def bucket(size: int, buckets: Sequence[int]) -> int:
 
 
 # Of a device's free memory, what batches may take (the rest: the allocator's fragmentation,
-# other processes' growth), and how many batches are on it at once (`TorchBackend.submit`:
-# two streams).
+# other processes' growth).
 DEVICE_SHARE = 0.85
-BATCHES_ON_DEVICE = 2
 
 
 def fit_device_memory(
@@ -136,12 +134,13 @@ def fit_device_memory(
     if peak is None or room is None:
         return
     per_token = peak / (rows * length)
-    fits = int(room * DEVICE_SHARE / (BATCHES_ON_DEVICE * per_token))
+    at_once = backend.batches_in_flight
+    fits = int(room * DEVICE_SHARE / (at_once * per_token))
     log.info("device memory: %.0f bytes per batch token at length %d, %d MB free: room for %d tokens a batch",
              per_token, length, room // 2**20, fits)
     if fits < queue.batch_tokens:
         log.warning("batches cut to %d tokens (from %d) so that %d of them fit the device's free memory",
-                    max(64, fits), queue.batch_tokens, BATCHES_ON_DEVICE)
+                    max(64, fits), queue.batch_tokens, at_once)
         queue.batch_tokens = max(64, fits)
 
 
