@@ -29,6 +29,7 @@ from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwai
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
+from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
 from infinity_cloud.models import backend_choice
@@ -319,7 +320,7 @@ def _garbage_with_a_matching_manifest(file: Path) -> None:
     file.write_bytes(b"this is not a model" * 100)
     manifest_file = file.parent / exports.MANIFEST
     manifest = json.loads(manifest_file.read_text())
-    manifest["files"][file.name] = exports._file_record(file)
+    manifest["files"][file.name] = file_record(file)
     manifest_file.write_text(json.dumps(manifest))
 
 

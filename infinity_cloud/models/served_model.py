@@ -11,15 +11,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud import __version__
 from infinity_cloud.backends import Backend
-from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.integrity import RowForm
-from infinity_cloud.cache.keys import namespace
+from infinity_cloud.cache.model_identity import ModelIdentity
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
+from infinity_cloud.content_digest import model_fingerprint
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
@@ -225,25 +224,18 @@ class ServedModel:
         return loaded
 
     def cache_namespace(self, tower: TowerName = "text") -> str:
-        """What the rows of `tower` are cached under: the model's files by their content (not
-        its served name: the same weights under two names share rows, new weights under an old
-        name never do), and what else changes the numbers: its graph, backend, precision,
-        device model, backend options, pooling, normalisation, and this package's version. Known
-        from its load on (the engine registers it before the model is ready)."""
+        """What the rows of `tower` are cached under (`cache.model_identity`). Known from its
+        load on (the engine registers it before the model is ready)."""
         loaded = self._built()
         if tower not in loaded.namespaces:
-            backend = loaded.towers[tower].backend
-            spec = self.spec
-            # The device by its model (a GPU's name; a CPU's, and the flags its kernels pick):
-            # replicas on other hardware compute other last digits, so they keep rows apart.
-            device = type(backend).device_name(spec)
-            if backend.device.startswith("cpu"):
-                device = f"{cpu_model()} {kernel_flags()}"
-            facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
-                     spec.pooling or loaded.info.pooling, loaded.normalize, "rows before Normalize",
-                     spec.trust_remote_code,
-                     sorted(spec.backend_options.items()))
-            loaded.namespaces[tower] = namespace(loaded.fingerprint, facts)
+            backend, spec = loaded.towers[tower].backend, self.spec
+            loaded.namespaces[tower] = ModelIdentity(
+                fingerprint=loaded.fingerprint, family=loaded.info.family.name, graph=backend.graph,
+                backend=backend.name, dtype=backend.dtype, device=backend.device,
+                device_model=type(backend).device_name(spec), pooling=spec.pooling or loaded.info.pooling,
+                normalize=loaded.normalize, trust_remote_code=spec.trust_remote_code,
+                backend_options=spec.backend_options,
+            ).namespace
         return loaded.namespaces[tower]
 
     def row_form(self, tower: TowerName = "text") -> RowForm | None:
