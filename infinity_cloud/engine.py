@@ -240,7 +240,7 @@ class Engine:
                 f"its weights, as measured), and the memory budget has {room // MB} MB beside what is "
                 "loaded: unload a model, or raise --memory-budget-mb"
             )
-        model = ServedModel(spec, self.observers, hot=True)
+        model = ServedModel(spec, self.observers, hot=True, info=info)
         self._serve(model)
         self._unloaded.difference_update(spec.names)
 

@@ -65,12 +65,18 @@ class ServedModel:
     while serving (the admin API), so its loading, failing or draining is not the server's
     health."""
 
-    def __init__(self, spec: ModelSpec, observers: Sequence[Observer] = (), hot: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, observers: Sequence[Observer] = (), hot: bool = False,
+        info: ModelInfo | None = None,
+    ) -> None:
+        """`info`: what its folder holds, read already (a hot load reads it to check it), so that
+        its load reads the folder once."""
         self.spec = spec
         self.name = spec.name
         self.hot = hot
         self.in_flight = 0  # calls admitted and not yet answered (`admitted`)
         self._observers = observers
+        self._info = info
         self._loaded: _Loaded | None = None
         self._stopped = False
         self.state = "loading"
@@ -102,8 +108,10 @@ class ServedModel:
 
     def _load(self) -> _Loaded:
         spec = self.spec
-        path = resolve_model_dir(spec.model_id, spec.revision)
-        info = read_model_info(path, spec.pooling)
+        info = self._info
+        if info is None:
+            info = read_model_info(resolve_model_dir(spec.model_id, spec.revision), spec.pooling)
+        path = info.path
         for layer in info.dense:
             if not supported_activation(layer.activation):
                 raise ModelLoadError(f"{path}: Dense activation {layer.activation} is not supported")
