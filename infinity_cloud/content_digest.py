@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +22,40 @@ _SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
 _WHOLE_FILE = 8 << 20
 _SLICES, _SLICE = 256, 16 << 10
 PINNED_FINGERPRINT = "infinity-cloud-fingerprint.json"
+# Each folder's fingerprint as first read inside `one_reading`, by path; None outside one.
+_KEPT: ContextVar[dict[Path, str] | None] = ContextVar("fingerprints_kept", default=None)
+
+
+@contextmanager
+def one_reading() -> Iterator[None]:
+    """Inside the block each folder's fingerprint is read once and kept: a model's load asks for
+    it for each export's name, the fidelity verdict and the result cache's identity, and its
+    folder does not change under it (exports go to `.infinity-cloud`, which it leaves out)."""
+    kept = _KEPT.get()
+    token = _KEPT.set({} if kept is None else kept)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
 
 
 def model_fingerprint(model_path: Path) -> str:
     """A digest of the model folder's own files: names, sizes and checksums of their content
     (`file_record`).
 
-    One load asks several times (each export, the fidelity verdict); the content is read
+    Read once inside `one_reading`; elsewhere the folder is walked again, and its content read
     again only when a file's size or time has changed. A folder whose weights an image left
     out (`exports.serve_from_exports`) carries the digest they had (`pin_fingerprint`).
     """
+    kept = _KEPT.get()
+    if kept is None:
+        return _read_fingerprint(model_path)
+    if model_path not in kept:
+        kept[model_path] = _read_fingerprint(model_path)
+    return kept[model_path]
+
+
+def _read_fingerprint(model_path: Path) -> str:
     pinned = model_path / PINNED_FINGERPRINT
     if pinned.is_file():
         return json.loads(pinned.read_text(encoding="utf-8"))["fingerprint"]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +17,7 @@ from infinity_cloud.cache.integrity import RowForm
 from infinity_cloud.cache.model_identity import ModelIdentity
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.content_digest import model_fingerprint
+from infinity_cloud.content_digest import model_fingerprint, one_reading
 from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
@@ -42,14 +41,11 @@ class _Loaded:
     normalize: bool
     # The preprocessor of each tower that reads media (image, audio), by tower.
     media: dict[TowerName, MediaPreprocessor]
+    # The model's files by their content, read once, at load (/health and /models report it,
+    # and a health probe must not stat the folder each time).
+    fingerprint: str
     # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
     namespaces: dict[TowerName, str] = field(default_factory=dict)
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        """The model's files by their content, read once (on first use: /health and /models
-        report it, and a health probe must not stat the folder each time)."""
-        return model_fingerprint(self.info.path)
 
     @property
     def backend(self) -> Backend:
@@ -91,9 +87,10 @@ class ServedModel:
         ready: a request never finds it ready and its surroundings not."""
         started = time.perf_counter()
         try:
-            self._loaded = self._load()
-            if before_ready is not None:
-                before_ready()
+            with one_reading():  # its fingerprint, which exports and the result cache key it by
+                self._loaded = self._load()
+                if before_ready is not None:
+                    before_ready()
         except Exception as exc:
             if self.state != "failed":  # else `before_ready` failed it, with its own reason
                 self.state, self.error = "failed", str(exc)
@@ -131,7 +128,7 @@ class ServedModel:
                 tower.worker.stop()
                 tower.backend.close()
             raise
-        return _Loaded(info, tokenizer, towers, normalize, media)
+        return _Loaded(info, tokenizer, towers, normalize, media, model_fingerprint(path))
 
     @property
     def working_set_bytes(self) -> int:

@@ -15,7 +15,7 @@ import pytest
 from infinity_cloud.cache.codec import decode_row, encode_row
 from infinity_cloud.cache.keys import fingerprint
 from infinity_cloud.cache.model_identity import ModelIdentity, namespace
-from infinity_cloud.content_digest import model_fingerprint
+from infinity_cloud.content_digest import model_fingerprint, one_reading
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import SparseVector
 
@@ -42,6 +42,18 @@ def test_a_model_is_known_by_its_files_not_its_place(tmp_path: Path) -> None:
         (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
         assert model_fingerprint(model) != model_fingerprint(tmp_path / "b"), where
     assert namespace("x", ("openvino", "bfloat16")) != namespace("x", ("openvino", "float32"))
+
+
+def test_a_load_reads_a_folders_fingerprint_once(tmp_path: Path) -> None:
+    """Inside `one_reading` (a model's load) the first reading is kept; outside, a changed
+    file is seen."""
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
+    first = model_fingerprint(tmp_path)
+    with one_reading():
+        assert model_fingerprint(tmp_path) == first
+        (tmp_path / "config.json").write_text('{"model_type": "roberta"}', encoding="utf-8")
+        assert model_fingerprint(tmp_path) == first
+    assert model_fingerprint(tmp_path) != first
 
 
 def test_a_model_identity_changes_with_every_fact_that_changes_its_rows() -> None:
