@@ -9,10 +9,10 @@ Knows nothing of HTTP; the HTTP app and every target drive it through these meth
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import hashlib
 import logging
-import math
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +38,7 @@ from infinity_cloud.admission.validation import (
 )
 from infinity_cloud.asks import ROLE_OF_USE, EmbedAsk, Embeddings
 from infinity_cloud.batching.worker import Observer
-from infinity_cloud.cache.result_cache import ResultCache, cache_mode
+from infinity_cloud.cache.result_cache import ResultCache
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
 from infinity_cloud.errors import (
@@ -46,15 +46,15 @@ from infinity_cloud.errors import (
     ModelConflictError,
     ModelLoadError,
     ModelNotFoundError,
-    ModelNotReadyError,
     ModelTooLargeError,
     UnsupportedError,
 )
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import usable_cores
+from infinity_cloud.models.int8_ranges import Int8Ranges
 from infinity_cloud.models.model_source import folder_model_name, model_dir_within
 from infinity_cloud.models.served_model import ServedModel
-from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
+from infinity_cloud.numerics.pooling import l2_normalize
 from infinity_cloud.results import (
     ClassifyResult,
     EmbeddingResult,
@@ -121,7 +121,11 @@ class Engine:
         self.limits = limits or spec.server.limits
         # One list shared down to every batch worker, so observers added later see all batches.
         self.observers: list[Observer] = list(observers)
-        self.models: dict[str, ServedModel] = {m.name: ServedModel(m, self.observers) for m in spec.models}
+        self.models: dict[str, ServedModel] = {}
+        # Each model's int8/uint8 ranges (`Int8Ranges`): made with it, dropped when it is unloaded.
+        self._int8_ranges: dict[str, Int8Ranges] = {}
+        for model_spec in spec.models:
+            self._serve(ServedModel(model_spec, self.observers))
         self._tokenize_pool = ThreadPoolExecutor(
             max_workers=min(4, usable_cores()), thread_name_prefix="tokenize"
         )
@@ -131,14 +135,16 @@ class Engine:
         server = spec.server
         self.cache = ResultCache(self._cache_bytes(server.cache_mb * MB), server.cache_url,
                                  server.cache_ttl_s, server.cache_timeout_ms / 1000, server.cache_secret)
-        # Calibration vectors for int8/uint8, per model: made at start for a model served as
-        # int8/uint8, else in the background from the first request that asks (a 503 till then).
-        self._calibration: dict[str, np.ndarray] = {}
-        self._calibrating: dict[str, asyncio.Future[None]] = {}
         self._loading: set[asyncio.Future[None]] = set()  # models added while serving
         self._unloaded: set[str] = set()  # names of models unloaded while serving: a 404, not another model
 
     # -- lifecycle -------------------------------------------------------------------
+
+    def _serve(self, model: ServedModel) -> None:
+        """Serve `model` (loaded, or loading), with its int8/uint8 ranges."""
+        self.models[model.name] = model
+        embed = functools.partial(self._embed_in_background, model.name)
+        self._int8_ranges[model.name] = Int8Ranges(model, embed)
 
     def _cache_bytes(self, asked: int) -> int:
         """The in-process cache's bound, inside the memory budget: its rows are resident memory,
@@ -236,8 +242,8 @@ class Engine:
                 f"its weights, as measured), and the memory budget has {room // MB} MB beside what is "
                 "loaded: unload a model, or raise --memory-budget-mb"
             )
-        model = ServedModel(spec, self.observers, hot=True)
-        self.models[model.name] = model
+        model = ServedModel(spec, self.observers, hot=True, info=info)
+        self._serve(model)
         self._unloaded.difference_update(spec.names)
 
         def load() -> None:
@@ -285,7 +291,7 @@ class Engine:
         if model.state in ("draining", "stopped"):  # a second DELETE while the first drains
             raise ModelConflictError(f"model {model.name!r} is already being unloaded", param="name")
         if model.state == "failed":  # nothing of it serves or holds memory: only its entry goes
-            del self.models[model.name]
+            del self.models[model.name], self._int8_ranges[model.name]
             return {"id": model.name, "drained": 0, "unfinished": 0, "freed_bytes": 0}
         model.state = "draining"
         drained, waited = model.in_flight, time.monotonic() + drain_timeout_s
@@ -295,11 +301,10 @@ class Engine:
         working_set = model.working_set_bytes
         namespaces = model.cache_namespaces()
         await asyncio.to_thread(model.stop)
-        del self.models[model.name]
+        del self.models[model.name], self._int8_ranges[model.name]
         self._unloaded.update(model.spec.names)
         for namespace in namespaces:
             self.cache.forget(namespace)
-        self._calibration.pop(model.name, None)
         self.memory.set_aside(-working_set)
         # Its weights are in cycles (modules and their parents) that only the collector frees;
         # trimming then gives the heap's freed pages back.
@@ -363,7 +368,7 @@ class Engine:
         calibrated = quantization.CALIBRATED_TYPES
         models = list(self.models.values())
         return any(m.state == "ready" for m in models) and all(
-            m.healthy and (m.spec.embedding_dtype not in calibrated or m.name in self._calibration)
+            m.healthy and (m.spec.embedding_dtype not in calibrated or self._int8_ranges[m.name].ready)
             for m in models if not (m.hot and m.state != "ready")
         )
 
@@ -379,8 +384,7 @@ class Engine:
         for model in self.models.values():
             facts = model.describe()
             if model.capability is Capability.EMBED and model.state == "ready":
-                ranges = ("ready" if model.name in self._calibration
-                          else "calibrating" if model.name in self._calibrating else "on first request")
+                ranges = self._int8_ranges[model.name].state
                 facts["int8_ranges"] = ranges
                 if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES and ranges != "ready":
                     facts["state"] = "calibrating"
@@ -687,62 +691,12 @@ class Engine:
         refused for load). `wait` False: a 503 with Retry-After until they are ready:
         calibration is never inside a request (the HTTP app's)."""
         served = self.model(model)
-        if served.name not in self._calibration:
-            task = self._start_calibrating(served)
-            if not wait:
-                queue = served.queue("text")
-                for _ in range(100):  # their texts queued (tokenized in ~50 ms): Retry-After from them
-                    if task.done() or queue.urgent_s():
-                        break
-                    await asyncio.sleep(0.01)
-                if not task.done():
-                    raise self._calibrating_now(served)
-            await asyncio.shield(task)
-        vectors = truncate_dimensions(
-            self._calibration[served.name], dimensions, renormalize=served.loaded.normalize
-        )
-        return quantization.ranges(vectors)
+        return await self._int8_ranges[served.name].ranges(dimensions, wait=wait)
 
-    def _start_calibrating(self, served: ServedModel) -> asyncio.Future[None]:
-        """The model's calibration task, started now if it is not running."""
-        task = self._calibrating.get(served.name)
-        if task is None:
-            task = self._calibrating[served.name] = asyncio.ensure_future(self._calibrate(served))
-            task.add_done_callback(lambda done, name=served.name: self._calibrated(name, done))
-        return task
-
-    async def _calibrate(self, served: ServedModel) -> None:
-        texts = await asyncio.to_thread(quantization.calibration_texts)
-        call = EmbedCall(texts)
-        with cache_mode("off"):  # fixed texts: no caller's rows, and none to keep
-            floats = await self.run_task(TASKS[Capability.EMBED], call, served.name, background=True)
-        self._calibration[served.name] = floats.embeddings
-        log.info("model %s: int8/uint8 ranges calibrated on %d texts", served.name, len(texts))
-
-    def _calibrated(self, name: str, done: asyncio.Future[None]) -> None:
-        if done.cancelled() or done.exception() is not None:  # tried again on the next request
-            self._calibrating.pop(name, None)
-            if not done.cancelled():
-                log.warning("model %s: calibrating int8/uint8 ranges failed: %s", name, done.exception())
-
-    def _calibrating_now(self, served: ServedModel) -> ModelNotReadyError:
-        """The 503 while a model's ranges are calibrated, with when they will be ready: their
-        texts go before every request in the model's queue, so that is their own work's time
-        at the model's pace (all of it while they are still being tokenized)."""
-        queue = served.queue("text")
-        left = queue.urgent_s()
-        if not left:
-            rate = queue.rate or queue.prior_rate
-            tokens = quantization.CALIBRATION_SIZE * 64  # paragraphs of 60-600 characters
-            left = tokens / rate if rate else 10.0
-        seconds = max(1, math.ceil(left + 0.5))  # and the batch running now
-        error = ModelNotReadyError(
-            f"model {served.name!r} is calibrating its int8/uint8 ranges (once, in the background, "
-            f"on {quantization.CALIBRATION_SIZE} texts); retry in about {seconds} s, or ask for float "
-            "or binary meanwhile (serve it with --embedding-dtype int8 to calibrate at start)"
-        )
-        error.retry_after_s = seconds
-        return error
+    async def _embed_in_background(self, model: str, texts: list[str]) -> np.ndarray:
+        """`texts` embedded as the engine's own work (a model's int8/uint8 ranges)."""
+        floats = await self.run_task(TASKS[Capability.EMBED], EmbedCall(texts), model, background=True)
+        return floats.embeddings
 
     async def quantize(
         self, result: EmbeddingResult, kind: str, dimensions: int | None = None, *, wait: bool = True

@@ -321,7 +321,7 @@ def refuse_spec_keys(spec: DeploymentSpec, instead: str) -> None:
 
 def batch_size(spec: DeploymentSpec, device: str) -> int:
     """The largest batch any model's serving backend cuts."""
-    from infinity_cloud.models.served_model import max_batch_size
+    from infinity_cloud.models.batch_budget import max_batch_size
 
     return max(max_batch_size(m, serving_backend(m, device)) for m in spec.models)
 

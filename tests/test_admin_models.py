@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import pytest
 from conftest import fake, serve_in_process, server_process, spec_of
 
+from infinity_cloud import Engine
 from infinity_cloud.config import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -321,3 +324,42 @@ async def test_a_default_load_never_takes_unnamed_requests_and_two_loads_of_a_na
             assert state[name] == "ready", state
         answered = await client.post("/v1/embeddings", json={"input": ["which model"]})
         assert answered.json()["model"] == "embedder", answered.text
+
+
+async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_its_own_ranges(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hot load reads the model folder's facts as it checks them, and loads from what it read;
+    a model unloaded and loaded again under its name makes its own int8 ranges, as the first
+    one did (they are the model's, dropped with it)."""
+    from infinity_cloud import engine as engine_module
+    from infinity_cloud.models import served_model
+
+    reads: list[Path] = []
+    read = engine_module.read_model_info
+
+    def counted(path: Path, *args: Any) -> Any:
+        reads.append(path)
+        return read(path, *args)
+
+    monkeypatch.setattr(engine_module, "read_model_info", counted)
+    monkeypatch.setattr(served_model, "read_model_info", counted)
+
+    async def load(engine: Engine) -> None:
+        model = await engine.add_model(fake(tiny_embedder, "hot"))
+        for _ in range(600):
+            if model.state != "loading":
+                break
+            await asyncio.sleep(0.05)
+        assert model.state == "ready", model.error
+
+    spec = spec_of(fake(tiny_embedder, "first"), admin_model_roots=[tiny_embedder.parent])
+    async with Engine(spec) as engine:
+        reads.clear()  # the first model's, at start
+        await load(engine)
+        assert reads == [tiny_embedder.resolve()]
+        first = await engine.embed(["x"], "hot", output_dtype="int8")
+        await engine.remove_model("hot")
+        await load(engine)
+        again = await engine.embed(["x"], "hot", output_dtype="int8")
+    np.testing.assert_array_equal(first.embeddings, again.embeddings)

@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModel, XLMRobertaConfig  # noqa: E402
 from infinity_cloud import Engine, ModelSpec  # noqa: E402
 from infinity_cloud.backends import exports  # noqa: E402
 from infinity_cloud.backends.ctranslate2_backend import MODEL_FILE, CTranslate2Backend  # noqa: E402
+from infinity_cloud.content_digest import file_record  # noqa: E402
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError  # noqa: E402
 from infinity_cloud.families import read_model_info  # noqa: E402
 
@@ -283,7 +284,7 @@ async def test_conversion_that_verifies_but_does_not_load_is_rebuilt(
     folder = only_export(fresh_cache)
     (folder / MODEL_FILE).write_bytes(b"not a ctranslate2 model" * 100)
     manifest = json.loads((folder / exports.MANIFEST).read_text())
-    manifest["files"][MODEL_FILE] = exports._file_record(folder / MODEL_FILE)
+    manifest["files"][MODEL_FILE] = file_record(folder / MODEL_FILE)
     (folder / exports.MANIFEST).write_text(json.dumps(manifest))
     assert exports.verify(folder)
     ours, _ = await embed(path)

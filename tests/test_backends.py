@@ -29,6 +29,7 @@ from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwai
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
+from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
 from infinity_cloud.models import backend_choice
@@ -319,7 +320,7 @@ def _garbage_with_a_matching_manifest(file: Path) -> None:
     file.write_bytes(b"this is not a model" * 100)
     manifest_file = file.parent / exports.MANIFEST
     manifest = json.loads(manifest_file.read_text())
-    manifest["files"][file.name] = exports._file_record(file)
+    manifest["files"][file.name] = file_record(file)
     manifest_file.write_text(json.dumps(manifest))
 
 
@@ -871,3 +872,21 @@ async def test_openvino_meets_a_bounded_set_of_shapes_and_bounds_its_shape_cache
     async with Engine(spec.model_copy(update={"backend": "torch"})) as engine:
         want = (await engine.embed(texts)).embeddings
     assert cosines(got, want).min() > 0.9999
+
+
+@pytest.mark.parametrize(("backend", "device", "latency", "at_once"), [
+    ("torch", "cpu", False, 1), ("torch", "cuda", False, 2), ("onnx", "cpu", False, 1),
+    ("openvino", "cpu", False, 2), ("openvino", "cpu", True, 1),
+])
+async def test_each_backend_says_how_many_batches_it_keeps_in_flight(
+    models, backend: str, device: str, latency: bool, at_once: int
+) -> None:
+    """What a device's memory is divided among (`fit_device_memory`): torch on the CPU and
+    ONNX Runtime run one batch at a time, torch on CUDA one a stream; OpenVINO two sets of
+    requests, one in latency mode."""
+    if device == "cuda" and not has_nvidia_gpu():
+        pytest.skip("no CUDA device here")
+    spec = ModelSpec(model_id=str(models["bert"]), backend=backend, device=device, dtype="float32",
+                     latency=latency)
+    async with Engine(spec) as engine:
+        assert engine.models[spec.name].loaded.backend.batches_in_flight == at_once

@@ -16,8 +16,8 @@ from conftest import server_process
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
-from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.cli import build_cli
+from infinity_cloud.content_digest import model_fingerprint
 from infinity_cloud.hardware import cpu_clock_ghz, kernel_flags, usable_cores
 from infinity_cloud.sizing.bench import BATCHES_PER_POINT
 from infinity_cloud.sizing.corpus import load_texts

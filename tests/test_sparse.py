@@ -159,7 +159,7 @@ async def test_sparse_mistakes_are_client_errors(splade: Path, tiny_embedder: Pa
 def test_splade_batches_hold_fewer_tokens(splade: Path, tiny_embedder: Path) -> None:
     """A SPLADE batch's vocabulary logits are 4 bytes x vocabulary per token: the token budget
     is capped so a batch stays within a few hundred MB; an encoder's of that vocabulary is not."""
-    from infinity_cloud.models.served_model import batch_tokens
+    from infinity_cloud.models.batch_budget import batch_tokens
 
     def wide(path: Path) -> Any:
         info = read_model_info(path)

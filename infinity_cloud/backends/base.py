@@ -107,6 +107,13 @@ class Backend(ABC):
         output = self.forward(inputs)
         return lambda: output
 
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches it runs at once (`submit` starts the next before the last is collected):
+        what a full batch's device memory is multiplied by to fit the device. By default
+        `submit` is `forward`, so one."""
+        return 1
+
     def peak_device_bytes(self, inputs: ModelInputs) -> int | None:
         """Device memory a batch of `inputs` takes at its peak above the weights, measured by
         running it; None for a backend on the host (the memory budget counts that)."""

@@ -2,11 +2,12 @@
 
 An export lives next to the model (`<model>/.infinity-cloud/<kind>-<digest>/`) so a model
 folder copied into an image carries it; where that folder is read-only it goes to
-`$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files (names,
-sizes, checksums; not their path, so a copied folder keeps its exports) and the export options, so a
-new revision or option builds a new export. A manifest, written last, records each file's
-size and a checksum of its content (`_file_record`): a missing manifest (an interrupted build) or a mismatch
-(a truncated or overwritten file) makes the export rebuild.
+`$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files
+(`content_digest.model_fingerprint`: names, sizes, checksums; not their path, so a copied
+folder keeps its exports) and the export options, so a new revision or option builds a new
+export. A manifest, written last, records each file's size and a checksum of its content
+(`content_digest.file_record`): a missing manifest (an interrupted build) or a mismatch (a
+truncated or overwritten file) makes the export rebuild.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from infinity_cloud.content_digest import file_record, model_fingerprint, pin_fingerprint
 from infinity_cloud.errors import InfinityCloudError, ModelLoadError
 from infinity_cloud.progress import slow_step
 
@@ -33,13 +35,6 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "INFINITY_CLOUD_CACHE"
 MANIFEST = "manifest.json"
 _FORMAT = 1  # bump when the layout of an export changes
-_SOURCE_SUFFIXES = (".json", ".safetensors", ".bin", ".onnx", ".txt", ".model")
-# A file up to this size is hashed whole; a larger one by slices spread evenly through it,
-# its ends included (4 MB in all: fast even for GBs), so that new weights of the same size (a
-# fine-tune changes every layer's bytes, not only the ends) are told apart.
-_WHOLE_FILE = 8 << 20
-_SLICES, _SLICE = 256, 16 << 10
-PINNED_FINGERPRINT = "infinity-cloud-fingerprint.json"
 # Inside an export: what a runtime compiled from it for this machine's CPU (OpenVINO's blobs).
 MACHINE_CACHE = "compiled"
 # What only building an export reads: the weights (a folder's own ONNX or OpenVINO files stay:
@@ -47,37 +42,6 @@ MACHINE_CACHE = "compiled"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
 
 T = TypeVar("T")
-
-
-def model_fingerprint(model_path: Path) -> str:
-    """A digest of the model folder's own files: names, sizes and checksums of their content
-    (`_file_record`). The result cache keys a model's rows by it too.
-
-    Content, not paths or times, so a folder copied or moved elsewhere keeps its exports.
-    One load asks several times (each export, the fidelity verdict); the content is read
-    again only when a file's size or time has changed. A folder whose weights an image left
-    out (`serve_from_exports`) carries the digest they had.
-    """
-    pinned = model_path / PINNED_FINGERPRINT
-    if pinned.is_file():
-        return json.loads(pinned.read_text(encoding="utf-8"))["fingerprint"]
-    files = []
-    for file in sorted(model_path.rglob("*")):
-        rel = file.relative_to(model_path)
-        if rel.parts[0] == ".infinity-cloud" or file.suffix not in _SOURCE_SUFFIXES or not file.is_file():
-            continue
-        stat = file.stat()
-        files.append((rel.as_posix(), stat.st_size, stat.st_mtime_ns))
-    return _content_digest(str(model_path.resolve()), tuple(files))
-
-
-@functools.lru_cache(maxsize=64)
-def _content_digest(folder: str, files: tuple[tuple[str, int, int], ...]) -> str:
-    digest = hashlib.sha256()
-    for rel, _, _ in files:
-        record = _file_record(Path(folder) / rel)
-        digest.update(f"{rel}:{json.dumps(record, sort_keys=True)};".encode())
-    return digest.hexdigest()
 
 
 def cache_root(model_path: Path) -> Path:
@@ -297,7 +261,7 @@ def verify(folder: Path) -> bool:
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         for name, expected in manifest["files"].items():
-            if _file_record(folder / name) != expected:
+            if file_record(folder / name) != expected:
                 return False
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -312,10 +276,9 @@ def serve_from_exports(model_path: Path) -> list[Path]:
     """Leave a model folder only what serving from its exports reads, for an image that holds
     them: its fingerprint is pinned first (so the exports keep their names), then its weights
     go (top level: a module's own folder, like 2_Dense, stays). Returns what went, relative."""
-    digest = model_fingerprint(model_path)
     dropped = [p for p in sorted(model_path.iterdir())
                if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name.endswith(".index.json"))]
-    (model_path / PINNED_FINGERPRINT).write_text(json.dumps({"fingerprint": digest}), encoding="utf-8")
+    pin_fingerprint(model_path)
     for path in dropped:
         path.unlink()
     return [p.relative_to(model_path) for p in dropped]
@@ -347,21 +310,8 @@ def _write_manifest(
     intermediate: bool = False,
 ) -> None:
     files = {
-        str(f.relative_to(folder)): _file_record(f) for f in sorted(folder.rglob("*")) if f.is_file()
+        str(f.relative_to(folder)): file_record(f) for f in sorted(folder.rglob("*")) if f.is_file()
     }
     manifest = {"kind": kind, "options": dict(options), "metadata": dict(metadata), "files": files,
                 "intermediate": intermediate}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-
-
-def _file_record(file: Path) -> dict[str, Any]:
-    size = file.stat().st_size
-    digest = hashlib.blake2b(digest_size=16)
-    with file.open("rb") as handle:
-        if size <= _WHOLE_FILE:
-            digest.update(handle.read())
-        else:
-            for i in range(_SLICES + 1):
-                handle.seek(i * (size - _SLICE) // _SLICES)
-                digest.update(handle.read(_SLICE))
-    return {"size": size, "sampled": digest.hexdigest()}

@@ -144,9 +144,9 @@ class OpenVinoBackend(Backend):
         # One set of requests (one per stream) per batch in flight: while a finished batch is
         # collected, the next one already runs, so no stream idles between batches. Latency
         # mode (targets that take one request at a time): one batch at a time.
-        self.in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
+        self._in_flight = 1 if spec.latency else int(spec.backend_options.get("batches_in_flight", 2))
         self._free: queue.Queue[list[ov.InferRequest]] = queue.Queue()
-        for _ in range(self.in_flight):
+        for _ in range(self._in_flight):
             self._free.put([self.compiled.create_infer_request() for _ in range(self.slots)])
         self.solo_batches = 0  # batches that ran on every core as one request
         self._inputs = input_names(self.compiled.inputs)
@@ -299,15 +299,19 @@ class OpenVinoBackend(Backend):
         slices = balanced_slices(lengths, self.slots)
         # Only this (the forward) thread takes sets of requests: all of them free means no
         # other batch is in flight.
-        alone = self._free.qsize() == self.in_flight
+        alone = self._free.qsize() == self._in_flight
         solo = self._solo_request
         if solo is not None and alone and self._solo_is_faster(lengths, slices):
-            held = [self._free.get() for _ in range(self.in_flight)]  # later batches wait for it
+            held = [self._free.get() for _ in range(self._in_flight)]  # later batches wait for it
             self.solo_batches += 1
             return self._run([solo], [np.arange(inputs.rows)], feed, cut, lengths, width,
                              lambda: [self._free.put(requests) for requests in held])
         requests = self._free.get()
         return self._run(requests, slices, feed, cut, lengths, width, lambda: self._free.put(requests))
+
+    @property
+    def batches_in_flight(self) -> int:
+        return self._in_flight
 
     def _solo_is_faster(self, lengths: np.ndarray, slices: list[np.ndarray]) -> bool:
         """Whether the batch takes less time as one request on every core than its slices

@@ -175,6 +175,11 @@ class TorchBackend(Backend):
 
         return wait
 
+    @property
+    def batches_in_flight(self) -> int:
+        """One a CUDA stream (two); on the CPU `submit` is `forward`: one."""
+        return len(self._streams) or 1
+
     def peak_device_bytes(self, inputs: ModelInputs) -> int | None:
         if self._device.type != "cuda":
             return None

@@ -1,24 +1,13 @@
-"""What a cached row is keyed by: the model's identity (its files' content, as the export
-cache knows it, `exports.model_fingerprint`, not its served name; and everything that changes
-its numbers: backend, precision, device, pooling, normalisation) and the exact model input
-(token ids, or the preprocessed image or audio)."""
+"""What a cached row is keyed by: its model's identity (`model_identity`) and the exact model
+input (token ids, or the preprocessed image or audio)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
-
-def namespace(identity: str, facts: Iterable[Any]) -> str:
-    """A model's key prefix: its files' digest and what else changes its rows."""
-    digest = hashlib.blake2b(identity.encode(), digest_size=12)
-    for fact in facts:
-        digest.update(b"\0" + repr(fact).encode())
-    return digest.hexdigest()
 
 
 def _feed(digest: Any, value: Any) -> bool:

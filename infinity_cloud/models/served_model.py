@@ -1,8 +1,8 @@
-"""One served model: its files, tokenizer, backend, batch head and batch worker."""
+"""One served model: its lifecycle and state, from its files and tokenizer to its towers
+(each assembled by `tower_builder`), and what it answers about itself."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -10,48 +10,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from infinity_cloud import __version__
 from infinity_cloud.backends import Backend
-from infinity_cloud.backends.base import Calibration
-from infinity_cloud.backends.exports import model_fingerprint
-from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.integrity import RowForm
-from infinity_cloud.cache.keys import namespace
+from infinity_cloud.cache.model_identity import ModelIdentity
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import DeviceMemoryError, ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.content_digest import model_fingerprint, one_reading
+from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
 from infinity_cloud.families import read_model_info
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.family import ModelInfo
 from infinity_cloud.family import Tower as TowerName
 from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
-from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.models.model_source import resolve_model_dir
-from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
-from infinity_cloud.numerics.heads import FINAL
-from infinity_cloud.numerics.inputs import InputEncoder, ModelInputs
+from infinity_cloud.models.tower_builder import Tower, TowerBuilder
+from infinity_cloud.numerics.inputs import InputEncoder
 from infinity_cloud.numerics.pooling import supported_activation
 from infinity_cloud.results import ModelFacts
-from infinity_cloud.tasks.quantization import calibration_texts
-from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Tower:
-    """One graph of a model with what feeds it: a text model has one tower, CLIP two (text
-    and image), each with its own backend, queue and batch worker."""
-
-    backend: Backend
-    worker: BatchWorker
-    # A row the model answered at warm-up and its input: the form its cached rows must have.
-    sample: tuple[Any, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,14 +42,11 @@ class _Loaded:
     normalize: bool
     # Each tower's input encoder, as its family says (`ModelFamily.encoders`).
     encoders: dict[TowerName, TextInputEncoder | InputEncoder]
+    # The model's files by their content, read once, at load (/health and /models report it,
+    # and a health probe must not stat the folder each time).
+    fingerprint: str
     # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
     namespaces: dict[TowerName, str] = field(default_factory=dict)
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        """The model's files by their content, read once (on first use: /health and /models
-        report it, and a health probe must not stat the folder each time)."""
-        return model_fingerprint(self.info.path)
 
     @property
     def backend(self) -> Backend:
@@ -80,82 +57,23 @@ class _Loaded:
         return next(iter(self.towers.values())).worker
 
 
-# What a batch's large per-token intermediates may take (`Graph.token_bytes`): SPLADE's
-# vocabulary logits are 4 bytes x vocabulary per token, so its batches hold fewer tokens.
-_LARGE_INTERMEDIATES_BYTES = 256 * 1024 * 1024
-
-
-def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
-    """Padded tokens per batch: the spec's, capped for graphs whose per-token intermediates
-    are large (SPLADE: 30,522 floats a token, 2 GB for the default budget)."""
-    token_bytes = info.family.graph(graph).token_bytes
-    if token_bytes is not None:
-        cap = max(64, _LARGE_INTERMEDIATES_BYTES // token_bytes(info))
-        if spec.batch_tokens > cap:
-            log.info("model %s: batches of its %s graph capped at %d tokens (large intermediates per token)",
-                     spec.name, graph, cap)
-            return cap
-    return spec.batch_tokens
-
-
-def max_batch_size(spec: ModelSpec, backend: str) -> int:
-    """Inputs per batch: the spec's, else the backend's default, never past the largest static
-    batch shape."""
-    return min((spec.max_batch_size or default_batch_size(backend), *spec.batch_buckets[-1:]))
-
-
-def bucket(size: int, buckets: Sequence[int]) -> int:
-    """The smallest static size that holds `size`; `size` itself without buckets."""
-    return next((b for b in buckets if b >= size), size)
-
-
-# Of a device's free memory, what batches may take (the rest: the allocator's fragmentation,
-# other processes' growth), and how many batches are on it at once (`TorchBackend.submit`:
-# two streams).
-DEVICE_SHARE = 0.85
-BATCHES_ON_DEVICE = 2
-
-
-def fit_device_memory(
-    backend: Backend, queue: BatchQueue, full_batch: Callable[[int], ModelInputs], length: int
-) -> None:
-    """Measure a full batch (the queue's token budget at the model's length) on the device and
-    cut the budget until the batches that may run at once fit its free memory, so that a busy
-    server does not meet a CUDA out-of-memory (which would still answer only that batch, 503)."""
-    rows = max(1, min(queue.max_batch_size, queue.batch_tokens // length))
-    while True:
-        try:
-            peak = backend.peak_device_bytes(full_batch(rows))
-            break
-        except DeviceMemoryError:
-            if rows == 1:
-                raise ModelLoadError(f"one input of {length} tokens does not fit the device's memory: "
-                                     "lower --max-length") from None
-            rows //= 2
-    room = backend.free_device_bytes()
-    if peak is None or room is None:
-        return
-    per_token = peak / (rows * length)
-    fits = int(room * DEVICE_SHARE / (BATCHES_ON_DEVICE * per_token))
-    log.info("device memory: %.0f bytes per batch token at length %d, %d MB free: room for %d tokens a batch",
-             per_token, length, room // 2**20, fits)
-    if fits < queue.batch_tokens:
-        log.warning("batches cut to %d tokens (from %d) so that %d of them fit the device's free memory",
-                    max(64, fits), queue.batch_tokens, BATCHES_ON_DEVICE)
-        queue.batch_tokens = max(64, fits)
-
-
 class ServedModel:
     """States: loading -> ready -> (draining ->) stopped, or failed with a reason. `hot`: loaded
     while serving (the admin API), so its loading, failing or draining is not the server's
     health."""
 
-    def __init__(self, spec: ModelSpec, observers: Sequence[Observer] = (), hot: bool = False) -> None:
+    def __init__(
+        self, spec: ModelSpec, observers: Sequence[Observer] = (), hot: bool = False,
+        info: ModelInfo | None = None,
+    ) -> None:
+        """`info`: what its folder holds, read already (a hot load reads it to check it), so that
+        its load reads the folder once."""
         self.spec = spec
         self.name = spec.name
         self.hot = hot
         self.in_flight = 0  # calls admitted and not yet answered (`admitted`)
         self._observers = observers
+        self._info = info
         self._loaded: _Loaded | None = None
         self._stopped = False
         self.state = "loading"
@@ -170,9 +88,10 @@ class ServedModel:
         ready: a request never finds it ready and its surroundings not."""
         started = time.perf_counter()
         try:
-            self._loaded = self._load()
-            if before_ready is not None:
-                before_ready()
+            with one_reading():  # its fingerprint, which exports and the result cache key it by
+                self._loaded = self._load()
+                if before_ready is not None:
+                    before_ready()
         except Exception as exc:
             if self.state != "failed":  # else `before_ready` failed it, with its own reason
                 self.state, self.error = "failed", str(exc)
@@ -187,8 +106,10 @@ class ServedModel:
 
     def _load(self) -> _Loaded:
         spec = self.spec
-        path = resolve_model_dir(spec.model_id, spec.revision)
-        info = read_model_info(path, spec.pooling)
+        info = self._info
+        if info is None:
+            info = read_model_info(resolve_model_dir(spec.model_id, spec.revision), spec.pooling)
+        path = info.path
         for layer in info.dense:
             if not supported_activation(layer.activation):
                 raise ModelLoadError(f"{path}: Dense activation {layer.activation} is not supported")
@@ -198,104 +119,17 @@ class ServedModel:
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
         encoders = info.family.encoders(info, tokenizer)
         normalize = info.normalize if spec.normalize is None else spec.normalize
+        builder = TowerBuilder(spec, info, tokenizer, normalize, self._observers)
         towers: dict[TowerName, Tower] = {}
         try:
             for name, graph in info.towers.items():
-                towers[name] = self._tower(info, name, graph, tokenizer, encoders[name], normalize)
+                towers[name] = builder.build(name, graph, encoders[name])
         except BaseException:
             for tower in towers.values():
                 tower.worker.stop()
                 tower.backend.close()
             raise
-        return _Loaded(info, tokenizer, towers, normalize, encoders)
-
-    def _tower(
-        self, info: ModelInfo, name: TowerName, graph: GraphOutput, tokenizer: TextTokenizer,
-        encoder: TextInputEncoder | InputEncoder, normalize: bool,
-    ) -> Tower:
-        spec = self.spec
-        # A text tower's batches are padded here (static shapes, the backend's grain); any
-        # other tower's encoder collates its own, from its own probes.
-        preprocessor = None if isinstance(encoder, TextInputEncoder) else encoder
-        full_length = isinstance(encoder, TextInputEncoder) and encoder.full_length
-        task = task_for(info.capability)
-        head = task.head(info, graph, spec.pooling or info.pooling, normalize)
-        compared = head.reference  # what precisions are measured on
-        probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
-
-        grain = 1  # the backend's `length_grain`, once it is open
-
-        def padded_length(longest: int) -> int:
-            if full_length:
-                return tokenizer.max_length
-            if spec.length_buckets:
-                return bucket(longest, spec.length_buckets)
-            return min(tokenizer.max_length, -(-longest // grain) * grain)
-
-        def collate(items: list[Any], static: bool = True) -> ModelInputs:
-            """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
-            rows = bucket(len(items), spec.batch_buckets) if static else None
-            if preprocessor:
-                return preprocessor.collate(items, rows)
-            longest = max(len(e) for e in items)
-            length = padded_length(longest) if static or full_length else None
-            return ModelInputs.collate(items, tokenizer.pad_id, length=length, rows=rows)
-
-        def calibration() -> Calibration:
-            """Batches to build int8 with: standard-library docstrings, one batch in four to
-            rank layers on (a run per layer: few), the rest held out with the load's probes,
-            and other docstrings for activation ranges; media towers, which have no such
-            texts, their fixed probes."""
-            if preprocessor:
-                batch = collate(probes, static=False)
-                return Calibration([batch], [batch], compared, [batch])
-
-            def batched(texts: list[str]) -> list[ModelInputs]:
-                return [collate(task.encode_probes(tokenizer, texts[i : i + CALIBRATION_ROWS]), static=False)
-                        for i in range(0, len(texts), CALIBRATION_ROWS)]
-
-            texts = calibration_texts(CALIBRATION_BATCHES * CALIBRATION_ROWS)
-            taken = set(texts)
-            others = [t for t in calibration_texts(4 * len(texts)) if t not in taken]
-            batches = batched(texts)
-            # The load's probes are held out too: what is built must pass the check at load.
-            held_out = [b for i, b in enumerate(batches) if i % 4] + [collate(probes, static=False)]
-            statistics = batched(others[: STATISTICS_BATCHES * CALIBRATION_ROWS])
-            return Calibration(batches[0::4], held_out, compared, statistics)
-
-        backend = open_backend(info, spec, graph, collate(probes, static=False), compared, calibration)
-        grain = backend.length_grain
-        if backend.fuse(head):  # the backend runs it on its device; what it returns is final
-            head = FINAL
-        queue = BatchQueue(
-            spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
-            fill_wait_s=spec.batch_wait_ms / 1000, padded_length=padded_length, deadline_s=spec.deadline_s,
-            request_limit_s=spec.request_limit_s,
-        )
-
-        def run(items: list[Any]) -> tuple[Callable[[], np.ndarray], np.ndarray | None, int]:
-            inputs = collate(items)
-            return backend.submit(inputs), inputs.attention_mask, len(items)
-
-        def finish(output: tuple[Callable[[], np.ndarray], np.ndarray | None, int], items: list[Any]) -> Any:
-            """The batch's rows, one per item (its model input)."""
-            wait, mask, real = output  # `real`: static-shape filler rows are dropped
-            return task.rows(head(wait()[:real], None if mask is None else mask[:real]), items)
-
-        sample = None
-        if spec.warmup:  # first-call kernel set-up happens here, not in a caller's request
-            sample = (finish(run(probes[:2]), probes[:2])[0], probes[0])
-            started = time.perf_counter()  # then a warm batch's pace: the queue's prior
-            finish(run(probes), probes)
-            queue.prior(sum(len(p) for p in probes), time.perf_counter() - started)
-        if backend.free_device_bytes() is not None and not preprocessor:
-            length = tokenizer.max_length
-            fit_device_memory(backend, queue, lambda rows: ModelInputs.collate(
-                probes[:rows], tokenizer.pad_id, length=length, rows=rows), length)
-        label = self.name if len(info.towers) == 1 else f"{self.name}:{name}"
-        worker = BatchWorker(label, queue, run, finish, self._observers)
-        worker.start()
-        return Tower(backend, worker, sample)
+        return _Loaded(info, tokenizer, towers, normalize, encoders, model_fingerprint(path))
 
     @property
     def working_set_bytes(self) -> int:
@@ -306,7 +140,7 @@ class ServedModel:
         if self._loaded is None:
             return 0
         per_token = self._bytes_per_batch_token()
-        return sum(per_token * tower.worker.queue.batch_tokens for tower in self._loaded.towers.values())
+        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.towers.values())
 
     def _bytes_per_batch_token(self) -> int:
         assert self._loaded is not None
@@ -322,9 +156,9 @@ class ServedModel:
             return
         towers = self._loaded.towers.values()
         tokens = max(64, room // len(towers) // self._bytes_per_batch_token())
-        before = next(iter(towers)).worker.queue.batch_tokens
+        before = next(iter(towers)).queue.batch_tokens
         for tower in towers:
-            tower.worker.queue.batch_tokens = min(tower.worker.queue.batch_tokens, tokens)
+            tower.queue.batch_tokens = min(tower.queue.batch_tokens, tokens)
         log.warning(
             "model %s: batches cut to %d tokens (from %d) so their working set fits the memory budget; "
             "a longer input still runs alone, and may not fit: lower --max-length or raise "
@@ -396,25 +230,18 @@ class ServedModel:
         return loaded
 
     def cache_namespace(self, tower: TowerName = "text") -> str:
-        """What the rows of `tower` are cached under: the model's files by their content (not
-        its served name: the same weights under two names share rows, new weights under an old
-        name never do), and what else changes the numbers: its graph, backend, precision,
-        device model, backend options, pooling, normalisation, and this package's version. Known
-        from its load on (the engine registers it before the model is ready)."""
+        """What the rows of `tower` are cached under (`cache.model_identity`). Known from its
+        load on (the engine registers it before the model is ready)."""
         loaded = self._built()
         if tower not in loaded.namespaces:
-            backend = loaded.towers[tower].backend
-            spec = self.spec
-            # The device by its model (a GPU's name; a CPU's, and the flags its kernels pick):
-            # replicas on other hardware compute other last digits, so they keep rows apart.
-            device = type(backend).device_name(spec)
-            if backend.device.startswith("cpu"):
-                device = f"{cpu_model()} {kernel_flags()}"
-            facts = (__version__, loaded.info.family.name, backend.graph, backend.name, backend.dtype, device,
-                     spec.pooling or loaded.info.pooling, loaded.normalize, "rows before Normalize",
-                     spec.trust_remote_code,
-                     sorted(spec.backend_options.items()))
-            loaded.namespaces[tower] = namespace(loaded.fingerprint, facts)
+            backend, spec = loaded.towers[tower].backend, self.spec
+            loaded.namespaces[tower] = ModelIdentity(
+                fingerprint=loaded.fingerprint, family=loaded.info.family.name, graph=backend.graph,
+                backend=backend.name, dtype=backend.dtype, device=backend.device,
+                device_model=type(backend).device_name(spec), pooling=spec.pooling or loaded.info.pooling,
+                normalize=loaded.normalize, trust_remote_code=spec.trust_remote_code,
+                backend_options=spec.backend_options,
+            ).namespace
         return loaded.namespaces[tower]
 
     def row_form(self, tower: TowerName = "text") -> RowForm | None:
@@ -440,7 +267,7 @@ class ServedModel:
         return [] if self._loaded is None else list(self._loaded.namespaces.values())
 
     def queue(self, tower: TowerName = "text") -> BatchQueue:
-        return self.loaded.towers[tower].worker.queue
+        return self.loaded.towers[tower].queue
 
     async def run(self, items: list[Any], tower: TowerName = "text", urgent: bool = False) -> list[Any]:
         """Each item through the tower's batch worker; its batch cost is its length (tokens).

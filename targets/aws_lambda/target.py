@@ -20,6 +20,7 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.backends.registry import backend_entry
 from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.content_digest import PINNED_FINGERPRINT
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import AwsError, aws_calls, check_known, clients, require_image_and_role
@@ -337,7 +338,7 @@ def _loads_without_weights(staged: ModelSpec, source: Path, exports_dir: Path) -
     except Exception as exc:  # whatever it is, the weights come back
         for name in dropped:
             shutil.copy2(source / name, folder / name)
-        (folder / exports.PINNED_FINGERPRINT).unlink()
+        (folder / PINNED_FINGERPRINT).unlink()
         for failed in set(exports_dir.glob("*.failed.json")) - failures:
             failed.unlink()
         return exc.message if isinstance(exc, InfinityCloudError) else f"{type(exc).__name__}: {exc}"

@@ -3,6 +3,7 @@ identity by its files' content, rows as numpy's own format (never a pickle)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import shutil
@@ -11,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infinity_cloud.backends.exports import model_fingerprint
 from infinity_cloud.cache.codec import decode_row, encode_row
-from infinity_cloud.cache.keys import fingerprint, namespace
+from infinity_cloud.cache.keys import fingerprint
+from infinity_cloud.cache.model_identity import ModelIdentity, namespace
+from infinity_cloud.content_digest import model_fingerprint, one_reading
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import SparseVector
 
@@ -40,6 +42,37 @@ def test_a_model_is_known_by_its_files_not_its_place(tmp_path: Path) -> None:
         (tmp_path / "b" / "model.safetensors").write_bytes(bytes(weights))
         assert model_fingerprint(model) != model_fingerprint(tmp_path / "b"), where
     assert namespace("x", ("openvino", "bfloat16")) != namespace("x", ("openvino", "float32"))
+
+
+def test_a_load_reads_a_folders_fingerprint_once(tmp_path: Path) -> None:
+    """Inside `one_reading` (a model's load) the first reading is kept; outside, a changed
+    file is seen."""
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}', encoding="utf-8")
+    first = model_fingerprint(tmp_path)
+    with one_reading():
+        assert model_fingerprint(tmp_path) == first
+        (tmp_path / "config.json").write_text('{"model_type": "roberta"}', encoding="utf-8")
+        assert model_fingerprint(tmp_path) == first
+    assert model_fingerprint(tmp_path) != first
+
+
+def test_a_model_identity_changes_with_every_fact_that_changes_its_rows() -> None:
+    """Each fact of a tower changes its namespace; its device counts by its model, so on a CPU
+    (known by the CPU's model and kernel flags) a backend's name for it does not."""
+    one = ModelIdentity(fingerprint="f", family="bert", graph="token_states", backend="openvino",
+                        dtype="float32", device="cpu", device_model="cpu", pooling="mean", normalize=True,
+                        trust_remote_code=False, backend_options={"streams": 2})
+    changed = [
+        dataclasses.replace(one, **{name: value}) for name, value in {
+            "fingerprint": "g", "family": "xlmr", "graph": "splade_max", "backend": "onnx",
+            "dtype": "bfloat16", "device": "cuda:0", "pooling": "cls", "normalize": False,
+            "trust_remote_code": True, "backend_options": {"streams": 4},
+        }.items()
+    ]
+    assert len({one.namespace, *(c.namespace for c in changed)}) == 1 + len(changed)
+    assert dataclasses.replace(one, device_model="another name").namespace == one.namespace
+    on_gpu = dataclasses.replace(one, device="cuda:0", device_model="NVIDIA H200")
+    assert dataclasses.replace(on_gpu, device_model="NVIDIA A10G").namespace != on_gpu.namespace
 
 
 def test_rows_round_trip_and_nothing_else_decodes() -> None:
