@@ -63,9 +63,10 @@ class Planner:
 
     # Sets `choice.settings` (the section's fields) and `choice.reasons["autoscaling"]` (the
     # threshold in the metric the target's autoscaler reads), from the load and the requests/s
-    # a replica takes at `UTILISATION`; also `choice.scales_to_zero`, and the replicas and cost
-    # where the platform counts them its own way. Called as (choice, load, per_replica_qps,
-    # scale_to_zero: the caller's --scale-to-zero/--keep-warm, None for the target's own).
+    # a replica takes at `UTILISATION`; also `choice.scales_to_zero`, and the replicas, cost and
+    # p95 where the platform counts them its own way (Lambda: no queue, an instance a request).
+    # Called as (choice, load, per_replica_qps, scale_to_zero: the caller's
+    # --scale-to-zero/--keep-warm, None for the target's own).
     settings: Callable[[Choice, Load, float, bool | None], None]
     # The platform's own limit on one request, s (the deadline stays within half of it).
     request_limit_s: float | None = None

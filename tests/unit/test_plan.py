@@ -5,7 +5,7 @@ a measured profile taking the estimate's place on its own hardware class."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from infinity_cloud.sizing import plan
@@ -26,6 +26,9 @@ loads = st.builds(
 
 @settings(max_examples=150, deadline=None)
 @given(load=loads, more=st.floats(1.0, 50.0), target=st.sampled_from(plan.planned_targets()))
+# Lambda's instances came from a replica's queued p95, which falls as replicas are added: 16
+# instances at 1 request/s, 15 at 1.25 (hypothesis found it).
+@example(load=plan.Load(1.0, 2124, 1, None), more=1.25, target="aws_lambda")
 def test_more_load_never_means_fewer_replicas(load: plan.Load, more: float, target: str) -> None:
     busier = plan.Load(load.qps * more, load.tokens_per_request, 1, load.p95_ms)
     for offer in offers(target):
