@@ -82,14 +82,18 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+def variant(model: Path, folder: Path, **config: object) -> Path:
+    """A copy of `model` in `folder`, its config.json with `config` laid over it: what tells a
+    test family's folder from the plain one it was copied from."""
+    shutil.copytree(model, folder)
+    data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**data, **config}), encoding="utf-8")
+    return folder
+
+
 @pytest.fixture
 def pooler_folder(tiny_embedder: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "pooler"
-    shutil.copytree(tiny_embedder, folder)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config["embedding"] = "pooler_output"
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
+    return variant(tiny_embedder, tmp_path / "pooler", embedding="pooler_output")
 
 
 def pooler_outputs(folder: Path, texts: list[str]) -> np.ndarray:
@@ -224,12 +228,7 @@ def sensor_registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def sensor_folder(tiny_embedder: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "sensor"
-    shutil.copytree(tiny_embedder, folder)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config.update(reads="readings", steps_per_unit=10)
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return folder
+    return variant(tiny_embedder, tmp_path / "sensor", reads="readings", steps_per_unit=10)
 
 
 READINGS = [[0.0, 0.5, 1.25], [3.0, 2.9, 2.8, 2.7, 0.1], [0.0, 0.5, 1.25]]

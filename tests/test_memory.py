@@ -124,3 +124,27 @@ async def test_batches_are_cut_smaller_to_fit_a_small_budget(tiny_embedder, capl
         assert "batches cut to" in caplog.text and "--memory-budget-mb" in caplog.text
         result = await tight.embed(["still answers"] * 3)
         assert result.embeddings.shape[0] == 3
+
+
+def test_a_tower_that_fails_after_its_backend_opened_gives_the_backend_back(
+    tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Warm-up (or the device's memory fit) failing leaves no backend open: its memory, a
+    GPU's included, goes back with the failed load, not with the process."""
+    from conftest import fake
+
+    from infinity_cloud.backends.fake import FakeBackend
+    from infinity_cloud.models import tower_builder
+    from infinity_cloud.models.served_model import ServedModel
+
+    closed: list[FakeBackend] = []
+    monkeypatch.setattr(FakeBackend, "close", lambda self: closed.append(self))
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("warm-up failed")
+
+    monkeypatch.setattr(tower_builder, "warm_up", failing)
+    model = ServedModel(fake(tiny_embedder, "emb"))
+    with pytest.raises(Exception, match="warm-up failed"):
+        model.load()
+    assert len(closed) == 1 and model.state == "failed"

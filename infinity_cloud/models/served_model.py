@@ -118,6 +118,10 @@ class ServedModel:
             max_length = min(max_length, spec.length_buckets[-1])
         tokenizer = TextTokenizer.load(path, max_length, info.vocab_size, info.pad_token)
         encoders = info.family.encoders(info, tokenizer)
+        missing = [name for name in info.towers if name not in encoders]
+        if missing:  # a family's mistake, named at load rather than a KeyError
+            raise ModelLoadError(f"{path}: family {info.family.name!r} gives no input encoder for its "
+                                 f"tower(s) {', '.join(missing)}")
         normalize = info.normalize if spec.normalize is None else spec.normalize
         builder = TowerBuilder(spec, info, tokenizer, normalize, self._observers)
         towers: dict[TowerName, Tower] = {}

@@ -169,6 +169,19 @@ class TowerBuilder:
         probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
         backend = open_backend(info, spec, graph, collator.collate(probes, static=False), compared,
                                functools.partial(int8_calibration, collator, task, probes, compared))
+        try:
+            return self._serving(name, graph, backend, collator, task, head, probes)
+        except BaseException:  # warm-up or the device's fit failed: its memory goes back now
+            backend.close()
+            raise
+
+    def _serving(
+        self, name: TowerName, graph: GraphOutput, backend: Backend, collator: Collator, task: Task[Any, Any],
+        head: Head, probes: list[Any],
+    ) -> Tower:
+        """The tower around an open backend: the head fused where it can run there, the queue,
+        the warm-up, the device's memory fit, and the worker, started."""
+        spec, info = self.spec, self.info
         collator = replace(collator, grain=backend.length_grain)
         if backend.fuse(head):  # the backend runs it on its device; what it returns is final
             head = FINAL
@@ -179,8 +192,8 @@ class TowerBuilder:
         )
         runner = BatchRunner(backend, collator, task, head)
         sample = warm_up(runner, queue, probes) if spec.warmup else None
-        if backend.free_device_bytes() is not None and not preprocessor:
-            fit_device_memory(backend, queue, probes, tokenizer.pad_id, tokenizer.max_length)
+        if backend.free_device_bytes() is not None and not collator.preprocessor:
+            fit_device_memory(backend, queue, probes, self.tokenizer.pad_id, self.tokenizer.max_length)
         label = spec.name if len(info.towers) == 1 else f"{spec.name}:{name}"
         worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers)
         worker.start()
