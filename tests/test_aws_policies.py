@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
 from infinity_cloud.targets.aws_lambda import lambda_api
-from infinity_cloud.targets.sagemaker import aws as sagemaker_aws
+from infinity_cloud.targets.sagemaker import sagemaker_api
 
 runner = CliRunner()
 REGION = "us-east-1"
@@ -28,7 +28,7 @@ ACCOUNT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/infinity-cloud:1"
 @pytest.fixture
 def sent(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The IAM action of every AWS call made: the service's signing name and the operation."""
-    monkeypatch.setattr(sagemaker_aws, "POLL_S", 0.0)
+    monkeypatch.setattr(sagemaker_api, "POLL_S", 0.0)
     monkeypatch.setattr(lambda_api, "POLL_S", 0.0)
     actions: list[str] = []
     make_call = BaseClient._make_api_call
@@ -202,7 +202,7 @@ def test_the_declared_botocore_floor_makes_every_call_of_a_first_deployment(
     first one (a parameter AWS added later, such as add_permission's InvokedViaFunctionUrl,
     fails there, naming the upgrade): with the floor's own models, every command of a first
     deployment, its redeploys and its delete passes."""
-    monkeypatch.setattr(sagemaker_aws, "POLL_S", 0.0)
+    monkeypatch.setattr(sagemaker_api, "POLL_S", 0.0)
     monkeypatch.setattr(lambda_api, "POLL_S", 0.0)
     monkeypatch.setenv("AWS_DATA_PATH", str(floor_botocore_models))  # found before this botocore's own
     _, steps = commands(tmp_path, tiny_embedder)

@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 from infinity_cloud.cli import app as cli
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.targets.base import ROUTE_HEADER
-from infinity_cloud.targets.sagemaker import aws
+from infinity_cloud.targets.sagemaker import sagemaker_api
 from infinity_cloud.targets.sagemaker.client import SageMakerClient
 from infinity_cloud.targets.sagemaker.spec import GPU_AMI
 
@@ -48,7 +48,7 @@ RUNTIME_URL = "https://runtime.sagemaker.us-east-1.amazonaws.com"
 
 @pytest.fixture(autouse=True)
 def aws_env(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aws, "POLL_S", 0.0)  # no waiting between polls
+    monkeypatch.setattr(sagemaker_api, "POLL_S", 0.0)  # no waiting between polls
 
 
 def deploy(tmp_path: Path, *args: str) -> Any:
@@ -202,7 +202,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Stubber]]:
     services = ("sagemaker", "application-autoscaling", "sagemaker-runtime")
     made = {s: boto3.client(s, region_name=REGION) for s in services}
     stubs = {s: Stubber(c) for s, c in made.items()}
-    monkeypatch.setattr(aws, "clients", lambda settings: made.__getitem__)
+    monkeypatch.setattr(sagemaker_api, "clients", lambda settings: made.__getitem__)
     for stub in stubs.values():
         stub.activate()
     yield stubs
@@ -273,7 +273,7 @@ def test_a_deploy_that_outwaits_the_cli_is_left_to_come_up(
     stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Still Creating when the CLI stops waiting: it may yet come up, so nothing is deleted."""
-    monkeypatch.setattr(aws, "WAIT_LIMIT_S", -1.0)
+    monkeypatch.setattr(sagemaker_api, "WAIT_LIMIT_S", -1.0)
     sm = stubbed["sagemaker"]
     sm.add_client_error("describe_endpoint", **NOT_FOUND)
     stub_creation(sm)
@@ -330,7 +330,7 @@ def test_deploying_an_existing_name_updates_it_blue_green(
     stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new model and config, the endpoint moved to them, then the old ones deleted."""
-    monkeypatch.setattr(aws, "stamp", lambda: "20260101-000000")
+    monkeypatch.setattr(sagemaker_api, "stamp", lambda: "20260101-000000")
     sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
     sm.add_response("describe_endpoint", endpoint_state("InService", config="emb-old"))
     scaling.add_response("describe_scalable_targets", {"ScalableTargets": []}, DESCRIBE_TARGET)
@@ -396,7 +396,7 @@ def test_redeploying_an_autoscaled_endpoint_deregisters_it_before_the_update(
     """AWS refuses to update a variant that is a scalable target ("... has Auto Scaling
     enabled"): its policies and target go just before update_endpoint, and --autoscale
     registers anew once the endpoint is InService; without it nothing stays registered."""
-    monkeypatch.setattr(aws, "stamp", lambda: "20260101-000000")
+    monkeypatch.setattr(sagemaker_api, "stamp", lambda: "20260101-000000")
     sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
     old = endpoint_state("InService", config="emb-old")
     sm.add_response("describe_endpoint", old, {"EndpointName": "emb"})
@@ -456,7 +456,7 @@ def test_a_failed_update_of_an_autoscaled_endpoint_registers_its_autoscaling_aga
 def test_dry_run_prints_the_calls_and_calls_nothing(
     tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(aws, "clients", lambda settings: pytest.fail("AWS was called"))
+    monkeypatch.setattr(sagemaker_api, "clients", lambda settings: pytest.fail("AWS was called"))
     result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--serverless", "--dry-run")
     assert result.exit_code == 0, result.output
     for call in ("create_model(", "create_endpoint_config(", "create_endpoint("):
@@ -603,7 +603,7 @@ async def test_the_python_client_mirrors_the_openai_and_cohere_shapes(
         expected = (await local.post("/classify", json=body)).json()
         assert [[(x.label, x.score) for x in row] for row in labels.data] == [
             [(x["label"], x["score"]) for x in row] for row in expected["data"]]
-    with pytest.raises(aws.SageMakerError, match="the endpoint answered 404"):
+    with pytest.raises(sagemaker_api.SageMakerError, match="the endpoint answered 404"):
         client.embeddings.create(input=["x"], model="no-such-model")
 
 

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
 from infinity_cloud.targets.aws_lambda import lambda_api
-from infinity_cloud.targets.sagemaker import aws as sagemaker_aws
+from infinity_cloud.targets.sagemaker import sagemaker_api
 
 runner = CliRunner()
 REGION = "us-east-1"
@@ -81,7 +81,7 @@ def sagemaker_runtime(tmp_path: Path, tiny_embedder: Path, tiny_reranker: Path, 
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setattr(sagemaker_aws, "POLL_S", 0.0)
+    monkeypatch.setattr(sagemaker_api, "POLL_S", 0.0)
     try:
         container.wait_ready()
         yield

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from infinity_cloud.targets.aws import aws_calls, import_boto3
-from infinity_cloud.targets.sagemaker import aws
+from infinity_cloud.targets.sagemaker import sagemaker_api
 
 
 class Usage(BaseModel):
@@ -78,7 +78,7 @@ class SageMakerClient:
     def invoke(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """One invoke_endpoint call to the endpoint's /invocations; failures raise SageMakerError."""
         with aws_calls(f"invoke endpoint {self.endpoint_name!r}"):
-            return aws.invoke(lambda _: self._runtime, self.endpoint_name, body, route)
+            return sagemaker_api.invoke(lambda _: self._runtime, self.endpoint_name, body, route)
 
     def rerank(
         self, query: str, documents: list[str], *, model: str | None = None, top_n: int | None = None,

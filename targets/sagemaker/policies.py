@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from infinity_cloud.targets.aws import image_push_statements
-from infinity_cloud.targets.sagemaker.aws import log_group
+from infinity_cloud.targets.sagemaker.sagemaker_api import log_group
 from infinity_cloud.targets.sagemaker.spec import SageMakerSpec
 
 VERSION = "2012-10-17"

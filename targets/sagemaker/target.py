@@ -16,7 +16,7 @@ from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import ApiCall, aws_calls, delete_log_group, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, JobOptions, Target, render_templates, spec_yaml
 from infinity_cloud.targets.platforms import ImagePlatform, required_platform
-from infinity_cloud.targets.sagemaker import aws
+from infinity_cloud.targets.sagemaker import sagemaker_api
 from infinity_cloud.targets.sagemaker.spec import NEURON_IMAGE, NEURON_IMAGE_SHIPS, SageMakerSpec
 
 IMAGE_MODELS = "/models"
@@ -184,23 +184,24 @@ class SageMakerTarget(Target[SageMakerSpec]):
         require_image_and_role("sagemaker", settings.image_uri, settings.role)
         self.build(spec, out_dir)
         if dry_run:
-            calls = aws.deploy_calls(settings, "<version>", update=False, archive=self._archive(out_dir))
+            calls = sagemaker_api.deploy_calls(settings, "<version>", update=False,
+                                               archive=self._archive(out_dir))
             for call in calls:
                 print(call.describe())
             print("(sagemaker.update_endpoint instead of create_endpoint when the endpoint exists)")
             return None
-        client = aws.clients(settings)
+        client = sagemaker_api.clients(settings)
         name = settings.endpoint_name
         with aws_calls(f"deploy endpoint {name!r}"):
-            existing = aws.describe_endpoint(client, name)
-            calls = aws.deploy_calls(
-                settings, aws.stamp(), update=existing is not None, archive=self._archive(out_dir)
+            existing = sagemaker_api.describe_endpoint(client, name)
+            calls = sagemaker_api.deploy_calls(
+                settings, sagemaker_api.stamp(), update=existing is not None, archive=self._archive(out_dir)
             )
             endpoint_calls = [c for c in calls if c.service != "application-autoscaling"]
             scaling = calls[len(endpoint_calls):]
             # AWS refuses to update an autoscaled variant: its autoscaling goes just before the
             # update, and what --autoscale asks for is registered once the endpoint is InService.
-            scaled = aws.current_scaling(client, name) if existing else aws.Scaling()
+            scaled = sagemaker_api.current_scaling(client, name) if existing else sagemaker_api.Scaling()
             *creations, endpoint_call = endpoint_calls
             made: list[ApiCall] = []  # what this deploy did, undone in reverse if it fails
             try:
@@ -208,31 +209,31 @@ class SageMakerTarget(Target[SageMakerSpec]):
                     run(client, call)
                     made.append(call)
                 with Console(stderr=True).status(f"waiting for {name} to be InService") as shown:
-                    aws.wait_in_service(
+                    sagemaker_api.wait_in_service(
                         client, name, lambda state, s: shown.update(f"{name}: {state} ({s:.0f} s)"),
                         # an update that failed is InService again, on the old config
                         config=endpoint_call.params["EndpointConfigName"] if existing else None,
                     )
-            except aws.StillDeploying as exc:  # it may yet come up: status says
+            except sagemaker_api.StillDeploying as exc:  # it may yet come up: status says
                 if scaled.removal:
-                    raise aws.StillDeploying(
+                    raise sagemaker_api.StillDeploying(
                         f"{exc.message}; its autoscaling was removed for the update: deploy again once it "
                         "is InService to set it"
                     ) from None
                 raise
             except Exception:  # not on Ctrl-C either: the endpoint may still come up
-                aws.roll_back(client, made, scaled)
+                sagemaker_api.roll_back(client, made, scaled)
                 raise
             for call in scaling:
                 run(client, call)
             if existing is not None:  # the old config and model serve nothing now
-                for call in aws.resources_of(client, existing["EndpointConfigName"]):
+                for call in sagemaker_api.resources_of(client, existing["EndpointConfigName"]):
                     run(client, call)
-            url = aws.invocation_url(client, name)
+            url = sagemaker_api.invocation_url(client, name)
             region = client("sagemaker-runtime").meta.region_name
         model = container.served_name(spec.models[0])
         return Deployment(
-            self.name, name, url, examples=aws.usage_example(url, name, region, model),
+            self.name, name, url, examples=sagemaker_api.usage_example(url, name, region, model),
             notes=(f"call it with `infinity-cloud invoke sagemaker --endpoint-name {name} --input hello`",),
         )
 
@@ -250,22 +251,23 @@ class SageMakerTarget(Target[SageMakerSpec]):
     def exists(self, spec: DeploymentSpec) -> bool:
         settings = self.settings(spec)
         with aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
-            return aws.describe_endpoint(aws.clients(settings), settings.endpoint_name) is not None
+            client = sagemaker_api.clients(settings)
+            return sagemaker_api.describe_endpoint(client, settings.endpoint_name) is not None
 
     def status(self, spec: DeploymentSpec) -> dict[str, Any]:
         """The endpoint's state, its config and its variant, from SageMaker."""
         settings = self.settings(spec)
-        client = aws.clients(settings)
+        client = sagemaker_api.clients(settings)
         with aws_calls(f"describe endpoint {settings.endpoint_name!r}"):
-            endpoint = aws.describe_endpoint(client, settings.endpoint_name)
+            endpoint = sagemaker_api.describe_endpoint(client, settings.endpoint_name)
             if endpoint is None:
-                raise aws.SageMakerError(f"no SageMaker endpoint named {settings.endpoint_name!r}")
+                raise sagemaker_api.SageMakerError(f"no SageMaker endpoint named {settings.endpoint_name!r}")
             config = client("sagemaker").describe_endpoint_config(
                 EndpointConfigName=endpoint["EndpointConfigName"]
             )
         facts: dict[str, Any] = {
             "endpoint": endpoint["EndpointName"], "status": endpoint["EndpointStatus"],
-            "url": aws.invocation_url(client, settings.endpoint_name),
+            "url": sagemaker_api.invocation_url(client, settings.endpoint_name),
             "config": endpoint["EndpointConfigName"],
         }
         for variant in config.get("ProductionVariants", []):
@@ -284,20 +286,20 @@ class SageMakerTarget(Target[SageMakerSpec]):
         deploy of it made (earlier ones, and those a failed deploy left, included), and its
         log group."""
         settings = self.settings(spec)
-        client = aws.clients(settings)
+        client = sagemaker_api.clients(settings)
         name = settings.endpoint_name
         with aws_calls(f"delete endpoint {name!r}"):
-            endpoint = aws.describe_endpoint(client, name)
+            endpoint = sagemaker_api.describe_endpoint(client, name)
             if endpoint is None:
-                raise aws.SageMakerError(f"no SageMaker endpoint named {name!r}")
-            calls = aws.resources_of(client, endpoint["EndpointConfigName"])
-            calls += [c for c in aws.leftovers(client, name) if c not in calls]
-            for call in aws.current_scaling(client, name).removal:
+                raise sagemaker_api.SageMakerError(f"no SageMaker endpoint named {name!r}")
+            calls = sagemaker_api.resources_of(client, endpoint["EndpointConfigName"])
+            calls += [c for c in sagemaker_api.leftovers(client, name) if c not in calls]
+            for call in sagemaker_api.current_scaling(client, name).removal:
                 run(client, call)
             run(client, ApiCall("sagemaker", "delete_endpoint", {"EndpointName": name}))
             for call in calls:
                 run(client, call)
-            delete_log_group(client, aws.log_group(name))
+            delete_log_group(client, sagemaker_api.log_group(name))
 
     def invoke(
         self, spec: DeploymentSpec, body: dict[str, Any], *,
@@ -306,5 +308,5 @@ class SageMakerTarget(Target[SageMakerSpec]):
         """Call the endpoint with sagemaker-runtime's invoke_endpoint (IAM signs it, so no key)."""
         settings = self.settings(spec)
         with aws_calls(f"invoke endpoint {settings.endpoint_name!r}"):
-            return aws.invoke(aws.clients(settings), settings.endpoint_name, body, route)
+            return sagemaker_api.invoke(sagemaker_api.clients(settings), settings.endpoint_name, body, route)
 
