@@ -34,13 +34,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _target_registry() -> wiring.TargetSections:
-    from infinity_cloud.targets import registry
-
-    return registry
-
-
-def _target_planners() -> wiring.TargetPlanners:
+def _target_registry() -> Any:
+    """The target registry, imported when first read: it names every target's section and
+    planner (`wiring.TargetSections`, `wiring.TargetPlanners`)."""
     from infinity_cloud.targets import registry
 
     return registry
@@ -50,4 +46,4 @@ def _target_planners() -> wiring.TargetPlanners:
 # planner there; neither can import it (the targets import them): the package hands it over
 # here, before any module can read it.
 wiring.target_sections = _target_registry
-wiring.target_planners = _target_planners
+wiring.target_planners = _target_registry

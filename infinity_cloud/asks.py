@@ -1,7 +1,8 @@
-"""What a caller asks the engine, in the engine's own terms. Each wire dialect translates its
-request body to one of these and hands it to one engine call (`Engine.embeddings`), which
-decides the rest: which kind of embedding the model makes, the prompt or role a text's use
-means, the output types, and what to refuse. A dialect then only shapes the answer."""
+"""What a caller asks the engine, in the engine's own terms, and what it gets back. Each wire
+dialect translates its request body to one of these and hands it to one engine call
+(`Engine.embeddings`), which decides the rest: which kind of embedding the model makes, the
+prompt or role a text's use means, the output types, and what to refuse. A dialect then only
+shapes the answer."""
 
 from __future__ import annotations
 
@@ -23,10 +24,6 @@ Embeddings = EmbeddingResult | EmbeddingsByType | SparseEmbeddingResult | MultiV
 
 # What a request may get when it does not say: a dense or a multi-vector model's embeddings.
 ANY_EMBEDDING = (Capability.EMBED, Capability.MULTI_VECTOR)
-
-# A text's use, in every dialect's words, as a multi-vector model reads it (ColBERT's [Q]/[D]).
-ROLE_OF_USE = {"query": "query", "search_query": "query", "document": "document",
-               "search_document": "document"}
 
 
 @dataclass(frozen=True)
@@ -62,4 +59,4 @@ class EmbedAsk:
     wait: bool = True
 
 
-__all__ = ["ANY_EMBEDDING", "ROLE_OF_USE", "EmbedAsk", "Embeddings"]
+__all__ = ["ANY_EMBEDDING", "EmbedAsk", "Embeddings"]

@@ -36,7 +36,7 @@ from infinity_cloud.admission.validation import (
     check_texts,
     check_top_n,
 )
-from infinity_cloud.asks import ROLE_OF_USE, EmbedAsk, Embeddings
+from infinity_cloud.asks import EmbedAsk, Embeddings
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.result_cache import ResultCache
 from infinity_cloud.capability import Capability
@@ -71,7 +71,7 @@ from infinity_cloud.tasks import quantization
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompt_for_use, prompted
-from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role
+from infinity_cloud.tasks.multi_vector import ROLE_FOR_USE, MultiVectorCall, Role, require_multi_vector
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.scores import maxsim, rank
@@ -575,6 +575,7 @@ class Engine:
     async def _multi_vector(self, served: ServedModel, ask: EmbedAsk) -> MultiVectorResult:
         """A multi-vector model's matrices: never truncated nor quantised, and its texts read
         through its own query/document templates (the role their use means)."""
+        require_multi_vector(served)  # what the model is, before what the request asks of it
         if ask.dimensions:
             raise UnsupportedError("multi-vector embeddings are not truncated; omit 'dimensions'",
                                    param="dimensions")
@@ -584,7 +585,7 @@ class Engine:
         if ask.prompt_name:
             raise UnsupportedError("a multi-vector model reads texts through its own query/document "
                                    "templates; omit 'prompt_name'", param="prompt_name")
-        role = ROLE_OF_USE.get(ask.use or "")
+        role = ROLE_FOR_USE.get(ask.use or "")
         return await self.embed_multi_vector(ask.inputs, served.name, modality=ask.modality,  # type: ignore[arg-type]
                                              truncate=ask.truncate, role=role)  # type: ignore[arg-type]
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from infinity_cloud.capability import Capability
+
+# A family's own facts (`ModelInfo.facts`).
+F = TypeVar("F")
 
 # A graph's name: which of its family's graphs (`ModelFamily.graph`) a backend runs.
 GraphOutput = str
@@ -107,6 +110,13 @@ class ModelInfo:
     # reads them, in its graphs' examples and its towers' input encoders.
     own_facts: Any = field(default=None, repr=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def facts(self, kind: type[F]) -> F:
+        """Its family's own facts, as the family's type `kind` (a family reads only its own)."""
+        if not isinstance(self.own_facts, kind):
+            read = type(self.own_facts).__name__
+            raise TypeError(f"{self.path}: {kind.__name__} asked, its family read {read}")
+        return self.own_facts
 
     @property
     def dimensions(self) -> int | None:

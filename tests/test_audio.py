@@ -112,9 +112,9 @@ async def test_audio_over_http_and_bad_audio(clap: Path) -> None:
 def test_long_audio_is_cut_to_the_window_deterministically(clap: Path) -> None:
     """Past the model's 10 s window, transformers crops at random; we take the first 10 s."""
     from infinity_cloud.families import read_model_info
-    from infinity_cloud.media.audio import AudioPreprocessor
+    from infinity_cloud.media.audio import AudioEncoder
 
-    preprocessor = AudioPreprocessor(read_model_info(clap).own_facts.audio_processor)  # as CLAP has it
+    preprocessor = AudioEncoder(read_model_info(clap).own_facts.audio_processor)  # as CLAP has it
     long = clip(12, 48_000, 4)
     first = preprocessor.prepare(encoded(long, 48_000, "WAV"), 0).array
     again = preprocessor.prepare(encoded(long, 48_000, "WAV"), 0).array

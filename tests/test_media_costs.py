@@ -89,9 +89,9 @@ def reset_peak():
 MEASURE = PEAK + """
 import io, json, sys
 from infinity_cloud.config import LimitsSpec
-from infinity_cloud.media.images import ImagePreprocessor
+from infinity_cloud.media.images import ImageEncoder
 data = open(sys.argv[1], "rb").read()
-preprocessor = ImagePreprocessor({}, 224, 32, True)
+preprocessor = ImageEncoder({}, 224, 32, True)
 preprocessor.prepare(preprocessor.open(open(sys.argv[2], "rb").read(), 0, LimitsSpec())[0], 0)  # warm
 before = reset_peak()
 image, counted = preprocessor.open(data, 0, LimitsSpec())
@@ -120,7 +120,7 @@ def test_what_decoding_is_counted_covers_what_it_takes(fmt: str, mode: str, tmp_
     assert measured["counted"] < 32 * 2048 * 2048, measured  # and not absurdly more
 
 
-def image_preprocessor(path: Path) -> Any:
+def image_encoder(path: Path) -> Any:
     """The encoder the model's family gives its image tower, as a server loads it."""
     from infinity_cloud.families import read_model_info
     from infinity_cloud.text.tokenization import TextTokenizer
@@ -133,7 +133,7 @@ def image_preprocessor(path: Path) -> Any:
 async def test_decoding_is_held_from_the_memory_budget(clip: Path) -> None:
     """An image whose decoding is more than the budget has is a 413 that says how much,
     before it is decoded; one that fits decodes."""
-    preprocessor = image_preprocessor(clip)
+    preprocessor = image_encoder(clip)
     idle = 0  # this budget counts only what is held: the test process's own memory is not the point
     budget = MemoryBudget(200 * 2**20, resident=lambda: idle)
     decoder = MediaDecoder(LimitsSpec(), budget, workers=1)
@@ -155,7 +155,7 @@ async def test_a_large_jpeg_decodes_reduced_and_embeds_as_in_full(clip: Path) ->
     big = photo(4032, 3024)
     image = open_image(big, 0)
     assert decoding_bytes(image) < 4032 * 3024  # less than one byte a pixel of the full size
-    preprocessor = image_preprocessor(clip)
+    preprocessor = image_encoder(clip)
     assert preprocessor.prepare(big, 0).array.shape[1:] == (32, 32)
     async with serve_in_process(spec_of(ModelSpec(model_id=str(clip), served_model_name="clip"))) as client:
         response = await embed_images(client, [data_uri(big, "image/jpeg")])
@@ -169,9 +169,9 @@ def test_long_audio_decodes_only_the_window(build_model: Callable[..., Path]) ->
     """An hour of FLAC silence is a few KB: only the model's window of it is decoded, and
     what is counted is the window's, not the hour's."""
     from infinity_cloud.families import read_model_info
-    from infinity_cloud.media.audio import AudioPreprocessor
+    from infinity_cloud.media.audio import AudioEncoder
 
-    preprocessor = AudioPreprocessor(read_model_info(build_model("clap")).own_facts.audio_processor)
+    preprocessor = AudioEncoder(read_model_info(build_model("clap")).own_facts.audio_processor)
     hour = encoded(np.zeros(3600 * 48_000, dtype=np.float32), 48_000, "FLAC")
     assert len(hour) < 2**20
     opened, counted = preprocessor.open(hour, 0, LimitsSpec())
@@ -204,7 +204,7 @@ async def test_decoding_time_is_judged_like_the_models_queue(clip: Path) -> None
     before any decoding; alone past the deadline (which bounds waiting), they are decoded;
     behind other requests' decoding past it, a 429 with Retry-After; nothing stays held after."""
     from infinity_cloud.errors import QueueFullError
-    preprocessor = image_preprocessor(clip)
+    preprocessor = image_encoder(clip)
     budget = MemoryBudget(None)
     decoder = MediaDecoder(LimitsSpec(), budget, workers=1)
     large = flat(4096, "PNG", "RGBA")
@@ -227,10 +227,10 @@ MEASURE_REQUEST = PEAK + """
 import asyncio, json, sys
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.media.decoding import MediaDecoder
-from infinity_cloud.media.images import ImagePreprocessor
+from infinity_cloud.media.images import ImageEncoder
 from infinity_cloud.admission.memory import MemoryBudget
 data, count = open(sys.argv[1], "rb").read(), int(sys.argv[2])
-preprocessor = ImagePreprocessor({}, 224, 32, True)
+preprocessor = ImageEncoder({}, 224, 32, True)
 decoder = MediaDecoder(LimitsSpec(), MemoryBudget(None), workers=1)
 before = reset_peak()
 asyncio.run(decoder.prepare_all(preprocessor, [data] * count, deadline_s=None))

@@ -29,7 +29,7 @@ def _audio_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     """Log-mel frames x bins of CLAP's window."""
     import torch
 
-    audio = _facts(info).audio_processor
+    audio = info.facts(ClapFacts).audio_processor
     frames = int(float(audio.get("max_length_s", 10)) * int(audio.get("sampling_rate", 48_000)))
     frames = frames // int(audio.get("hop_length", 480)) + 1
     example = torch.randn(2, 1, frames, int(audio.get("feature_size", 64))) * 10 - 40
@@ -72,11 +72,7 @@ class Clap(Family):
         )
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
-        from infinity_cloud.media.audio import AudioPreprocessor
+        from infinity_cloud.media.audio import AudioEncoder
 
-        return {**super().encoders(info, tokenizer), "audio": AudioPreprocessor(_facts(info).audio_processor)}
-
-
-def _facts(info: ModelInfo) -> ClapFacts:
-    assert isinstance(info.own_facts, ClapFacts), f"{info.path}: not a CLAP model's facts"
-    return info.own_facts
+        audio = AudioEncoder(info.facts(ClapFacts).audio_processor)
+        return {**super().encoders(info, tokenizer), "audio": audio}

@@ -82,6 +82,4 @@ class ColBert(Family):
         )
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
-        rules = info.own_facts
-        assert isinstance(rules, LateInteraction), f"{info.path}: not a late-interaction model's facts"
-        return {"text": LateInteractionText(tokenizer, rules, info.prompts)}
+        return {"text": LateInteractionText(tokenizer, info.facts(LateInteraction), info.prompts)}

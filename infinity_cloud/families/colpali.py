@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from infinity_cloud.families.base import IMAGE_INPUTS, TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.families.page_reader import PageFacts, PageReader, facts_of, token_vectors
+from infinity_cloud.families.page_reader import PageFacts, PageReader, token_vectors
 from infinity_cloud.family import Example, ModelInfo
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ def _page_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     """A page: its image tokens, then the prompt's text."""
     import torch
 
-    vlm, facts = info.raw.get("vlm_config") or {}, facts_of(info)
+    vlm, facts = info.raw.get("vlm_config") or {}, info.facts(PageFacts)
     side = facts.image_size or 448
     tokens = (side // (facts.patch_size or 14)) ** 2
     ids = torch.tensor([[int(vlm.get("image_token_index", 0))] * tokens + [2, 5, 6, 7]] * 2)
@@ -55,9 +55,9 @@ class ColPali(PageReader):
         return self.page_info(folder, facts, pad_token=pad)
 
     def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
-        from infinity_cloud.media.images import ImagePreprocessor
+        from infinity_cloud.media.images import ImageEncoder
 
         # Each page is read behind the same prompt: its ids are tokenised once, here.
         prompt = tokenizer.encode([facts.templates["image"]], truncate=False, special_tokens=False)[0].ids
         side, patch = facts.image_size or 224, facts.patch_size or 32
-        return ImagePreprocessor(facts.image_processor, side, patch, False, prompt)
+        return ImageEncoder(facts.image_processor, side, patch, False, prompt)

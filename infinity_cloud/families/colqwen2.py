@@ -37,9 +37,9 @@ class ColQwen2(PageReader):
         return self.page_info(folder, PageFacts(templates, folder.preprocessor()), pad_token=pad)
 
     def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
-        from infinity_cloud.media.pages import PagePreprocessor
+        from infinity_cloud.media.pages import PageEncoder
 
         def tokenize(text: str) -> list[int]:
             return tokenizer.encode([text], truncate=False, special_tokens=False)[0].ids
 
-        return PagePreprocessor(facts.image_processor, facts.templates["image"], tokenize, tokenizer.pad_id)
+        return PageEncoder(facts.image_processor, facts.templates["image"], tokenize, tokenizer.pad_id)

@@ -32,11 +32,6 @@ class PageFacts:
     patch_size: int | None = None
 
 
-def facts_of(info: ModelInfo) -> PageFacts:
-    assert isinstance(info.own_facts, PageFacts), f"{info.path}: not a page reader's facts"
-    return info.own_facts
-
-
 class QueryTemplate(TextInputEncoder):
     """Texts read as queries inside the model's template, which writes the special tokens
     itself."""
@@ -77,8 +72,8 @@ class PageReader(Family):
         )
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
-        return {"text": QueryTemplate(tokenizer, facts_of(info).templates["query"]),
-                "image": self.page_encoder(facts_of(info), tokenizer)}
+        return {"text": QueryTemplate(tokenizer, info.facts(PageFacts).templates["query"]),
+                "image": self.page_encoder(info.facts(PageFacts), tokenizer)}
 
     def page_encoder(self, facts: PageFacts, tokenizer: TextTokenizer) -> InputEncoder:
         """How its pages become model inputs."""

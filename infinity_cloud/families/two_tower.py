@@ -34,16 +34,10 @@ class TwoTowerFacts:
     full_length: bool = False
 
 
-def facts_of(info: ModelInfo) -> TwoTowerFacts:
-    facts = info.own_facts
-    assert isinstance(facts, TwoTowerFacts), f"{info.path}: not a two-tower model's facts"
-    return facts
-
-
 def _image_example(info: ModelInfo, names: tuple[str, ...]) -> Example:
     import torch
 
-    side = facts_of(info).image_size
+    side = info.facts(TwoTowerFacts).image_size
     return (torch.rand(2, 3, side, side),), {"pixel_values": {0: "batch"}}
 
 
@@ -84,13 +78,13 @@ class TwoTower(Family):
         )
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
-        from infinity_cloud.media.images import ImagePreprocessor
+        from infinity_cloud.media.images import ImageEncoder
         from infinity_cloud.text.input_encoder import TextInputEncoder
 
-        facts = facts_of(info)
+        facts = info.facts(TwoTowerFacts)
         return {
             "text": TextInputEncoder(tokenizer, full_length=facts.full_length),
-            "image": ImagePreprocessor(
+            "image": ImageEncoder(
                 facts.image_processor, facts.image_size, facts.patch_size, self.class_token
             ),
         }

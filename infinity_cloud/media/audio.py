@@ -74,7 +74,7 @@ def mel_filters(rate: int, n_fft: int, bins: int, low: float, high: float) -> np
     return np.maximum(0, np.minimum(rising, falling)) * (2 / (edges[2:] - edges[:-2]))[None, :]
 
 
-class AudioPreprocessor(MediaEncoder):
+class AudioEncoder(MediaEncoder):
     """An audio tower's input encoder, from its feature extractor's settings (`config`)."""
 
     kind = "audio"

@@ -53,12 +53,12 @@ class MediaDecoder:
         return decoding * self._seconds_per_byte
 
     async def prepare_all(
-        self, preprocessor: InputEncoder, fetched: Sequence[bytes], deadline_s: float | None,
+        self, encoder: InputEncoder, fetched: Sequence[bytes], deadline_s: float | None,
         request_limit_s: float | None = None,
     ) -> list[Any]:
         """Each fetched input as its model input, in order (a bad one: a 400 naming it)."""
         loop = asyncio.get_running_loop()
-        opened = await loop.run_in_executor(self._pool, self._open_all, preprocessor, fetched)
+        opened = await loop.run_in_executor(self._pool, self._open_all, encoder, fetched)
         total = sum(cost for _, cost in opened)
         self._admit(total, deadline_s, request_limit_s)
         try:
@@ -68,7 +68,7 @@ class MediaDecoder:
                 opened[index] = (None, 0)  # decoded, its pixels go with the last reference
                 with self.memory.reserved(cost):
                     prepared.append(await loop.run_in_executor(
-                        self._pool, self._prepare, preprocessor, item, index, cost
+                        self._pool, self._prepare, encoder, item, index, cost
                     ))
                 del item
                 total -= cost
@@ -77,8 +77,8 @@ class MediaDecoder:
         finally:
             self._release(total)
 
-    def _open_all(self, preprocessor: InputEncoder, fetched: Sequence[bytes]) -> list[tuple[Any, int]]:
-        return [preprocessor.open(data, index, self.limits) for index, data in enumerate(fetched)]
+    def _open_all(self, encoder: InputEncoder, fetched: Sequence[bytes]) -> list[tuple[Any, int]]:
+        return [encoder.open(data, index, self.limits) for index, data in enumerate(fetched)]
 
     def _admit(self, decoding: int, deadline_s: float | None, limit_s: float | None) -> None:
         with self._lock:
@@ -105,10 +105,10 @@ class MediaDecoder:
         with self._lock:
             self._queued_bytes -= decoding
 
-    def _prepare(self, preprocessor: InputEncoder, item: Any, index: int, cost: int) -> Any:
+    def _prepare(self, encoder: InputEncoder, item: Any, index: int, cost: int) -> Any:
         started = time.perf_counter()
         try:
-            prepared = preprocessor.prepare(item, index)
+            prepared = encoder.prepare(item, index)
         finally:
             close = getattr(item, "close", None)
             if close is not None:  # a picture: its decoded pixels freed now, not when collected

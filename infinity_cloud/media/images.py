@@ -62,7 +62,7 @@ def _pil() -> Any:
     return Image
 
 
-class ImagePreprocessor(MediaEncoder):
+class ImageEncoder(MediaEncoder):
     """An image tower's input encoder; `class_token`: its tower reads one besides the patches
     (CLIP), which an image's cost counts; `prompt_ids`: the prompt it reads each image behind
     (ColPali's), whose tokens are then what an image costs."""

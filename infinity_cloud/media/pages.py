@@ -52,7 +52,7 @@ def fitted_size(height: int, width: int, factor: int, min_pixels: int, max_pixel
     return h, w
 
 
-class PagePreprocessor(MediaEncoder):
+class PageEncoder(MediaEncoder):
     """A page tower's input encoder, from its image processor's settings (`config`) and the
     prompt each page is read behind (`prompt`, its image token repeated per merged patch)."""
 

@@ -48,12 +48,12 @@ class Tower:
 class Collator:
     """How a tower's inputs become a batch: a text tower's tokens padded here, to the spec's
     static shapes, else to the backend's length grain (or to the model's length, where its
-    encoder says so); any other tower's inputs by its own encoder (`preprocessor`), from its
+    encoder says so); any other tower's inputs by its own `encoder`, from its
     own probes."""
 
     spec: ModelSpec
     tokenizer: TextTokenizer
-    preprocessor: InputEncoder | None
+    encoder: InputEncoder | None  # None: a text tower, whose tokens are padded here
     full_length: bool = False  # every text padded to the model's length (SigLIP)
     grain: int = 1  # the backend's `length_grain`, once it is open
 
@@ -75,21 +75,21 @@ class Collator:
     def collate(self, items: list[Any], static: bool = True) -> ModelInputs:
         """A batch; `static`: padded to the spec's static shapes (the probes are not)."""
         rows = bucket(len(items), self.spec.batch_buckets) if static else None
-        if self.preprocessor:
-            return self.preprocessor.collate(items, rows)
+        if self.encoder:
+            return self.encoder.collate(items, rows)
         longest = max(len(e) for e in items)
         length = self.padded_length(longest) if static or self.full_length else None
         return ModelInputs.collate(items, self.tokenizer.pad_id, length=length, rows=rows)
 
 
-def int8_calibration(
+def int8_build_batches(
     collator: Collator, task: Task[Any, Any], probes: list[Any], compared: Head
 ) -> Calibration:
     """Batches to build int8 with: standard-library docstrings, one batch in four to rank
     layers on (a run per layer: few), the rest held out with the load's probes, and other
     docstrings for activation ranges; media towers, which have no such texts, their fixed
     probes."""
-    if collator.preprocessor:
+    if collator.encoder:
         batch = collator.collate(probes, static=False)
         return Calibration([batch], [batch], compared, [batch])
     texts = calibration_texts(CALIBRATION_BATCHES * CALIBRATION_ROWS)
@@ -165,10 +165,10 @@ class TowerBuilder:
         head = task.head(info, graph, spec.pooling or info.pooling, self.normalize)
         compared = head.reference  # what precisions are measured on
         collator = Collator.of(spec, tokenizer, encoder)
-        preprocessor = collator.preprocessor
-        probes: list[Any] = preprocessor.probes() if preprocessor else task.encode_probes(tokenizer, PROBES)
+        own = collator.encoder
+        probes: list[Any] = own.probes() if own else task.encode_probes(tokenizer, PROBES)
         backend = open_backend(info, spec, graph, collator.collate(probes, static=False), compared,
-                               functools.partial(int8_calibration, collator, task, probes, compared))
+                               functools.partial(int8_build_batches, collator, task, probes, compared))
         try:
             return self._serving(name, graph, backend, collator, task, head, probes)
         except BaseException:  # warm-up or the device's fit failed: its memory goes back now
@@ -192,7 +192,7 @@ class TowerBuilder:
         )
         runner = BatchRunner(backend, collator, task, head)
         sample = warm_up(runner, queue, probes) if spec.warmup else None
-        if backend.free_device_bytes() is not None and not collator.preprocessor:
+        if backend.free_device_bytes() is not None and not collator.encoder:
             fit_device_memory(backend, queue, probes, self.tokenizer.pad_id, self.tokenizer.max_length)
         label = spec.name if len(info.towers) == 1 else f"{spec.name}:{name}"
         worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InfinityCloudError, InputTooLongError
 from infinity_cloud.server.errors import status_of
 
@@ -69,22 +70,24 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     await asyncio.wait({task})
 
 
-def _label(engine: Any, model: str | None) -> str:
-    """The name a failed call's metrics go under: the model its name (or alias) means, the
-    only one served, else "unknown" (several served and none named)."""
+def _label(engine: Any, model: str | None, serves: Sequence[Capability]) -> str:
+    """The name a failed call's metrics go under: the model the call means (its name or alias,
+    else the one that does what the route `serves`), else "unknown"."""
     try:
-        return engine.model(model).name
+        return engine.model(model, *serves).name
     except InfinityCloudError:
         return "unknown"
 
 
 async def answer(
-    request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T]
+    request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
+    serves: Sequence[Capability] = (),
 ) -> T:
-    """Run an engine call for a route and record its metrics."""
+    """Run an engine call for a route and record its metrics (`serves`: what the route's
+    models do, which names the model of a failed call that named none)."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
-    label = _label(engine, model)
+    label = _label(engine, model, serves)
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)

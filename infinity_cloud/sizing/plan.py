@@ -67,7 +67,7 @@ class Planner:
     # p95 where the platform counts them its own way (Lambda: no queue, an instance a request).
     # Called as (choice, load, per_replica_qps, scale_to_zero: the caller's
     # --scale-to-zero/--keep-warm, None for the target's own).
-    settings: Callable[[Choice, Load, float, bool | None], None]
+    size_section: Callable[[Choice, Load, float, bool | None], None]
     # The platform's own limit on one request, s (the deadline stays within half of it).
     request_limit_s: float | None = None
 
@@ -209,7 +209,7 @@ def plan_offer(
             "Retry-After instead" + (f" (within half of {offer.target}'s {limit:g} s limit)" if limit else "")
         )
     if planner is not None:
-        planner.settings(choice, load, per_replica_qps, scale_to_zero)
+        planner.size_section(choice, load, per_replica_qps, scale_to_zero)
     return choice
 
 

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 
 Role = Literal["query", "document"]
+# A text's use, in every dialect's words (tasks.embed.PROMPTS_FOR_USE's), as a multi-vector
+# model reads it: ColBERT's [Q] and [D].
+ROLE_FOR_USE: dict[str, Role] = {"query": "query", "search_query": "query", "document": "document",
+                                 "search_document": "document"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,17 @@ class MultiVectorCall:
     # ColPali's texts are queries (its documents are images), ColBERT's documents (as
     # sentence-transformers' `encode`).
     role: Role | None = None
+
+
+def require_multi_vector(served: Served) -> None:
+    """The model makes per-token embeddings (a 400 saying what it makes otherwise; a 503 while
+    it loads)."""
+    capability = served.loaded.info.capability
+    if capability is not Capability.MULTI_VECTOR:
+        raise UnsupportedError(
+            f"per-token embeddings are made by multi-vector (ColBERT) models and ColPali; model "
+            f"{served.name!r} is for {capability.noun}: ask it for one embedding per text", param="model",
+        )
 
 
 class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
@@ -57,12 +72,7 @@ class MultiVectorTask(Task[MultiVectorCall, MultiVectorResult]):
         return [np.ascontiguousarray(row[: len(item)]) for row, item in zip(batch, items, strict=True)]
 
     def check(self, call: MultiVectorCall, served: Served, limits: LimitsSpec) -> None:
-        capability = served.loaded.info.capability  # not ready: a 503 here
-        if capability is not self.capability:
-            raise UnsupportedError(
-                f"per-token embeddings are made by multi-vector (ColBERT) models and ColPali; model "
-                f"{served.name!r} is for {capability.noun}", param="model",
-            )
+        require_multi_vector(served)
         require_tower(served, self.capability, call.modality)
         if call.modality == "text":
             check_no_token_ids(call.inputs, "multi-vector embeddings")  # the [Q]/[D] prompts are text

@@ -8,7 +8,7 @@ import math
 from infinity_cloud.sizing.plan import HOURS_PER_MONTH, Choice, Load, Planner
 
 
-def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
+def size_section(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
     offer = choice.offer
     # No queue: an instance runs one request and Lambda starts another for the next, so a
     # request takes its own run time (at the instance's pace), and the instances running at
@@ -28,4 +28,4 @@ def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: 
 
 
 # A Lambda invocation runs for 15 minutes at most.
-PLANNER = Planner(settings, request_limit_s=900.0)
+PLANNER = Planner(size_section, request_limit_s=900.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from infinity_cloud.sizing.plan import Choice, Load, Planner, container_memory_mib
 
 
-def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
+def size_section(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
     offer = choice.offer
     p95_s = choice.p95_ms / 1000
     queued = max(load.tokens_per_request, int(choice.capacity * p95_s / 2))
@@ -27,4 +27,4 @@ def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: 
     )
 
 
-PLANNER = Planner(settings)
+PLANNER = Planner(size_section)

@@ -8,7 +8,7 @@ import math
 from infinity_cloud.sizing.plan import Choice, Load, Planner, container_memory_mib
 
 
-def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
+def size_section(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
     offer, replicas = choice.offer, choice.replicas
     p95_s = choice.p95_ms / 1000
     in_flight = max(1, math.ceil(per_replica_qps * p95_s))
@@ -28,4 +28,4 @@ def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: 
     )
 
 
-PLANNER = Planner(settings)
+PLANNER = Planner(size_section)

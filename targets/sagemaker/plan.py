@@ -6,7 +6,7 @@ from __future__ import annotations
 from infinity_cloud.sizing.plan import UTILISATION, Choice, Load, Planner
 
 
-def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
+def size_section(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: bool | None) -> None:
     replicas = choice.replicas
     per_minute = max(1, int(per_replica_qps * 60))
     choice.settings.update(
@@ -22,4 +22,4 @@ def settings(choice: Choice, load: Load, per_replica_qps: float, scale_to_zero: 
 
 
 # SageMaker's real-time endpoints answer within 60 s.
-PLANNER = Planner(settings, request_limit_s=60.0)
+PLANNER = Planner(size_section, request_limit_s=60.0)

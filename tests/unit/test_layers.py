@@ -130,7 +130,18 @@ def imports() -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != name and not name.startswith(target + "."):
                     graph[name].add(target)
+            if root_names(node, found):  # Python imports the root first, but not what it hands out
+                graph[name].add("infinity_cloud")
+    graph["infinity_cloud"].discard("infinity_cloud")
     return graph
+
+
+def root_names(node: ast.AST, found: dict[str, Path]) -> list[str]:
+    """The names other than submodules and the version that `node` takes from the package's
+    root (`from infinity_cloud import Engine`): the root hands them out from the top layer."""
+    if not isinstance(node, ast.ImportFrom) or node.module != "infinity_cloud":
+        return []
+    return [a.name for a in node.names if a.name != "__version__" and f"infinity_cloud.{a.name}" not in found]
 
 
 def layer(module: str, ranks: dict[str, int]) -> str:
@@ -230,3 +241,11 @@ def test_the_rank_check_finds_an_upward_import() -> None:
 
 def test_the_circle_finder_finds_a_circle() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_name_taken_from_the_root_counts_as_importing_the_root() -> None:
+    """`from infinity_cloud import Engine` in a low module is an upward import, though Python
+    imports the root package before any module: the root hands out the top layer's names."""
+    found = modules()
+    taken = ast.parse("from infinity_cloud import Engine, __version__, errors\n").body[0]
+    assert root_names(taken, found) == ["Engine"]

@@ -117,7 +117,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int)
     ask = embed_ask(body)
     with in_own_terms(FIELD_NAMES, truncate_value="END"):
         result = await answer(request, "embed", body.model, len(ask.inputs),
-                              request.app.state.engine.embeddings(ask))
+                              request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(cohere_embed_body(result, body.texts or [], version))
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.engine_calls import answer
@@ -116,7 +117,7 @@ async def ranked(
     return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(
         query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate, modality=modality,
         max_tokens_per_doc=max_tokens_per_doc,
-    ))
+    ), (Capability.RERANK, Capability.MULTI_VECTOR))
 
 
 def envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 from starlette.responses import Response
 
+from infinity_cloud.capability import Capability
 from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.dialects.common import (
     RerankRequest,
@@ -59,7 +60,7 @@ async def classify(body: ClassifyRequest, request: Request) -> Response:
     inputs = body.inputs()
     result = await answer(request, "classify", body.model, len(inputs), request.app.state.engine.classify(
         inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
-    ))
+    ), (Capability.CLASSIFY,))
     return json_response(classify_body(result))
 
 

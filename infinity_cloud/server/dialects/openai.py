@@ -170,7 +170,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     ask = embed_ask(body, request)
     with in_own_terms(body.field_names()):
         result = await answer(request, "embeddings", body.model, len(ask.inputs),
-                              request.app.state.engine.embeddings(ask))
+                              request.app.state.engine.embeddings(ask), ask.accepts)
     return embeddings_response(result, body.encoding_format)
 
 

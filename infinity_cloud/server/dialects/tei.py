@@ -165,7 +165,7 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
                    truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
     result = await answer(request, "embed", body.model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask))
+                          request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)
 
 
@@ -175,7 +175,7 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
     engine, texts = request.app.state.engine, body.texts()
     result = await answer(request, "classify", body.model, len(texts), engine.classify(
         texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
-    ))
+    ), (Capability.CLASSIFY,))
     rows = label_rows(result)
     return json_response(rows[0] if isinstance(body.inputs, str) else rows)
 
@@ -206,7 +206,7 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
                               request.app.state.engine.similarity(
                                   body.inputs.source_sentence, sentences, body.model, truncate=body.truncate,
                                   prompt_name=body.prompt_name,
-                              ))
+                              ), (Capability.EMBED,))
     return json_response(result.scores.tolist())
 
 
@@ -216,7 +216,7 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
                    use="document", prompt_name=body.prompt_name)
     result = await answer(request, "embed_all", body.model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask))
+                          request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
 
@@ -226,7 +226,7 @@ async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Respons
     ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
                    prompt_name=body.prompt_name)
     result = await answer(request, "embed_sparse", body.model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask))
+                          request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
         for row in result.embeddings
