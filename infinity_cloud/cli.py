@@ -530,10 +530,10 @@ def bench(
     """Measure a model: throughput and p50/p95/p99 latency against clients and request size, the
     knee, memory; a table, a plot and a profile (JSON) that `plan` sizes deployments from."""
     import asyncio
-    import json
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from infinity_cloud.families.folder import ModelFolder
     from infinity_cloud.hardware import cpu_clock_ghz
     from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import bench as measuring
@@ -572,9 +572,8 @@ def bench(
     clock = cpu_clock_ghz()
     if url is None and clock:  # served here: the model's config and this CPU's clock are at hand
         try:
-            folder = resolve_model_dir(spec.models[0].model_id)
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-            measuring.add_bound(profile, config, clock)
+            folder = ModelFolder(resolve_model_dir(spec.models[0].model_id))
+            measuring.add_bound(profile, folder.config, clock)
         except (ValueError, OSError, InfinityCloudError) as exc:  # not a text encoder's config
             typer.echo(f"no share of the CPU's peak: {exc}", err=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -618,11 +617,11 @@ def plan(
 ) -> None:
     """Size a deployment: hardware, replicas, batch tokens, deadline, autoscaling threshold,
     expected p95 and monthly cost, each explained; from `bench` profiles, else an estimate."""
-    import json
 
     import yaml
 
     from infinity_cloud.config import build_spec
+    from infinity_cloud.families.folder import ModelFolder
     from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import plan as planning
     from infinity_cloud.sizing import report
@@ -647,9 +646,9 @@ def plan(
     if target not in targets:
         raise fail(f"--target is one of {', '.join(targets)}, not {target!r}")
     with reported_errors():
-        folder = resolve_model_dir(str(model_id))
+        folder = ModelFolder(resolve_model_dir(str(model_id)))
     try:
-        shape = Shape.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        shape = Shape.of(folder.config)
         measured = Profile.read(profile) if profile else None
         load = planning.Load(qps, tokens_per_request, texts_per_request, p95_ms)  # type: ignore[arg-type]
         best, every = planning.choose(str(target), shape, load, calibrations(), measured, scale_to_zero,

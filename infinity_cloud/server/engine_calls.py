@@ -87,14 +87,14 @@ async def answer(
     models do, which names the model of a failed call that named none)."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
-    label = _label(engine, model, serves)
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)
     except ClientDisconnected:
-        metrics.errors.labels(label, "client_disconnected").inc()
+        metrics.errors.labels(_label(engine, model, serves), "client_disconnected").inc()
         raise
-    except InfinityCloudError as exc:
+    except InfinityCloudError as exc:  # the model's name looked up for a failure only
+        label = _label(engine, model, serves)
         metrics.errors.labels(label, type(exc).__name__).inc()
         metrics.requests.labels(label, route, str(status_of(exc)[0])).inc()
         raise

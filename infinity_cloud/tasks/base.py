@@ -153,7 +153,7 @@ def check_inputs(inputs: Sequence[Any], modality: Tower, served: Served, limits:
 
 def fetched_inputs(inputs: Sequence[Any], modality: Tower, served: Served) -> Sequence[Any]:
     """The inputs the engine fetches: those of a tower whose encoder reads fetched media."""
-    return inputs if modality != "text" and served.loaded.encoders[modality].fetched else ()
+    return inputs if served.loaded.encoders[modality].fetched else ()
 
 
 def text_cost(texts: Sequence[str], limit: int) -> Cost:
