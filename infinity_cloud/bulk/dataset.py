@@ -181,9 +181,10 @@ class Dataset:
         try:
             yield
         except OSError as exc:
-            reason = exc.strerror or str(exc).splitlines()[0]
+            reason = (exc.strerror or str(exc).splitlines()[0]).rstrip(".")
+            shown = self.out + path.removeprefix(self.root)  # s3:// as the caller wrote it
             raise OutputError(
-                f"cannot write {path}: {reason}. The shards written are kept: fix that and run the same "
+                f"cannot write {shown}: {reason}. The shards written are kept: fix that and run the same "
                 "command to resume"
             ) from None
 

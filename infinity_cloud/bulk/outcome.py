@@ -44,7 +44,10 @@ def _cause(meter: Meter, job: EmbedJob, out: str, of: int) -> str:
     if meter.rows and meter.missing == meter.rows:
         return f"no row has the field {job.text_field!r}; fields seen: {', '.join(sorted(meter.fields))}"
     first = meter.first_error
-    example = f"; the first: row {first['row']}: {first['error']}" if first else ""
+    example = ""
+    if first:  # a reason from the engine names the row already
+        row, error = first["row"], str(first["error"])
+        example = f"; the first: {error if error.startswith(f'row {row} ') else f'row {row}: {error}'}"
     done = meter.before + meter.rows
     if done == meter.bad:
         return f"no row was embedded: all {done:,} were bad (see {out}/errors/{example})"
