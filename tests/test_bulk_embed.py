@@ -212,7 +212,7 @@ def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, 
         9,
         10,
     ]
-    assert [e["error"] for e in errors if e["row"] == 11] == [f"{source} row 12 is a blank line"]
+    assert [e["error"] for e in errors if e["row"] == 11] == [f"{source} line 12 is a blank line"]
     table = read(tmp_path / "out")
     embedded = [r["id"] for r in good[:5]] + ["spaces"] + [r["id"] for r in good[5:]]
     assert table["id"].to_pylist() == embedded  # every good row, once, in order
@@ -673,3 +673,34 @@ def test_workers_loading_the_model_is_a_step_not_a_bar_at_zero(tmp_path: Path, c
     said = [r.getMessage() for r in caplog.records]
     assert any("starting the workers" in line and "done in" in line for line in said), said
     assert planned.meter.rows == 20
+
+
+def test_a_changed_input_re_embeds_only_its_changed_shards_on_every_runner(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """One text edited in the middle of a finished job's input: the drivers of Ray, Modal and
+    SageMaker (`plan_job`) plan that shard alone again (its file is gone until it is), and
+    the local runner embeds that one alone."""
+    import asyncio
+
+    from conftest import spec_of
+
+    from infinity_cloud.bulk.job import EmbedJob
+    from infinity_cloud.bulk.local_runner import run_local
+    from infinity_cloud.bulk.workers import plan_job
+    from infinity_cloud.config import ModelSpec
+
+    records = corpus(60, seed=15)
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))
+    job = EmbedJob((str(source),), str(tmp_path / "out"), shard_rows=10)
+    asyncio.run(run_local(spec, job))
+    records[25]["text"] = "an edited text"
+    write_jsonl(source, records)
+    planned = plan_job(spec, job)
+    assert [p.shard for p in planned.todo] == [2] and planned.done == {0, 1, 3, 4, 5}
+    assert not (tmp_path / "out" / "part-000002.parquet").exists()
+    summary = asyncio.run(run_local(spec, job))
+    assert summary["rows"] == 10 and summary["shards_skipped"] == 5
+    table = read(tmp_path / "out")
+    assert table["id"].to_pylist() == [r["id"] for r in records]

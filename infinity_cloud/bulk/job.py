@@ -72,12 +72,10 @@ def shards(rows: Iterable[Row], size: int, skip: set[int] = frozenset()) -> Iter
 
 def rows_digest(rows: Iterable[Row]) -> str:
     """What a shard was made from (each row's place, id, text or problem, and kept fields), as
-    a digest: a resume compares it with the rows now at the shard's place (`Dataset.drop_changed`)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for r in rows:
-        digest.update(json.dumps([r.number, r.id, r.text, r.problem, r.kept], default=str).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+    a digest: a resume compares it with the rows now at the shard's place (`Dataset.drop_changed`).
+    One JSON text for the shard: a few microseconds a row, beside the hundreds its embedding takes."""
+    made_of = json.dumps([(r.number, r.id, r.text, r.problem, r.kept) for r in rows], default=str)
+    return hashlib.blake2b(made_of.encode(), digest_size=16).hexdigest()
 
 
 @dataclass

@@ -208,7 +208,7 @@ def _records(
             row += 1
             if row <= skip:
                 continue
-            yield _parse(kind, line, f"{uri} row {row}", text_field)
+            yield _parse(kind, line, f"{uri} line {row}", text_field)
 
 
 def _parse(kind: str, line: str, where: str, text_field: str) -> tuple[dict[str, Any], str | None]:
