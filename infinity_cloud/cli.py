@@ -712,6 +712,9 @@ def embed(
         "--shard-rows", min=1, help="Rows per output file (each written whole).")] = 1000,
     max_errors: Annotated[int | None, typer.Option(
         "--max-errors", min=0, help="Stop once more rows than this were bad (default: never).")] = None,
+    max_error_rate: Annotated[float, typer.Option(
+        "--max-error-rate", min=0.0, max=1.0, help="Fail where a larger share of the rows was bad, "
+        "stopping as soon as the input's size shows it will be; a job that embeds no row fails too.")] = 0.01,
     prompt_name: Annotated[str | None, typer.Option(
         "--prompt-name", help="One of the model's named prompts (query, passage, ...) before each text.",
     )] = None,
@@ -738,6 +741,7 @@ def embed(
         job = EmbedJob(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
+            max_error_rate,
         )
         names = registry.target_names()
         detaching = [n for n in names if registry.target_class(n).detaches_jobs]
@@ -747,9 +751,9 @@ def embed(
         if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray
 
-            summary = run_ray(spec, job, actors)
+            summary = _resumable(lambda: run_ray(spec, job, actors))
         elif runner == "local":
-            summary = asyncio.run(run_local(spec, job))
+            summary = _resumable(lambda: asyncio.run(run_local(spec, job)))
         else:
             from infinity_cloud.targets.base import JobOptions
 
@@ -760,8 +764,18 @@ def embed(
                            f"{', '.join(jobs)}")
             options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret,
                                  detach)
-            summary = target().embed_job(spec, job, options)
+            summary = _resumable(lambda: target().embed_job(spec, job, options))
     typer.echo(json.dumps(summary, indent=1))
+
+
+def _resumable(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A bulk job stopped with Ctrl-C says how to go on, not a traceback (exit 130)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        typer.secho("stopped: the shards written are kept; run the same command to resume", err=True,
+                    fg=typer.colors.YELLOW)
+        raise typer.Exit(130) from None
 
 
 def _infinity_v2(**given: Any) -> None:
