@@ -287,3 +287,37 @@ def test_the_hub_clients_lines_are_logged_once() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.stderr.count("retrying, say") == 1, run.stderr
+
+
+def test_serve_says_where_its_docs_models_and_a_first_call_are(tiny_embedder, tiny_reranker, tmp_path):
+    """Once it listens, serve prints the URLs of /docs and /models and a curl per model that works
+    as printed: the URL prefix and port in it, a placeholder for the key (never the key)."""
+    import os
+    import re as regex
+
+    key = "sk-do-not-print-me"
+    keys = tmp_path / "keys.txt"
+    keys.write_text(key + "\n")
+    log = tmp_path / "serve.log"
+    with server_process("--model-id", str(tiny_embedder), "--served-model-name", "embedder",
+                        "--model-id", str(tiny_reranker), "--served-model-name", "reranker",
+                        "--backend", "torch", "--url-prefix", "/api", "--api-key-file", str(keys),
+                        log_path=log, health="/api/health") as url:
+        said = log.read_text()
+        assert key not in said
+        assert f"ready: {url}/api" in said, said
+        assert f"API docs: {url}/api/docs" in said and f"models:   {url}/api/models" in said, said
+        assert httpx.get(f"{url}/api/docs", timeout=30).status_code == 200
+        assert httpx.get(f"{url}/api/models", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).status_code == 200
+        curls = regex.findall(r"^curl .*\\\n  -d '.*'$", said, flags=regex.MULTILINE)
+        assert len(curls) == 2 and all("$INFINITY_CLOUD_ENDPOINT_KEY" in c for c in curls), said
+        answers = {}
+        for curl in curls:
+            client_env = {**os.environ, "INFINITY_CLOUD_ENDPOINT_KEY": key}
+            done = subprocess.run(["bash", "-c", curl + " --fail-with-body --silent"], capture_output=True,
+                                  text=True, timeout=120, env=client_env)
+            assert done.returncode == 0, (curl, done.stdout, done.stderr)
+            answers[curl.split()[1]] = json.loads(done.stdout)
+    assert len(answers[f"{url}/api/embeddings"]["data"][0]["embedding"]) > 0
+    assert len(answers[f"{url}/api/rerank"]["results"]) == 2
