@@ -792,6 +792,8 @@ def _infinity_v2(**given: Any) -> None:
         typer.secho(f"as infinity-cloud: {translation.command}", fg=typer.colors.CYAN, err=True)
         for note in translation.notes:
             typer.secho(f"  {note}", fg=typer.colors.YELLOW, err=True)
+        for warning in translation.warnings:
+            typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, bold=True, err=True)
         spec = load_spec(None, **translation.options)
         if translation.preload_only:
             for model in spec.models:

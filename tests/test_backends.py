@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino
 from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.models import backend_choice
 from infinity_cloud.numerics import fidelity
 
@@ -452,12 +454,12 @@ async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path
         kind, message = out[f"{backend}-error"]
         assert kind == "BackendUnavailableError", message
         # The converter's extra, after torch's CPU build (PyPI's Linux torch is CUDA's).
-        assert onnx_export.EXPORT_INSTALL in message and "onnx/model.onnx" in message, message
+        assert onnx_export.export_install() in message and "onnx/model.onnx" in message, message
         assert ("openvino/openvino_model.xml" in message) == (backend == "openvino"), message
         assert str(uncached) in message
     kind, message = out["auto-error"]  # every installed backend said the same
     assert kind == "BackendUnavailableError", message
-    assert "infinity-cloud[export]" in message and "whl/cpu" in message, message
+    assert onnx_export.export_install() in message and "whl/cpu" in message, message
     assert not (uncached / ".infinity-cloud").exists() or not any((uncached / ".infinity-cloud").iterdir())
 
 
@@ -556,7 +558,7 @@ async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
 
     loads = counting(monkeypatch, graphs, "load_model")
     monkeypatch.setitem(sys.modules, "onnx", None)
-    fix = r"onnx is not installed\): pip install torch .*whl/cpu && pip install 'infinity-cloud\[export\]'"
+    fix = r"onnx is not installed\): pip install torch .*whl/cpu && " + re.escape(install_command("export"))
     with pytest.raises(BackendUnavailableError, match=fix):
         await run(models["bert"], backend="openvino", dtype="float32")
     assert loads == []

@@ -22,6 +22,7 @@ from infinity_cloud.cli import app
 from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.targets import preflight
 
 
@@ -39,8 +40,7 @@ def test_an_image_model_without_pillow_is_refused_before_loading(
     with pytest.raises(ConfigError) as caught:
         preflight.check(spec, port=False)
     assert caught.value.message.splitlines()[1:] == [
-        "  - model clip reads images, which needs Pillow (PIL is missing): "
-        "pip install 'infinity-cloud[vision]'"
+        "  - model clip reads images, which needs Pillow (PIL is missing): " + install_command("vision")
     ]
     monkeypatch.undo()
     preflight.check(spec, port=False)  # with Pillow: nothing to say

@@ -21,6 +21,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import usable_cores
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 MODEL_FILE = "model.bin"
@@ -161,7 +162,7 @@ def _convert(info: ModelInfo, out: Path, trust_remote_code: bool) -> dict[str, A
     except ImportError as exc:
         raise BackendUnavailableError(
             f"backend 'ctranslate2' needs a one-time conversion of {info.path}, which needs torch and "
-            f"transformers (pip install 'infinity-cloud[torch]') ({exc.name or exc} is not installed)"
+            f"transformers ({install_command('torch')}) ({exc.name or exc} is not installed)"
         ) from exc
 
     class _Converter(TransformersConverter):

@@ -27,6 +27,7 @@ from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 COMPILE_ENV = "INFINITY_CLOUD_NEURON_COMPILE"
@@ -84,7 +85,7 @@ class NeuronBackend(Backend):
         except ImportError as exc:
             raise BackendUnavailableError(
                 "the neuron backend needs optimum-neuron and the Neuron SDK (a Neuron deep learning "
-                "container has them; else pip install 'infinity-cloud[neuron]' --extra-index-url "
+                f"container has them; else {install_command('neuron')} --extra-index-url "
                 f"https://pip.repos.neuron.amazonaws.com): {exc}"
             ) from exc
         if self.graph == "token_states":

@@ -14,18 +14,20 @@ from typing import Any
 
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.install_hint import install_command
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 # sentence-transformers' OpenVINO export (`export_static_quantized_openvino_model` and
 # friends write variants beside it, which are not this float model).
 OWN_OPENVINO_FILES = ("openvino_model.xml", "openvino/openvino_model.xml")
 OWN_EXPORT_FILES = {"onnx": OWN_ONNX_FILES, "openvino": OWN_ONNX_FILES + OWN_OPENVINO_FILES}
-# The conversion's packages, with torch's CPU build first: PyPI's torch for Linux is the CUDA
-# one (2.8 GB of NVIDIA libraries a CPU never uses).
-EXPORT_INSTALL = (
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
-    "pip install 'infinity-cloud[export]'"
-)
+def export_install() -> str:
+    """The conversion's packages, with torch's CPU build first: PyPI's torch for Linux is the
+    CUDA one (2.8 GB of NVIDIA libraries a CPU never uses)."""
+    torch_cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    return f"{torch_cpu} && {install_command('export')}"
+
+
 EXPORT_FILE = "model.onnx"
 _OPSET = 17
 # What torch.onnx needs to write an ONNX file: without `onnx` it fails after the weights load.
@@ -89,7 +91,7 @@ def export_onnx(
         # Checked before loading any weights, so a missing package costs nothing at each start.
         raise BackendUnavailableError(
             f"backend {backend!r} needs a one-time ONNX export of {info.path}, which needs torch, "
-            f"transformers and onnx ({missing} is not installed): {EXPORT_INSTALL}; or give a model "
+            f"transformers and onnx ({missing} is not installed): {export_install()}; or give a model "
             f"whose folder holds its own export ({' or '.join(OWN_EXPORT_FILES[backend])})"
         )
     import torch

@@ -28,6 +28,7 @@ from infinity_cloud.bulk.workers import (
 )
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.install_hint import install_command
 
 
 class ShardEmbedder:
@@ -48,7 +49,7 @@ def run_ray(spec: DeploymentSpec, job: EmbedJob, actors: int | None = None) -> d
     try:
         import ray
     except ImportError:
-        raise ConfigError("--runner ray needs Ray: pip install 'infinity-cloud[ray]'") from None
+        raise ConfigError(f"--runner ray needs Ray: {install_command('ray')}") from None
 
     address = os.environ.get("RAY_ADDRESS")
     ray.init(address=address or None, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)

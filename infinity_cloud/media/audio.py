@@ -19,6 +19,7 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.media import MediaEncoder
 from infinity_cloud.numerics.inputs import ModelInputs
 
@@ -86,7 +87,7 @@ class AudioEncoder(MediaEncoder):
         except ImportError as exc:
             raise ModelLoadError(
                 f"serving an audio model needs soundfile and soxr ({exc.name} is missing): "
-                "pip install 'infinity-cloud[audio]'"
+                f"{install_command('audio')}"
             ) from exc
         self._soundfile, self._soxr = soundfile, soxr
         truncation, padding = config.get("truncation", "rand_trunc"), config.get("padding", "repeatpad")

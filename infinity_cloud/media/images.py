@@ -16,6 +16,7 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.media import MediaEncoder
 from infinity_cloud.numerics.inputs import ModelInputs
 
@@ -57,7 +58,7 @@ def _pil() -> Any:
         from PIL import Image
     except ImportError as exc:
         raise ModelLoadError(
-            "serving an image model needs Pillow: pip install 'infinity-cloud[vision]'"
+            f"serving an image model needs Pillow: {install_command('vision')}"
         ) from exc
     return Image
 
