@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,15 +114,16 @@ def test_memory_left_behind_is_given_back_before_a_request_is_refused() -> None:
         trims.append(resident["now"])
         resident["now"] -= resident["freed"]
 
-    budget = MemoryBudget(100 * MB, resident=lambda: resident["now"], trim=trim)
+    now = {"t": 0.0}
+    budget = MemoryBudget(100 * MB, resident=lambda: resident["now"], trim=trim, clock=lambda: now["t"])
     resident.update(now=90 * MB, freed=40 * MB)  # 40 MB of it freed, not yet given back
     with budget.reserved(30 * MB):
         assert trims == [90 * MB]
     resident.update(now=90 * MB, freed=0)  # a leak
-    time.sleep(1.1)  # the last trim is a second old: the next one is due
+    now["t"] += 1.1  # the last trim is a second old: the next one is due
     refused = _refusal(budget, 30 * MB)
     assert isinstance(refused, MemoryExhaustedError) and refused.retry_after_s >= 1
-    assert "holds 90 MB with no request in progress (50 MB when its models loaded)" in str(refused)
+    assert "holds 90 MB with no other request in progress (50 MB when its models loaded)" in str(refused)
     too_large = _refusal(budget, 60 * MB)
     assert isinstance(too_large, PayloadTooLargeError), too_large
     assert "50 MB of its 100 MB memory budget free when idle" in str(too_large)

@@ -287,15 +287,16 @@ class MemoryBudget:
                 self._note_fit(taken + self._aside + MINIMAL_REQUEST_BYTES <= limit)
                 leftover = others == 0 and self._resident() > self._idle_resident + hold.bytes
                 if last_try or not leftover or not self._trim_due():
-                    refusal = self._refusal(hold.bytes + more, others)
+                    refusal = self._refusal(hold, more, others)
                     break
             self._trim_now()
         self._start_trimmer(wake=True)
         raise refusal
 
-    def _refusal(self, whole: int, others: int) -> Exception:
-        """Why `whole` bytes do not fit, while others hold `others`: 413, 429 or 503."""
+    def _refusal(self, hold: _Hold, more: int, others: int) -> Exception:
+        """Why `more` bytes for `hold` do not fit, while others hold `others`: 413, 429 or 503."""
         assert self.limit_bytes is not None
+        whole = hold.bytes + more
         limit, need = self.limit_bytes, math.ceil(whole / MB)
         free_when_idle = max(0, limit - self._loaded_resident - self._aside)
         if whole > free_when_idle:  # it would not fit an idle server either
@@ -304,7 +305,7 @@ class MemoryBudget:
                 f"its {limit // MB} MB memory budget free when idle; send fewer or shorter inputs"
             )
         if others:
-            wait = self._wait_for(whole)
+            wait = self._wait_for(hold, more)
             error: Exception = QueueFullError(
                 f"the server's memory budget ({limit // MB} MB) is taken by requests in progress "
                 f"({others // MB} MB held); this request needs about {need} MB: retry after {wait} s"
@@ -312,7 +313,7 @@ class MemoryBudget:
         else:
             wait = max(1, math.ceil(self._trim_every_s))
             error = MemoryExhaustedError(
-                f"the server holds {self._resident() // MB} MB with no request in progress "
+                f"the server holds {self._resident() // MB} MB with no other request in progress "
                 f"({self._loaded_resident // MB} MB when its models loaded), which leaves less than "
                 f"this request's {need} MB of its {limit // MB} MB memory budget; retry after {wait} s "
                 "(it is not ready while this lasts)"
@@ -320,14 +321,15 @@ class MemoryBudget:
         error.retry_after_s = wait  # type: ignore[attr-defined]
         return error
 
-    def _wait_for(self, whole: int) -> int:
-        """Seconds until enough of the held memory is expected back for `whole` bytes: the
-        admitted requests end, oldest first, after holding memory as long as requests have
-        lately; at least 1 s."""
+    def _wait_for(self, own: _Hold, more: int) -> int:
+        """Seconds until enough of the memory others hold is expected back for `more` bytes
+        for `own`: the admitted requests end, oldest first, after holding memory as long as
+        requests have lately; at least 1 s."""
         assert self.limit_bytes is not None
         now = self._clock()
-        short = self._taken() + self._aside + whole - self.limit_bytes
-        ends = sorted((max(now, hold.started + self._hold_s), hold.bytes) for hold in self._holds)
+        short = self._taken() + self._aside + more - self.limit_bytes
+        others = (hold for hold in self._holds if hold is not own)
+        ends = sorted((max(now, hold.started + self._hold_s), hold.bytes) for hold in others)
         wait = ends[-1][0] - now if ends else 0.0
         for end, released in ends:
             short -= released
