@@ -68,7 +68,7 @@ from infinity_cloud.results import (
     Token,
 )
 from infinity_cloud.tasks import quantization
-from infinity_cloud.tasks.base import Call, Result, Task
+from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, listed_tokens_cost
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompt_for_use, prompted
 from infinity_cloud.tasks.multi_vector import ROLE_FOR_USE, MultiVectorCall, Role, require_multi_vector
@@ -89,6 +89,9 @@ T = TypeVar("T")
 # What a hot load is refused at first sight for: its weights times this (86 MB of MiniLM took
 # 250 MB to load with its exports and compilations, measured); its real cost is measured after.
 LOAD_COST_PER_WEIGHT_BYTE = 3
+# How long a server whose models set no deadline may fail to admit a minimal request by memory
+# before /health says it is not ready: the models' default deadline.
+DEFAULT_MEMORY_DEADLINE_S = 10.0
 # The least room for requests a hot load must leave in the memory budget.
 MIN_REQUEST_ROOM = 64 * 2**20
 
@@ -364,13 +367,22 @@ class Engine:
         start: their every answer needs the ranges). A model loaded while serving counts once
         it is ready: its loading, failing or draining is the admin API's to report. A server
         with no model ready (the only one unloaded, or its replacement still loading) is not
-        healthy: it would answer every call 404."""
+        healthy: it would answer every call 404. Nor is one whose memory budget has not admitted
+        a minimal request for longer than its deadline (`admits_minimal`)."""
         calibrated = quantization.CALIBRATED_TYPES
         models = list(self.models.values())
         return any(m.state == "ready" for m in models) and all(
             m.healthy and (m.spec.embedding_dtype not in calibrated or self._int8_ranges[m.name].ready)
             for m in models if not (m.hot and m.state != "ready")
-        )
+        ) and self.admits_minimal
+
+    @property
+    def admits_minimal(self) -> bool:
+        """Whether the memory budget admits a minimal request, or stopped doing so less than the
+        models' longest deadline ago (a wait for other requests' memory is part of a deadline;
+        past it, the process holds what it should not: an orchestrator should act)."""
+        deadlines = [m.spec.deadline_s for m in self.models.values() if m.spec.deadline_s is not None]
+        return self.memory.admits_minimal(max(deadlines, default=DEFAULT_MEMORY_DEADLINE_S))
 
     def facts(self) -> list[ModelFacts]:
         """What each loaded model is (`ServedModel.facts`), in the spec's order."""
@@ -474,18 +486,19 @@ class Engine:
         # fetching and tokenizing count as waiting.
         queue, cost = served.queue(tower), task.cost(call, served)
         check_answer_size(cost.answer_bytes, self.limits)
-        with self.memory.reserved(cost.memory):  # held until the answer is made
+        # Held until the answer is made; one hold for the request, so a refusal judges all of it.
+        with self.memory.growing() as hold:
+            hold(cost.memory)
             key = request_key(task, call, served.name) if queue.contended and not background else None
             predicted = queue.admit(cost.tokens, key, cost.inputs, background)
             try:
                 uris = task.media(call, served)
-                if uris:
-                    with self.memory.growing() as hold:  # the fetched bytes, held till decoded
-                        fetched = await self.media.fetch_all(uris, hold)
-                        items = await self.decoder.prepare_all(
-                            served.loaded.encoders[tower], fetched, served.spec.deadline_s,
-                            served.spec.request_limit_s,
-                        )
+                if uris:  # the fetched bytes join the hold as they arrive (counted once: not in `cost`)
+                    fetched = await self.media.fetch_all(uris, hold)
+                    items = await self.decoder.prepare_all(
+                        served.loaded.encoders[tower], fetched, served.spec.deadline_s,
+                        served.spec.request_limit_s,
+                    )
                 else:
                     items = await self._tokenize(task.encode, call, served, self.limits)
             finally:
@@ -742,13 +755,18 @@ class Engine:
         served = self.model(model, *Capability)  # any model tokenizes: the default, else the first
         check_texts(texts, self.limits)
         texts = prompted(served, texts, prompt_name)
-        return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
+        # Its answer is the largest per character of any route's (a dict a token): admitted by
+        # the memory budget as every route's work is.
+        with self.memory.reserved(listed_tokens_cost(texts).memory):
+            return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
 
     def decode(
         self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
     ) -> list[str]:
-        """Token ids of the model's own vocabulary back to text."""
-        return self.model(model, *Capability).loaded.tokenizer.decode(ids, skip_special_tokens)
+        """Token ids of the model's own vocabulary back to text (admitted by the memory budget)."""
+        tokenizer = self.model(model, *Capability).loaded.tokenizer
+        with self.memory.reserved(decoded_ids_cost(ids).memory):
+            return tokenizer.decode(ids, skip_special_tokens)
 
 
 __all__ = ["Engine"]

@@ -93,6 +93,7 @@ _TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
     errors.ModelConflictError: (409, "model_conflict"),
     errors.PayloadTooLargeError: (413, "payload_too_large"),
     errors.QueueFullError: (429, "rate_limit_exceeded"),
+    errors.MemoryExhaustedError: (503, "memory_exhausted"),
     errors.ModelNotReadyError: (503, "model_not_ready"),
     errors.DeviceMemoryError: (503, "device_out_of_memory"),
     errors.BatchFailedError: (500, "inference_error"),
