@@ -86,7 +86,9 @@ def fresh_copy(source: Path, target: Path) -> Path:
 
 async def run(path: Path, **spec: Any) -> tuple[np.ndarray, dict[str, Any]]:
     """The model's outputs on the fixed texts (embeddings, raw rerank scores or raw class
-    logits in label order) and its describe() facts."""
+    logits in label order) and its describe() facts. This module's models keep their exports
+    beside them (`export_into_folder`), where its tests look, unless a test says otherwise."""
+    spec.setdefault("export_into_folder", True)
     async with Engine(ModelSpec(model_id=str(path), **spec)) as engine:
         facts = engine.describe()[0]
         capability = facts["capabilities"][0]
@@ -164,7 +166,8 @@ def exported(cache: Path, kind: str) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them."""
+    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them
+    (`run`); the user cache a test's subprocess falls back to is the module's own, not ~/.cache."""
     root = tmp_path_factory.mktemp("backend-models")
     paths = {
         name: build_cross_encoder(root / name, **opts) if kind == "cross_encoder"
@@ -173,6 +176,7 @@ def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory:
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(exports.CACHE_ENV, raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(root / "user-cache"))
         yield {**paths, "minilm": fresh_copy(minilm_dir, root / "minilm")}
 
 
@@ -275,13 +279,38 @@ async def test_exports_are_cached_per_option_and_honour_the_cache_variable(
     assert len(conversions) == 1 and len(exported(cache, "openvino")) == 1
 
 
-async def test_without_the_cache_variable_exports_go_next_to_the_model(
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its relative path, with its content."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+async def test_without_the_cache_variable_exports_go_to_the_user_cache_not_the_model_folder(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Serving a model folder once grew it five times over (MiniLM: 92 MB, then 454 MB with its
+    ONNX, IR and compiled blobs): by default its exports go to the user cache, keyed by its digest."""
+    monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+    before = folder_files(model)
+    await run(model, backend=backend, dtype="float32", export_into_folder=False)
+    assert folder_files(model) == before  # not a byte written into the user's folder
+    user = tmp_path / "user" / "infinity-cloud" / "exports"
+    assert exports.verify(exported(user, "onnxruntime" if backend == "onnx" else "openvino")[0])
+    if backend == "openvino":  # its compiled blobs too
+        assert list(user.glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob"))
+
+
+async def test_export_into_folder_puts_the_exports_next_to_the_model(
     models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
     model = fresh_copy(models["bert"], tmp_path / "bert")
     onnx_exports = counting(monkeypatch, onnx_export, "export_onnx")
-    await run(model, backend="onnx", dtype="float32")
+    await run(model, backend="onnx", dtype="float32", export_into_folder=True)
+    assert not (tmp_path / "user").exists()
     assert len(onnx_exports) == 1
     assert len(exported(model / ".infinity-cloud", "onnx")) == 1
     assert exports.verify(exported(model / ".infinity-cloud", "onnxruntime")[0])

@@ -58,7 +58,7 @@ class CTranslate2Backend(Backend):
             return exports.cached_export(
                 info.path, "ctranslate2", options,
                 lambda out: _convert(info, out, spec.trust_remote_code),
-                f"converting {info.path.name} to CTranslate2",
+                f"converting {info.path.name} to CTranslate2", beside=spec.export_into_folder,
             )
 
         def load(folder: Path) -> ctranslate2.Encoder:

@@ -119,6 +119,7 @@ class OpenVinoBackend(Backend):
                 info.path, "openvino", {"source": label, "openvino": ov.__version__},
                 lambda out: ov.save_model(convert(), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR", intermediate=self.dtype == "int8",
+                beside=spec.export_into_folder,
             )
             return folder if self.dtype != "int8" else self._int8(folder, calibration)
 
@@ -164,7 +165,8 @@ class OpenVinoBackend(Backend):
         own = own_export(info, OWN_OPENVINO_FILES, self.graph)
         if own is not None:
             return own.relative_to(info.path).as_posix(), lambda: self.core.read_model(str(own))
-        source = OnnxSource(info, self.graph, self.spec.trust_remote_code, self.name)
+        spec = self.spec
+        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name, spec.export_into_folder)
         return source.label, lambda: ov.convert_model(str(source.path()))
 
     @classmethod
@@ -210,6 +212,7 @@ class OpenVinoBackend(Backend):
             # bfloat16 serves on one without); the load's fidelity verdict is keyed by the CPU's.
             {"source": floats.name, "openvino": ov.__version__, "int8": openvino_int8.SCHEME, "floor": floor},
             build, f"quantising {self.info.path.name} to int8 (calibrated on built-in texts)",
+            beside=self.spec.export_into_folder,
         )
 
     def _fast_bf16(self) -> bool:
