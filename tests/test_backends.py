@@ -330,6 +330,31 @@ async def test_export_into_folder_puts_the_exports_next_to_the_model(
     assert len(onnx_exports) == 2
 
 
+async def test_openvino_keeps_the_blobs_of_the_configurations_it_compiled_last(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blob folder per configuration any start compiled grew mpnet's cache to 2.1 GB: two
+    starts in other configurations leave only the second's two (its streams' and its lone
+    batches'), and the load says where its export is and how large."""
+    monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "cache"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+
+    def blob_configs() -> set[str]:
+        blobs = (tmp_path / "cache").glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob")
+        return {b.parent.name for b in blobs}
+
+    # Another shape cache is another configuration (as another precision or thread count is).
+    await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 128})
+    first = blob_configs()
+    assert len(first) == 2  # THROUGHPUT and LATENCY
+    with caplog.at_level(logging.INFO, logger="infinity_cloud"):
+        await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 64})
+    second = blob_configs()
+    assert len(second) == 2 and second.isdisjoint(first)
+    (export,) = exported(tmp_path / "cache", "openvino")
+    assert f"its export {export} (" in caplog.text and "of which compiled blobs" in caplog.text
+
+
 # -- 3. corrupted exports are rebuilt -------------------------------------------------------
 
 

@@ -62,6 +62,7 @@ class CTranslate2Backend(Backend):
             )
 
         def load(folder: Path) -> ctranslate2.Encoder:
+            self.export_folder = folder
             return ctranslate2.Encoder(
                 str(folder), device=self.device.partition(":")[0], device_index=index,
                 compute_type=self.compute_type, intra_threads=threads,

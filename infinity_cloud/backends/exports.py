@@ -322,6 +322,16 @@ def prune(root: Path) -> list[Path]:
     return dropped
 
 
+def size_note(export: Path) -> str:
+    """An export's place and size on disk, and its compiled blobs' share, for the load's log line."""
+    def size(folder: Path) -> int:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+    compiled = export / MACHINE_CACHE
+    blobs = f", of which compiled blobs {size(compiled) / 1e6:,.0f} MB" if compiled.is_dir() else ""
+    return f"{export} ({size(export) / 1e6:,.0f} MB{blobs})"
+
+
 def remove(folder: Path) -> None:
     """Drop an export, e.g. one that verified but that its runtime could not load."""
     shutil.rmtree(folder, ignore_errors=True)

@@ -65,7 +65,7 @@ class OnnxBackend(Backend):
             )
 
         def session(folder: Path) -> ort.InferenceSession:
-            self.export_name = folder.name
+            self.export_name, self.export_folder = folder.name, folder
             return self._session(folder / OPTIMIZED_FILE)
 
         self.session = exports.load_cached(optimized, session)
