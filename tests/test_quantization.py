@@ -165,3 +165,22 @@ def test_serve_with_an_int8_embedding_dtype_calibrates_before_it_is_healthy(tiny
             "texts": ["hello"], "input_type": "search_query", "embedding_types": ["int8", "uint8", "binary"]})
     assert first.status_code == 200, first.text
     assert cohere.status_code == 200, cohere.text
+
+
+async def test_at_float32_the_quantised_outputs_are_sentence_transformers_own(tiny_embedder: Path) -> None:
+    """What docs/backends.md says `--dtype float32` gives: int8, uint8, binary and ubinary are
+    the bytes sentence-transformers' `quantize_embeddings` makes of its own embeddings, with
+    the same ranges (at bfloat16 they are not: up to 2 steps, a few bits)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    texts = ["hello world", "a somewhat longer text about the weather", "x", "quantised outputs, exactly"]
+    spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32", served_model_name="q")
+    async with Engine(spec) as engine:
+        bounds = await engine.calibration("q")
+        got = {kind: (await engine.embed(texts, output_dtype=kind)).embeddings
+               for kind in ("int8", "uint8", "binary", "ubinary")}
+    own = SentenceTransformer(str(tiny_embedder), device="cpu").encode(texts)
+    for kind, vectors in got.items():
+        want = quantize_embeddings(own, kind, ranges=bounds)
+        assert vectors.dtype == want.dtype and np.array_equal(vectors, want), kind
