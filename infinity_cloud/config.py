@@ -129,6 +129,12 @@ class ModelSpec(_Frozen):
         "calibrated offline on standard-library docstrings, in 256 steps), binary or ubinary "
         "(sign bits, packed).",
     )
+    export_into_folder: bool = Field(
+        False,
+        description="Write the backend's exports (ONNX, OpenVINO IR and compiled blobs) into the model's "
+        "own folder (<model>/.infinity-cloud), so a copy of the folder carries them, instead of the "
+        "export cache ($INFINITY_CLOUD_CACHE, else the user cache); images are baked so.",
+    )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Settings only one backend reads."
     )

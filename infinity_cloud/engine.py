@@ -249,13 +249,14 @@ class Engine:
         self._serve(model)
         self._unloaded.difference_update(spec.names)
 
-        def load() -> None:
+        async def load() -> None:
             try:
-                self._load_one(model)
+                await asyncio.to_thread(self._load_one, model)
+                await self._calibrate_loaded([model])  # part of its load, as at start
             except Exception as exc:  # its state says why; the server serves on
                 log.error("loading model %s failed: %s", model.name, exc)
 
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(load))
+        task = asyncio.get_running_loop().create_task(load())
         self._loading.add(task)
         task.add_done_callback(self._loading.discard)
         return model
@@ -322,6 +323,8 @@ class Engine:
         engine = cls(spec)
         try:
             engine.load()
+            # Its own loop, run before the server's: what it leaves (done futures) is not reused.
+            asyncio.run(engine._calibrate_loaded(list(engine.models.values())))
         except BaseException:
             engine.close()
             raise
@@ -337,10 +340,22 @@ class Engine:
     async def start(self) -> Engine:
         self.cache.start()
         await asyncio.to_thread(self.load)
-        for model in self.models.values():  # calibrated now, not in a caller's first request
-            if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES:
-                await self.calibration(model.name)
+        await self._calibrate_loaded(list(self.models.values()))
         return self
+
+    async def _calibrate_loaded(self, models: list[ServedModel]) -> None:
+        """The int8/uint8 ranges of each of `models` served as int8/uint8 (its every answer
+        needs them), made as part of its load, not in a caller's first request: the server is
+        not healthy till they are (`healthy`). Every way a model loads ends here: `start`,
+        `loaded` (serve, the containers) and a hot load."""
+        for model in models:
+            if model.state == "ready" and self._needs_ranges(model):
+                await self.calibration(model.name)
+
+    def _needs_ranges(self, model: ServedModel) -> bool:
+        """Served as int8/uint8, without its ranges yet."""
+        ranges = self._int8_ranges.get(model.name)
+        return model.spec.embedding_dtype in quantization.CALIBRATED_TYPES and not (ranges and ranges.ready)
 
     async def stop(self) -> None:
         if self._loading:  # a model still loading finishes, then stops with the rest
@@ -363,17 +378,16 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        """Every model loaded and working, and those served as int8/uint8 calibrated (at
-        start: their every answer needs the ranges). A model loaded while serving counts once
-        it is ready: its loading, failing or draining is the admin API's to report. A server
-        with no model ready (the only one unloaded, or its replacement still loading) is not
-        healthy: it would answer every call 404. Nor is one whose memory budget has not admitted
-        a minimal request for longer than its deadline (`admits_minimal`)."""
-        calibrated = quantization.CALIBRATED_TYPES
+        """Every model loaded and working, and those served as int8/uint8 calibrated (part of
+        their load: their every answer needs the ranges). A model loaded while serving counts
+        once it is ready and calibrated: its loading, failing or draining is the admin API's to
+        report. A server with no model ready (the only one unloaded, or its replacement still
+        loading) is not healthy: it would answer every call 404. Nor is one whose memory budget
+        has not admitted a minimal request for longer than its deadline (`admits_minimal`)."""
         models = list(self.models.values())
         return any(m.state == "ready" for m in models) and all(
-            m.healthy and (m.spec.embedding_dtype not in calibrated or self._int8_ranges[m.name].ready)
-            for m in models if not (m.hot and m.state != "ready")
+            m.healthy and not self._needs_ranges(m)
+            for m in models if not (m.hot and (m.state != "ready" or self._needs_ranges(m)))
         ) and self.admits_minimal
 
     @property

@@ -85,7 +85,7 @@ def device_problems(model: ModelSpec) -> list[str]:
 def cache_problems(model: ModelSpec, folder: Path) -> list[str]:
     """Exports (ONNX, OpenVINO, int8, fidelity verdicts) are written once, where
     `exports.cache_root` says: that place must be writable, or already hold them."""
-    root = exports.cache_root(folder)
+    root = exports.cache_root(folder, model.export_into_folder)
     if exports.writable(root) or any(root.glob(f"*/{exports.MANIFEST}")):
         return []
     return [f"model {model.name}: the export cache {root} is not writable: set {exports.CACHE_ENV} "

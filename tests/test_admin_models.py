@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import fake, serve_in_process, server_process, spec_of
+from conftest import FAKE, fake, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine
 from infinity_cloud.config import ModelSpec
@@ -363,3 +363,31 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
         await load(engine)
         again = await engine.embed(["x"], "hot", output_dtype="int8")
     np.testing.assert_array_equal(first.embeddings, again.embeddings)
+
+
+async def test_a_model_hot_loaded_as_int8_is_calibrated_as_part_of_its_load(tiny_embedder: Path) -> None:
+    """A model loaded through the admin API with `embedding_dtype: int8` was left uncalibrated
+    once ready: the whole server's /health turned 503 and the model said "calibrating" until a
+    caller's request started it (and got the 503). Its ranges are now made as it loads: the
+    server stays healthy, the model turns ready with them, and its first answer is a 200."""
+    roots = [tiny_embedder.parent]
+    async with serve_in_process(spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                                        admin_model_roots=roots)) as client:
+        loaded = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_embedder), "served_model_name": "q", "embedding_dtype": "int8",
+            "backend": FAKE})
+        assert loaded.status_code == 202, loaded.text
+        healths = []
+        for _ in range(1200):
+            healths.append((await client.get("/health")).status_code)
+            listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+            states = {m["id"]: m["state"] for m in listed}
+            if states["q"] not in ("loading", "calibrating"):
+                break
+            await asyncio.sleep(0.05)
+        assert states == {"embedder": "ready", "q": "ready"}
+        first = await client.post("/v1/embeddings", json={"model": "q", "input": ["hello"]})
+        assert (await client.get("/health")).status_code == 200
+    assert set(healths) == {200}, "the model served before kept the server healthy"
+    assert first.status_code == 200, first.text
+    assert all(isinstance(v, int) for v in first.json()["data"][0]["embedding"])

@@ -88,7 +88,9 @@ def fresh_copy(source: Path, target: Path) -> Path:
 
 async def run(path: Path, **spec: Any) -> tuple[np.ndarray, dict[str, Any]]:
     """The model's outputs on the fixed texts (embeddings, raw rerank scores or raw class
-    logits in label order) and its describe() facts."""
+    logits in label order) and its describe() facts. This module's models keep their exports
+    beside them (`export_into_folder`), where its tests look, unless a test says otherwise."""
+    spec.setdefault("export_into_folder", True)
     async with Engine(ModelSpec(model_id=str(path), **spec)) as engine:
         facts = engine.describe()[0]
         capability = facts["capabilities"][0]
@@ -166,7 +168,8 @@ def exported(cache: Path, kind: str) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them."""
+    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them
+    (`run`); the user cache a test's subprocess falls back to is the module's own, not ~/.cache."""
     root = tmp_path_factory.mktemp("backend-models")
     paths = {
         name: build_cross_encoder(root / name, **opts) if kind == "cross_encoder"
@@ -175,6 +178,7 @@ def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory:
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(exports.CACHE_ENV, raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(root / "user-cache"))
         yield {**paths, "minilm": fresh_copy(minilm_dir, root / "minilm")}
 
 
@@ -277,13 +281,38 @@ async def test_exports_are_cached_per_option_and_honour_the_cache_variable(
     assert len(conversions) == 1 and len(exported(cache, "openvino")) == 1
 
 
-async def test_without_the_cache_variable_exports_go_next_to_the_model(
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its relative path, with its content."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+async def test_without_the_cache_variable_exports_go_to_the_user_cache_not_the_model_folder(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Serving a model folder once grew it five times over (MiniLM: 92 MB, then 454 MB with its
+    ONNX, IR and compiled blobs): by default its exports go to the user cache, keyed by its digest."""
+    monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+    before = folder_files(model)
+    await run(model, backend=backend, dtype="float32", export_into_folder=False)
+    assert folder_files(model) == before  # not a byte written into the user's folder
+    user = tmp_path / "user" / "infinity-cloud" / "exports"
+    assert exports.verify(exported(user, "onnxruntime" if backend == "onnx" else "openvino")[0])
+    if backend == "openvino":  # its compiled blobs too
+        assert list(user.glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob"))
+
+
+async def test_export_into_folder_puts_the_exports_next_to_the_model(
     models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
     model = fresh_copy(models["bert"], tmp_path / "bert")
     onnx_exports = counting(monkeypatch, onnx_export, "export_onnx")
-    await run(model, backend="onnx", dtype="float32")
+    await run(model, backend="onnx", dtype="float32", export_into_folder=True)
+    assert not (tmp_path / "user").exists()
     assert len(onnx_exports) == 1
     assert len(exported(model / ".infinity-cloud", "onnx")) == 1
     assert exports.verify(exported(model / ".infinity-cloud", "onnxruntime")[0])
@@ -301,6 +330,31 @@ async def test_without_the_cache_variable_exports_go_next_to_the_model(
     weights.write_bytes(bytes(data))
     await run(moved, backend="onnx", dtype="float32")
     assert len(onnx_exports) == 2
+
+
+async def test_openvino_keeps_the_blobs_of_the_configurations_it_compiled_last(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blob folder per configuration any start compiled grew mpnet's cache to 2.1 GB: two
+    starts in other configurations leave only the second's two (its streams' and its lone
+    batches'), and the load says where its export is and how large."""
+    monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "cache"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+
+    def blob_configs() -> set[str]:
+        blobs = (tmp_path / "cache").glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob")
+        return {b.parent.name for b in blobs}
+
+    # Another shape cache is another configuration (as another precision or thread count is).
+    await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 128})
+    first = blob_configs()
+    assert len(first) == 2  # THROUGHPUT and LATENCY
+    with caplog.at_level(logging.INFO, logger="infinity_cloud"):
+        await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 64})
+    second = blob_configs()
+    assert len(second) == 2 and second.isdisjoint(first)
+    (export,) = exported(tmp_path / "cache", "openvino")
+    assert f"its export {export} (" in caplog.text and "of which compiled blobs" in caplog.text
 
 
 # -- 3. corrupted exports are rebuilt -------------------------------------------------------

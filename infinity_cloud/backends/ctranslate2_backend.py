@@ -59,10 +59,11 @@ class CTranslate2Backend(Backend):
             return exports.cached_export(
                 info.path, "ctranslate2", options,
                 lambda out: _convert(info, out, spec.trust_remote_code),
-                f"converting {info.path.name} to CTranslate2",
+                f"converting {info.path.name} to CTranslate2", beside=spec.export_into_folder,
             )
 
         def load(folder: Path) -> ctranslate2.Encoder:
+            self.export_folder = folder
             return ctranslate2.Encoder(
                 str(folder), device=self.device.partition(":")[0], device_index=index,
                 compute_type=self.compute_type, intra_threads=threads,

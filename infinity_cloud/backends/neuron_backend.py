@@ -96,7 +96,8 @@ class NeuronBackend(Backend):
         rows, length = shape
         options = {"rows": rows, "length": length, "dtype": self.dtype, "output": self.graph}
 
-        compiled = exports.verify(exports.export_dir(info.path, "neuron", options))
+        beside = self.spec.export_into_folder
+        compiled = exports.verify(exports.export_dir(info.path, "neuron", options, beside))
         if not compiled and not compiling_allowed():
             raise ModelLoadError(
                 f"{info.path} is not compiled for Neuron at batch {rows} x length {length}; compile it "
@@ -112,7 +113,8 @@ class NeuronBackend(Backend):
             model.save_pretrained(str(out))
 
         description = f"compiling {info.path.name} for Neuron at {rows} x {length}"
-        folder = exports.cached_export(info.path, "neuron", options, compile_graph, description)
+        folder = exports.cached_export(info.path, "neuron", options, compile_graph, description,
+                                       beside=beside)
         return self._model_class().from_pretrained(str(folder))
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:

@@ -54,17 +54,21 @@ class OnnxSource:
     cache keys without its absolute path (a moved folder keeps its exports), so a backend
     whose export is cached never needs it, and an image may leave it out."""
 
-    def __init__(self, info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str) -> None:
+    def __init__(
+        self, info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str,
+        beside: bool = False,
+    ) -> None:
         from infinity_cloud.backends.exports import export_dir
 
         self._info, self._graph, self._trust, self._backend = info, graph, trust_remote_code, backend
+        self._beside = beside  # --export-into-folder (`exports.cache_root`)
         self.own = own_onnx(info, graph)
         # A trusted export (the repository's own code ran to make it) is kept apart from one made
         # without: a server that does not trust remote code never serves what such code built.
         trusted = {"trust_remote_code": True} if trust_remote_code else {}
         self._options = {"opset": _OPSET, "output": graph, **trusted}
         self.label = (self.own.relative_to(info.path).as_posix() if self.own is not None
-                      else export_dir(info.path, "onnx", self._options).name)
+                      else export_dir(info.path, "onnx", self._options, beside).name)
 
     def path(self) -> Path:
         """The ONNX file, exported now if it is not cached (an intermediate: see `exports.prune`)."""
@@ -76,7 +80,7 @@ class OnnxSource:
         folder = cached_export(
             info.path, "onnx", self._options,
             lambda out: export_onnx(info, graph, out / EXPORT_FILE, self._trust, self._backend),
-            f"exporting {info.path.name} ({graph}) to ONNX", intermediate=True,
+            f"exporting {info.path.name} ({graph}) to ONNX", intermediate=True, beside=self._beside,
         )
         return folder / EXPORT_FILE
 
