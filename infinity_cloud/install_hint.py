@@ -45,13 +45,17 @@ def command_for(direct_url: dict[str, Any] | None, extras: tuple[str, ...]) -> s
 
 @functools.cache
 def _direct_url() -> dict[str, Any] | None:
-    from importlib.metadata import PackageNotFoundError, distribution
+    """pip's record of this installation. Every distribution of the name on the path is asked,
+    not only the first: run from a clone, the `infinity_cloud.egg-info` that the editable build
+    leaves in it comes first on the path and has no record."""
+    from importlib.metadata import distributions
 
-    try:
-        text = distribution(DISTRIBUTION).read_text("direct_url.json")
-    except PackageNotFoundError:
-        return None
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
+    for found in distributions(name=DISTRIBUTION):
+        text = found.read_text("direct_url.json")
+        if not text:
+            continue
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+    return None
