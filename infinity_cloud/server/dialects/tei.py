@@ -8,11 +8,11 @@ path (with `documents`), which dialects.registry tells apart.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud import __version__
@@ -32,6 +32,7 @@ from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
+from infinity_cloud.server.openapi import Checked
 from infinity_cloud.server.parsing import JsonRoute
 
 
@@ -55,8 +56,9 @@ def in_tei_shape(response: Response) -> Response:
     return json_response({"error": message, "error_type": kind}, response.status_code, headers)
 
 
-# TEI's truncation side (only "right" is served; "left" is refused, not ignored).
-Direction = Literal["right", "left", "Right", "Left"]
+# TEI's truncation side: only "right" is served, so the document offers only it; "left" is
+# refused with a 400 that says so (check_direction), not ignored.
+Direction = Annotated[Literal["right", "left", "Right", "Left"], Checked(enum=["right", "Right"])]
 
 
 class _TeiInputs(_Request):
@@ -67,12 +69,12 @@ class _TeiInputs(_Request):
 
 
 class _TeiTruncation(_TeiInputs):
-    truncate: bool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
+    truncate: StrictBool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
     truncation_direction: Direction = "right"
 
 
 class TeiEmbedRequest(_TeiTruncation):
-    normalize: bool = True
+    normalize: StrictBool = True
     prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
     dimensions: NonNegative | None = None
 
@@ -82,7 +84,7 @@ class TeiEmbedSparseRequest(_TeiTruncation):
 
 
 class TeiPredictRequest(_TeiTruncation):
-    raw_scores: bool = False
+    raw_scores: StrictBool = False
 
 
 class SimilarityInputs(BaseModel):
@@ -104,17 +106,17 @@ class TeiAnyRequest(TeiEmbedRequest):
     (`inputs: {source_sentence, sentences}`) is answered as `/similarity` answers it."""
 
     inputs: Text | Texts | SimilarityInputs  # type: ignore[assignment]
-    raw_scores: bool = False
+    raw_scores: StrictBool = False
 
 
 class TeiTokenizeRequest(_TeiInputs):
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     prompt_name: str | None = None
 
 
 class TeiDecodeRequest(_Request):
     ids: list[TokenId] | list[list[TokenId]]
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
 
 
 class TeiRerankRequest(_Request):
@@ -124,9 +126,9 @@ class TeiRerankRequest(_Request):
     texts: Texts = Field(..., description="the documents to rank")
     top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all (the "
                                       "rerankers library's TEI provider sends it)")
-    return_text: bool = Field(False, description="each result's text with it")
-    raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
-    truncate: bool = True
+    return_text: StrictBool = Field(False, description="each result's text with it")
+    raw_scores: StrictBool = Field(False, description="logits instead of sigmoid scores")
+    truncate: StrictBool = True
     truncation_direction: Direction = "right"
 
 
