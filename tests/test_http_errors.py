@@ -690,3 +690,28 @@ async def test_head_health_answers_as_get_does(client) -> None:
     document = (await client.get("/openapi.json")).json()  # HEAD kept out: one id an operation
     ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+# Every dialect's name for Matryoshka truncation, and where its answer keeps the first vector.
+DIMENSIONS = [
+    ("/v1/embeddings", {"input": "a"}, "dimensions", lambda body: body["data"][0]["embedding"]),
+    ("/v1/embeddings", {"input": "a"}, "output_dimension", lambda body: body["data"][0]["embedding"]),
+    ("/v2/embed", {"texts": ["a"]}, "output_dimension", lambda body: body["embeddings"]["float"][0]),
+    ("/embed", {"inputs": "a"}, "dimensions", lambda body: body[0]),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "field", "vector"), DIMENSIONS,
+                         ids=[f"{r}-{f}" for r, _, f, _ in DIMENSIONS])
+async def test_dimensions_zero_is_the_full_vector_in_every_dialect(client, route, body, field, vector):
+    """api.md: 0 or absent means the full vector; a negative count is a 400 that says so, naming
+    the field as the dialect calls it."""
+    full = await client.post(route, json={**body, "model": "emb"})
+    zero = await client.post(route, json={**body, "model": "emb", field: 0})
+    assert full.status_code == zero.status_code == 200, zero.text
+    assert len(vector(zero.json())) == len(vector(full.json())) == 32
+    cut = await client.post(route, json={**body, "model": "emb", field: 8})
+    assert cut.status_code == 200 and len(vector(cut.json())) == 8, cut.text
+    negative = await client.post(route, json={**body, "model": "emb", field: -1})
+    assert negative.status_code == 400, negative.text
+    assert field in negative.text and "0 or absent (the full vector)" in negative.text, negative.text

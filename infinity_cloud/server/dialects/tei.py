@@ -7,6 +7,7 @@ path (with `documents`), which dialects.registry tells apart.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
@@ -18,7 +19,12 @@ from starlette.responses import Response
 from infinity_cloud import __version__
 from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError
+from infinity_cloud.errors import (
+    InfinityCloudError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+)
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,
@@ -34,6 +40,8 @@ from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
 from infinity_cloud.server.openapi import Checked
 from infinity_cloud.server.parsing import JsonRoute
+
+log = logging.getLogger(__name__)
 
 
 class TeiErrorBody(BaseModel):
@@ -160,13 +168,41 @@ def check_direction(direction: str) -> None:
                                 param="truncation_direction")
 
 
+def tei_model(request: Request, name: str | None, *capabilities: Capability) -> str | None:
+    """The model a TEI request means. TEI serves one model and ignores the name, so its clients
+    send one of their own (mem0 sends "tei"): a name that is no served model's goes to the one
+    served model that does the route's task, where exactly one does (said in the log once per
+    name and model); otherwise the 404 that names what is served."""
+    engine = request.app.state.engine
+    if name is None:
+        return None
+    try:
+        engine.model(name, *capabilities)
+        return name
+    except ModelNotFoundError:
+        able = [m.name for m in engine.models.values() if m.capability in capabilities]
+        if len(able) != 1:
+            raise
+    state = request.app.state
+    if not hasattr(state, "tei_names_taken"):
+        state.tei_names_taken = set()
+    told = state.tei_names_taken
+    if (name, able[0]) not in told:
+        told.add((name, able[0]))
+        log.warning("TEI request for model %r, which is not served: answered by %r, the one served model "
+                    "that does %s (TEI ignores the name); said once", name, able[0],
+                    " or ".join(c.noun for c in capabilities))
+    return able[0]
+
+
 @router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
+    model = tei_model(request, body.model, Capability.EMBED)
     # TEI normalises unless told not to, whatever the model's own head does.
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
                    truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
-    result = await answer(request, "embed", body.model, len(ask.inputs),
+    result = await answer(request, "embed", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)
 
@@ -175,8 +211,9 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
 async def predict(body: TeiPredictRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
-    result = await answer(request, "classify", body.model, len(texts), engine.classify(
-        texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.CLASSIFY)
+    result = await answer(request, "classify", model, len(texts), engine.classify(
+        texts, model, raw_scores=body.raw_scores, truncate=body.truncate,
     ), (Capability.CLASSIFY,))
     rows = label_rows(result)
     return json_response(rows[0] if isinstance(body.inputs, str) else rows)
@@ -186,7 +223,8 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     if isinstance(body.inputs, SimilarityInputs):
         return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
-    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY)
+    model = tei_model(request, body.model, Capability.EMBED, Capability.CLASSIFY)
+    facts = request.app.state.engine.facts_of(model, Capability.EMBED, Capability.CLASSIFY)
     body = body.model_copy(update={"model": facts.name})
     if facts.capability == Capability.CLASSIFY:
         return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
@@ -203,10 +241,11 @@ async def by_model_in_path(name: str, body: TeiAnyRequest, request: Request) -> 
 async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     sentences = body.inputs.sentences
+    model = tei_model(request, body.model, Capability.EMBED)
     with in_own_terms({"sentences": "inputs.sentences"}):
-        result = await answer(request, "embed", body.model, len(sentences) + 1,
+        result = await answer(request, "embed", model, len(sentences) + 1,
                               request.app.state.engine.similarity(
-                                  body.inputs.source_sentence, sentences, body.model, truncate=body.truncate,
+                                  body.inputs.source_sentence, sentences, model, truncate=body.truncate,
                                   prompt_name=body.prompt_name,
                               ), (Capability.EMBED,))
     return json_response(result.scores.tolist())
@@ -215,9 +254,10 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
 @router.post("/embed_all", summary="Per-token embeddings of a multi-vector (ColBERT) model (TEI's shape)")
 async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.MULTI_VECTOR)
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
                    use="document", prompt_name=body.prompt_name)
-    result = await answer(request, "embed_all", body.model, len(ask.inputs),
+    result = await answer(request, "embed_all", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
@@ -225,9 +265,10 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
 @router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
 async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.SPARSE)
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.SPARSE,), truncate=body.truncate,
                    prompt_name=body.prompt_name)
-    result = await answer(request, "embed_sparse", body.model, len(ask.inputs),
+    result = await answer(request, "embed_sparse", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
@@ -285,7 +326,8 @@ async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
     try:
         check_direction(body.truncation_direction)
-        result = await ranked(request, body.model, body.query, body.texts, top_n=body.top_n,
+        model = tei_model(request, body.model, Capability.RERANK, Capability.MULTI_VECTOR)
+        result = await ranked(request, model, body.query, body.texts, top_n=body.top_n,
                               raw_scores=body.raw_scores, truncate=body.truncate)
     except InfinityCloudError as exc:  # the path is Infinity's too, so not a TeiRoute
         return in_tei_shape(error_response(exc))
