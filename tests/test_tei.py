@@ -208,7 +208,7 @@ async def test_an_unserved_name_goes_to_the_one_model_that_does_the_task(
     routes such a name goes to the one served model that does the route's task, said in the log
     once per name; where several could, the 404 names what is served."""
     body = {"inputs": TEXTS, "model": "tei"}
-    with caplog.at_level("WARNING", logger="infinity_cloud.server.dialects.tei"):
+    with caplog.at_level("WARNING", logger="infinity_cloud.engine"):
         async with serve_in_process(spec_of(fake(tiny_embedder, "emb"), fake(tiny_reranker, "rr"))) as client:
             named = await client.post("/embed", json={**body, "model": "emb"})
             for _ in range(2):

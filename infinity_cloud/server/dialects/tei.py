@@ -7,7 +7,6 @@ path (with `documents`), which dialects.registry tells apart.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
@@ -22,7 +21,6 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.errors import (
     InfinityCloudError,
     InvalidInputError,
-    ModelNotFoundError,
     ModelNotReadyError,
 )
 from infinity_cloud.server.dialects.common import (
@@ -40,8 +38,6 @@ from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
 from infinity_cloud.server.openapi import Checked
 from infinity_cloud.server.parsing import JsonRoute
-
-log = logging.getLogger(__name__)
 
 
 class TeiErrorBody(BaseModel):
@@ -170,29 +166,11 @@ def check_direction(direction: str) -> None:
 
 def tei_model(request: Request, name: str | None, *capabilities: Capability) -> str | None:
     """The model a TEI request means. TEI serves one model and ignores the name, so its clients
-    send one of their own (mem0 sends "tei"): a name that is no served model's goes to the one
-    served model that does the route's task, where exactly one does (said in the log once per
-    name and model); otherwise the 404 that names what is served."""
-    engine = request.app.state.engine
+    send one of their own: a name that is no served model's goes to the one served model that
+    does the route's task, where exactly one does (`Engine.model`'s any_name)."""
     if name is None:
         return None
-    try:
-        engine.model(name, *capabilities)
-        return name
-    except ModelNotFoundError:
-        able = [m.name for m in engine.models.values() if m.capability in capabilities]
-        if len(able) != 1:
-            raise
-    state = request.app.state
-    if not hasattr(state, "tei_names_taken"):
-        state.tei_names_taken = set()
-    told = state.tei_names_taken
-    if (name, able[0]) not in told:
-        told.add((name, able[0]))
-        log.warning("TEI request for model %r, which is not served: answered by %r, the one served model "
-                    "that does %s (TEI ignores the name); said once", name, able[0],
-                    " or ".join(c.noun for c in capabilities))
-    return able[0]
+    return request.app.state.engine.facts_of(name, *capabilities, any_name=True).name
 
 
 @router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
@@ -223,8 +201,8 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     if isinstance(body.inputs, SimilarityInputs):
         return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
-    model = tei_model(request, body.model, Capability.EMBED, Capability.CLASSIFY)
-    facts = request.app.state.engine.facts_of(model, Capability.EMBED, Capability.CLASSIFY)
+    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY,
+                                              any_name=True)
     body = body.model_copy(update={"model": facts.name})
     if facts.capability == Capability.CLASSIFY:
         return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
