@@ -199,6 +199,11 @@ async def test_the_python_api_refuses_lone_surrogates(tiny_embedder):
 async def test_unknown_route_and_method_use_the_error_shape(client):
     assert_error(await client.get("/nowhere"), 404, None)
     assert_error(await client.get("/embeddings"), 405, None)
+    # Allow names every method the path is served with, though two routes serve it (GET, TEI's POST)
+    for method, path in (("OPTIONS", "/"), ("PUT", "/models/emb"), ("DELETE", "/")):
+        refused = await client.request(method, path)
+        assert_error(refused, 405, None)
+        assert set(refused.headers["Allow"].split(", ")) >= {"GET", "POST"}, (path, refused.headers["Allow"])
 
 
 # -- /invocations: the same errors as the named route ------------------------------------

@@ -227,3 +227,18 @@ async def test_an_unserved_name_goes_to_the_one_model_that_does_the_task(
         refused = await client.post("/embed", json=body)
     assert refused.status_code == 404, refused.text
     assert "emb" in refused.json()["error"] and "emb2" in refused.json()["error"]
+
+
+async def test_similarity_takes_as_many_sentences_as_its_document_says(embedder_app: httpx.AsyncClient
+                                                                       ) -> None:
+    """The source sentence is embedded with the sentences, in the same count: the document's
+    maxItems leaves room for it, and that many sentences are answered."""
+    document = (await embedder_app.get("/openapi.json")).json()
+    most = document["components"]["schemas"]["SimilarityInputs"]["properties"]["sentences"]["maxItems"]
+    limit = (await embedder_app.get("/info")).json()["max_client_batch_size"]
+    assert most == limit - 1
+    body = {"model": "emb", "inputs": {"source_sentence": "a b", "sentences": ["a"] * most}}
+    answered = await embedder_app.post("/similarity", json=body)
+    assert answered.status_code == 200 and len(answered.json()) == most, answered.text
+    body["inputs"]["sentences"].append("one more")
+    assert (await embedder_app.post("/similarity", json=body)).status_code == 413

@@ -36,7 +36,7 @@ from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
-from infinity_cloud.server.openapi import Checked
+from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute
 
 
@@ -94,7 +94,8 @@ class TeiPredictRequest(_TeiTruncation):
 class SimilarityInputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source_sentence: Text
-    sentences: Texts
+    # Embedded with the source sentence, in one request's count.
+    sentences: Annotated[list[Text], Checked(minItems=1, maxItems=Limit("max_inputs_per_request", less=1))]
 
 
 class TeiSimilarityRequest(_TeiTruncation):
