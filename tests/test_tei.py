@@ -242,3 +242,15 @@ async def test_similarity_takes_as_many_sentences_as_its_document_says(embedder_
     assert answered.status_code == 200 and len(answered.json()) == most, answered.text
     body["inputs"]["sentences"].append("one more")
     assert (await embedder_app.post("/similarity", json=body)).status_code == 413
+
+
+async def test_a_name_no_route_takes_is_a_404_in_a_shape_the_document_states(
+    embedder_app: httpx.AsyncClient,
+) -> None:
+    """A line break ends a path parameter, so `/models/<name with one>` reaches no route: the
+    app's 404 comes in our shape, which the document must state for TEI's route of that path."""
+    answered = await embedder_app.post("/models/a%0Ab", json={"inputs": "a"})
+    assert answered.status_code == 404 and isinstance(answered.json()["error"], dict), answered.text
+    document = (await embedder_app.get("/openapi.json")).json()
+    stated = document["paths"]["/models/{name}"]["post"]["responses"]["404"]["content"]["application/json"]
+    assert "#/components/schemas/ErrorBody" in str(stated["schema"]), stated

@@ -74,12 +74,13 @@ def error_responses(
     `shape`) for its 422s. A missing key (ApiKeyGate) and a slow client (the protocol's read
     deadlines) are answered before any route runs, so in our shape on every route; a body over
     the limit by its Content-Length (BodyLimit) and a bug (CatchBugs) too, besides the route's
-    own 413s and 500s."""
+    own 413s and 500s; and a path that no route takes (`/models/NAME` with a line break in the
+    name: a path parameter stops there), besides the route's own 404s."""
 
     def model(status: int) -> Any:
         if status in (401, 408):
             return ErrorBody
-        if status in (413, 500):
+        if status in (404, 413, 500):
             return ErrorBody | shape
         return validation if status == 422 and validation is not None else shape
 
