@@ -252,5 +252,7 @@ async def test_a_name_no_route_takes_is_a_404_in_a_shape_the_document_states(
     answered = await embedder_app.post("/models/a%0Ab", json={"inputs": "a"})
     assert answered.status_code == 404 and isinstance(answered.json()["error"], dict), answered.text
     document = (await embedder_app.get("/openapi.json")).json()
-    stated = document["paths"]["/models/{name}"]["post"]["responses"]["404"]["content"]["application/json"]
+    path = document["paths"]["/models/{model_id}"]  # one path, GET (the model) and POST (TEI's /)
+    assert set(path) == {"get", "post"} and "/models/{name}" not in document["paths"]
+    stated = path["post"]["responses"]["404"]["content"]["application/json"]
     assert "#/components/schemas/ErrorBody" in str(stated["schema"]), stated

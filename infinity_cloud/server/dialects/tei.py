@@ -210,10 +210,11 @@ async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     return await embed(body, request)
 
 
-@router.post("/models/{name:path}", summary="TEI's / for the model the path names "
+# The parameter is named as GET /models/{model_id}'s: one path of the document, two methods.
+@router.post("/models/{model_id:path}", summary="TEI's / for the model the path names "
              "(huggingface_hub: InferenceClient(model=BASE + '/models/NAME'))")
-async def by_model_in_path(name: str, body: TeiAnyRequest, request: Request) -> Response:
-    return await by_model_type(body.model_copy(update={"model": name}), request)
+async def by_model_in_path(model_id: str, body: TeiAnyRequest, request: Request) -> Response:
+    return await by_model_type(body.model_copy(update={"model": model_id}), request)
 
 
 @router.post("/similarity", summary="Cosine of a source sentence to each sentence (TEI's shape)")
