@@ -30,10 +30,10 @@ from infinity_cloud.server.openapi import Checked, Limit
 
 
 def _whole_number(value: Any) -> Any:
-    """2.0 as 2: JSON Schema's integer admits a whole float (a generated client may send one);
-    2.5, "2", true and a float past 2**53 (no longer an exact integer) are still refused."""
-    exact = isinstance(value, float) and value.is_integer() and abs(value) <= 2**53
-    return int(value) if exact else value
+    """2.0 as 2: JSON Schema's integer admits a whole float (a generated client may send one, and
+    the parser reads an integer past 64 bits as one); 2.5, "2" and true are still refused. What
+    the number is for then says whether it is too large (a 400 naming it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 # An integer field: a JSON number with no fraction.
