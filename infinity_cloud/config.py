@@ -166,6 +166,17 @@ class ModelSpec(_Frozen):
             data = {**data, "served_model_name": first, "aliases": (*more, *data.get("aliases", ()))}
         return data
 
+    @field_validator("model_id", "revision")
+    @classmethod
+    def _readable_ids(cls, value: str | None) -> str | None:
+        """A hub id, folder or revision never holds a control character; one with a NUL byte
+        would reach the file system as a path (`embedded null byte`, a 500 from the admin API)."""
+        if value is not None and any(not ch.isprintable() for ch in value):
+            bad = next(ch for ch in value if not ch.isprintable())
+            raise ValueError(f"{value[:80]!r} holds the control character {bad!r}: a hub id, a folder or "
+                             "a revision is printable text")
+        return value
+
     @field_validator("served_model_name", "aliases")
     @classmethod
     def _addressable_names(cls, value: Any) -> Any:

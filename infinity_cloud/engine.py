@@ -140,6 +140,7 @@ class Engine:
                                  server.cache_ttl_s, server.cache_timeout_ms / 1000, server.cache_secret)
         self._loading: set[asyncio.Future[None]] = set()  # models added while serving
         self._unloaded: set[str] = set()  # names of models unloaded while serving: a 404, not another model
+        self._names_taken: set[tuple[str, str]] = set()  # (unserved name, model) said in the log (`model`)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -419,11 +420,15 @@ class Engine:
 
     # -- addressing ------------------------------------------------------------------
 
-    def model(self, name: str | None = None, *capabilities: Capability) -> ServedModel:
+    def model(self, name: str | None = None, *capabilities: Capability, any_name: bool = False
+              ) -> ServedModel:
         """The served model a request means. With one model, any name resolves to it. With
         several: its name or an alias; no name: the one served model that does one of
         `capabilities` (the request's task), or where several do, the one marked `default`,
-        else the first listed of them. An unknown name is a 404 naming what is served."""
+        else the first listed of them. An unknown name is a 404 naming what is served; with
+        `any_name` (TEI's routes: TEI ignores the name, and its clients send their own), it
+        goes to the one served model that does the task where exactly one does, said in the
+        log once per name."""
         if name in self._unloaded:
             raise ModelNotFoundError(f"model {name!r} was unloaded; served models: {self._known_names()}",
                                      param="model")
@@ -431,6 +436,14 @@ class Engine:
             return next(iter(self.models.values()))
         if name:
             found = next((m for m in self.models.values() if name in m.spec.names), None)
+            able = [m for m in self.models.values() if m.capability in capabilities]
+            if found is None and any_name and len(able) == 1:
+                found = able[0]
+                if (name, found.name) not in self._names_taken:
+                    self._names_taken.add((name, found.name))
+                    log.warning("a request for model %r, which is not served, is answered by %r, the one "
+                                "served model that does %s (its route ignores the name, as TEI does); "
+                                "said once", name, found.name, " or ".join(c.noun for c in capabilities))
             if found is None:
                 raise ModelNotFoundError(f"model {name!r} is not served here; served models: "
                                          f"{self._known_names()}", param="model")
@@ -445,11 +458,12 @@ class Engine:
             else f"several models are served; name one in 'model': {known}", param="model",
         )
 
-    def facts_of(self, name: str | None = None, *capabilities: Capability) -> ModelFacts:
+    def facts_of(self, name: str | None = None, *capabilities: Capability, any_name: bool = False
+                 ) -> ModelFacts:
         """What the served model a request means is (`model`'s choice; a 503 until it has
         loaded): for a route that answers each kind of model in its own shape (TEI's `/`,
-        SageMaker's /invocations)."""
-        served = self.model(name, *capabilities)
+        SageMaker's /invocations), or that takes any name (TEI's)."""
+        served = self.model(name, *capabilities, any_name=any_name)
         served.loaded  # noqa: B018  # raises while it loads, fails or has a dead worker
         return served.facts  # type: ignore[return-value]  # loaded, so known
 

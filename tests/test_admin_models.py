@@ -169,6 +169,27 @@ async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
         assert refused.status_code == 413 and "--memory-budget-mb" in refused.text, refused.text
 
 
+async def test_a_control_character_in_an_id_is_a_400_naming_the_field(tiny_embedder: Path) -> None:
+    """A NUL byte in a model id or revision would reach the file system as a path (a 500:
+    'embedded null byte'); a name with one is looked up, never opened."""
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_embedder.parent])
+    async with serve_in_process(spec) as client:
+        for body in ({"model_id": "a\x00b"}, {"model_id": f"{tiny_embedder}\x00"},
+                     {"model_id": "/etc/passwd\x00"}, {"model_id": "org/model\n"},
+                     {"model_id": str(tiny_embedder), "revision": "main\x00"}):
+            refused = await client.post("/admin/models", headers=ADMIN, json=body)
+            field = "revision" if "revision" in body else "model_id"
+            assert refused.status_code == 400, (body, refused.status_code, refused.text)
+            assert field in refused.text and "control character" in refused.text, refused.text
+        for method, path in (("DELETE", "/admin/models/a%00b"), ("GET", "/models/a%00b"),
+                             ("GET", "/v1/models/a%00b")):
+            missing = await client.request(method, path, headers=ADMIN if method == "DELETE" else {})
+            assert missing.status_code == 404, (path, missing.status_code, missing.text)
+        listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+        assert [m["id"] for m in listed] == ["embedder"]
+
+
 def test_the_models_command_loads_lists_and_unloads(tiny_embedder: Path, tiny_reranker: Path,
                                                      tmp_path: Path) -> None:
     keys = tmp_path / "admin-keys"

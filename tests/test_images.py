@@ -228,7 +228,9 @@ async def test_bad_media_is_a_400_naming_the_input(clip: Path, tiny_embedder: Pa
     url = f"http://{pictures_host}"
     cases = [
         ([good, f"{url}/missing.png"], "input 1", "HTTP 404"),
-        ([f"{url}/text.png"], "input 0", "not an image"),
+        ([f"{url}/text.png"], "input 0", "not an image that can be decoded (PNG, JPEG"),
+        ([good, f"{url}/text.png"], "input 1", "it is text"),  # what the bytes are, in words
+        ([good, data_uri(PICTURES["wide.png"][:200])], "input 1", "PNG image whose pixels cannot be decoded"),
         ([good, good, "data:image/png;base64,@@@"], "input 2", "base64"),
         ([f"{url}/tiny.png"], "input 0", "at least 8 pixels"),
         ([f"{url}/slow.png"], "input 0", "longer than 0.5s"),
@@ -244,6 +246,7 @@ async def test_bad_media_is_a_400_naming_the_input(clip: Path, tiny_embedder: Pa
             response = await embed_images(client, inputs)
             assert response.status_code in (400, 413), (inputs[-1][:60], response.text)
             assert where in response.text and what in response.text, (inputs[-1][:60], response.text)
+            assert "BytesIO" not in response.text, response.text  # the decoder's name for its file
             assert time.monotonic() - started < 5
         for body, what in [
             ({"model": "text", "input": [good], "modality": "image"}, "reads text;"),
