@@ -94,6 +94,10 @@ LOAD_COST_PER_WEIGHT_BYTE = 3
 DEFAULT_MEMORY_DEADLINE_S = 10.0
 # The least room for requests a hot load must leave in the memory budget.
 MIN_REQUEST_ROOM = 64 * 2**20
+# Names that clients written for TEI send on every route, meaning "whatever the server serves"
+# (mem0's HuggingFaceEmbedding always sends "tei", through the OpenAI SDK to /v1/embeddings): no
+# model is served under them, so they are taken as TEI takes any name (`model`'s any_name).
+TEI_PLACEHOLDER_NAMES = frozenset({"tei"})
 
 
 def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
@@ -426,9 +430,10 @@ class Engine:
         several: its name or an alias; no name: the one served model that does one of
         `capabilities` (the request's task), or where several do, the one marked `default`,
         else the first listed of them. An unknown name is a 404 naming what is served; with
-        `any_name` (TEI's routes: TEI ignores the name, and its clients send their own), it
-        goes to the one served model that does the task where exactly one does, said in the
-        log once per name."""
+        `any_name` (TEI's routes: TEI ignores the name, and its clients send their own), or
+        a name TEI's clients send on any route (`TEI_PLACEHOLDER_NAMES`), it goes to the one
+        served model that does the task where exactly one does, said in the log once per name."""
+        any_name = any_name or name in TEI_PLACEHOLDER_NAMES
         if name in self._unloaded:
             raise ModelNotFoundError(f"model {name!r} was unloaded; served models: {self._known_names()}",
                                      param="model")
