@@ -99,9 +99,7 @@ async def load(
     """
     cycle = itertools.cycle(batches)
     run = LoadRun()
-    began = time.perf_counter()
-    deadline = began + seconds
-    limit = began + max(seconds, limit_s) if limit_s is not None else float("inf")
+    began = deadline = limit = 0.0  # set when the clients start
     sent = 0  # requests posted and not shed: answered or in flight
 
     def more() -> bool:
@@ -123,7 +121,9 @@ async def load(
 
         async def client() -> None:
             nonlocal sent
-            while more():
+            first = True
+            while first or more():  # each client sends one request at least, however short the run
+                first = False
                 batch = next(cycle)
                 started = time.perf_counter()
                 sent += 1
@@ -140,6 +140,9 @@ async def load(
                     batch.tokens if batch.tokens is not None else response.json()["usage"]["prompt_tokens"]
                 )
 
+        began = time.perf_counter()  # the client is made: its set-up is not the server's time
+        deadline = began + seconds
+        limit = began + max(seconds, limit_s) if limit_s is not None else float("inf")
         ticker = asyncio.ensure_future(ticking()) if tick is not None else None
         try:
             await asyncio.gather(*(client() for _ in range(concurrency)))
