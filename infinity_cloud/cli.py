@@ -520,6 +520,9 @@ def bench_progress() -> Iterator[tuple[Callable[[str], None], Callable[[str], No
 
     def warn(text: str) -> None:
         console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
+        latest["printed"] = time.monotonic()
+
+    latest = {"text": "starting", "since": time.monotonic(), "printed": 0.0}
 
     if console.is_terminal:
         columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -527,7 +530,6 @@ def bench_progress() -> Iterator[tuple[Callable[[str], None], Callable[[str], No
             task = shown.add_task("starting", total=None)
             yield (lambda text: shown.update(task, description=escape(text))), warn
         return
-    latest = {"text": "starting", "since": time.monotonic(), "printed": 0.0}
     lock = threading.Lock()
 
     def line() -> None:  # under the lock
@@ -630,6 +632,7 @@ def bench(
                     say(f"starting a server for {', '.join(m.name for m in spec.models)}")
                     with local_server(spec) as served:
                         profile = measure(served, (spec.server.keys or (None,))[0])
+                        say("stopping the server")
             except (measuring.BenchError, OSError) as exc:
                 raise fail(str(exc)) from None
     except Interrupted as exc:
