@@ -34,7 +34,7 @@ from infinity_cloud.sizing.bench import BATCHES_PER_POINT
 from infinity_cloud.sizing.conditions import Machine, Reading, judge, own_load
 from infinity_cloud.sizing.corpus import load_texts
 from infinity_cloud.sizing.estimate import Shape
-from infinity_cloud.sizing.load import MIN_REQUESTS, LoadRun
+from infinity_cloud.sizing.load import MIN_REQUESTS, LoadRun, percentile
 from infinity_cloud.sizing.profile import Profile
 
 QUICK = ["--concurrency", "1,2", "--seconds", "0.5"]
@@ -221,8 +221,11 @@ def test_percentiles_come_from_twenty_requests_at_least() -> None:
     summary = few.summary()
     assert (summary["p50_ms"], summary["p95_ms"], summary["p99_ms"]) == (None, None, None)
     assert summary["requests"] == MIN_REQUESTS - 1 and summary["tokens_per_s"] == 100
-    enough = LoadRun(elapsed_s=1.0, texts=MIN_REQUESTS, tokens=100, latencies_s=[0.01] * MIN_REQUESTS)
-    assert enough.summary()["p95_ms"] == 10.0
+    # Of 20 requests (1 to 20 ms), p95 is the 19th (19 of 20 are at or below it), p99 the slowest.
+    enough = LoadRun(elapsed_s=1.0, texts=20, tokens=100, latencies_s=[n / 1000 for n in range(20, 0, -1)])
+    summary = enough.summary()
+    assert (summary["p50_ms"], summary["p95_ms"], summary["p99_ms"]) == (10.5, 19.0, 20.0)
+    assert percentile(list(range(1, 101)), 0.99) == 99 and percentile([5.0], 0.5) == 5.0
 
 
 def test_every_point_runs_to_twenty_requests(served: str, tmp_path: Path) -> None:
