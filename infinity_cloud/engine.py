@@ -736,8 +736,11 @@ class Engine:
         `dimensions`) over the calibration texts, for int8/uint8: embedded once, in the
         background (the engine's own work, ahead of the requests in the model's queue and never
         refused for load). `wait` False: a 503 with Retry-After until they are ready:
-        calibration is never inside a request (the HTTP app's)."""
+        calibration is never inside a request (the HTTP app's). Only a dense embedder has them:
+        another model is a 400 saying what it is, before any calibration starts (a ColBERT
+        model asked for int8 started one, which failed, and answered 503s)."""
         served = self.model(model)
+        served.require(Capability.EMBED)
         return await self._int8_ranges[served.name].ranges(dimensions, wait=wait)
 
     async def _embed_in_background(self, model: str, texts: list[str]) -> np.ndarray:
