@@ -716,7 +716,7 @@ def test_min_agreement_without_fastest_is_refused() -> None:
 
 async def test_openvino_int8_without_nncf_names_the_extra(models, cache: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "nncf", None)  # not installed
-    with pytest.raises(BackendUnavailableError, match=r"infinity-cloud\[export\]"):
+    with pytest.raises(BackendUnavailableError, match=re.escape(install_command("export"))):
         await run(models["bert"], backend="openvino", dtype="int8")
 
 

@@ -5,6 +5,7 @@ compiler, which install only from AWS's own package index: not run here."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, registry
 from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of, fit
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 BUCKETS = {"batch_buckets": (1, 4), "length_buckets": (16, 64)}
@@ -40,7 +42,7 @@ async def test_a_server_never_compiles_at_start_up(tiny_embedder: Path, cache: P
 
 async def test_the_build_step_names_what_to_install(tiny_embedder: Path, cache: Path, monkeypatch) -> None:
     monkeypatch.setenv(COMPILE_ENV, "1")
-    message = r"optimum-neuron.*infinity-cloud\[neuron\].*pip.repos.neuron"
+    message = "optimum-neuron.*" + re.escape(install_command("neuron")) + ".*pip.repos.neuron"
     with pytest.raises(BackendUnavailableError, match=message):
         await load(tiny_embedder, **BUCKETS)
 
