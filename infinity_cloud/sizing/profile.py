@@ -94,6 +94,9 @@ class Profile(BaseModel):
     # `bound_share`.
     gflop_per_token: float | None = None
     peak_gflops: float | None = None
+    contended: bool = False
+    conditions: dict[str, float] | None = None
+    request_overhead_ms: float | None = None
 
     def bound_share(self, point: Point) -> float | None:
         """The share of the hardware's peak a point's throughput is."""
