@@ -201,17 +201,25 @@ def _achieved(points: list[Calibration]) -> tuple[float, list[float]]:
     return statistics.fmean(efficiencies), efficiencies
 
 
-def _rule(table: Calibrations, offer: Offer) -> Unmeasured:
-    for rule in table.unmeasured:
-        if rule.hardware_class == offer.hardware_class:
-            return rule
+def _measured(table: Calibrations, hardware_class: str) -> list[Calibration]:
+    if hardware_class == "gpu":
+        return [p for p in table.points if not p.hardware_class.startswith("cpu/")]
+    return [p for p in table.points if p.hardware_class == hardware_class]
+
+
+def _rule(table: Calibrations, offer: Offer) -> tuple[Unmeasured, list[Calibration]]:
+    """The first rule for the offer's class (else, for a GPU, the rule for any GPU) whose
+    nearest class was measured, and its points."""
+    rules = [r for r in table.unmeasured if r.hardware_class == offer.hardware_class]
     if offer.is_gpu:
-        for rule in table.unmeasured:
-            if rule.hardware_class == "gpu":
-                return rule
+        rules += [r for r in table.unmeasured if r.hardware_class == "gpu"]
+    for rule in rules:
+        near = _measured(table, rule.nearest)
+        if near:
+            return rule, near
     raise ValueError(
-        f"no measured profile of {offer.hardware_class} and no rule to estimate it from another class "
-        "(calibration.json's unmeasured): bench it there and give the profile (--profile)"
+        f"no measured profile of {offer.hardware_class}, nor of a class calibration.json's `unmeasured` "
+        "estimates it from: bench it there and give the profile (--profile)"
     )
 
 
@@ -229,15 +237,7 @@ def estimate(offer: Offer, shape: Shape, tokens_per_text: float, table: Calibrat
             spread = max(abs(e / efficiency - 1) for e in efficiencies)
             basis = f"estimated from {len(same)} profiles of this class, within {spread:.0%} of each other"
         return Estimate(efficiency * offer.peak_flops() / work, efficiency, basis)
-    rule = _rule(table, offer)
-    if rule.nearest == "gpu":
-        near = [p for p in table.points if not p.hardware_class.startswith("cpu/")]
-    else:
-        near = [p for p in table.points if p.hardware_class == rule.nearest]
-    if not near:
-        raise ValueError(
-            f"{offer.hardware_class} is estimated from {rule.nearest}, of which none was measured"
-        )
+    rule, near = _rule(table, offer)
     efficiency, _ = _achieved(near)
     if offer.is_gpu:
         # The nearest GPU's share of its datasheet peak, applied to this GPU's datasheet peak.

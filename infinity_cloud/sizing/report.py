@@ -180,7 +180,7 @@ def show_plan(
         range_ = choice.capacity.spread
         others.add_row(
             choice.offer.name,
-            choice.offer.hardware_class + (" (unmeasured)" if range_ else ""),
+            choice.offer.hardware_class + (" (unmeasured)" if choice.capacity.compute.spread else ""),
             f"{choice.rate:,.0f}" + (f" x{range_[0]:g}-x{range_[1]:g}" if range_ else ""),
             str(choice.replicas),
             f"{choice.batch_tokens:,}",
