@@ -676,7 +676,8 @@ def plan(
         with reported_errors():
             build_spec(data)  # the spec deploy will read, checked as it will check it
         write.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        typer.echo(f"spec: {write} (infinity-cloud deploy {planning.spelled(target)} --config {write})")
+        verb = "serve" if target == "local" else f"deploy {planning.spelled(target)}"
+        typer.echo(f"spec: {write} (infinity-cloud {verb} --config {write})")
 
 
 @_base.command()

@@ -321,3 +321,17 @@ def test_a_profile_of_a_class_no_offer_has_is_refused(model: Path, tmp_path: Pat
         "--accept-contended",
     )
     assert code == 0 and "measured" in output, output
+
+
+def test_a_replica_is_bounded_by_its_own_tokenizer_timed_by_plan(tiny_embedder: Path, tmp_path: Path) -> None:
+    """plan times the model's own tokenizer (its tokenizer.json) and shows the bound; a spec
+    for this host is served, not deployed."""
+    assert (tiny_embedder / "tokenizer.json").is_file()
+    written = tmp_path / "spec.yaml"
+    code, output = plan(
+        "--model-id", str(tiny_embedder), "--target", "local", "--qps", "2", "--write", str(written)
+    )
+    assert code == 0, output
+    assert re.search(r"tokenizer [\d,]+ \(measured on this model's tokenizer here\)", output), output
+    assert f"infinity-cloud serve --config {written}" in output
+    load_spec(written)

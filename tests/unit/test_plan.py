@@ -192,6 +192,9 @@ def test_lambda_is_priced_per_use_against_the_price_table(qps: float) -> None:
     requests = qps * 730 * 3600
     expected = requests * duration * offer.memory_gib * offer.usd_per_gb_s + requests / 1e6 * 0.2
     assert offer.usd_per_gb_s == pytest.approx(0.0000166667) and offer.usd_per_million_requests == 0.2
+    # the prices' page and date (aws.amazon.com/lambda/pricing, x86, us-east-1, as archived
+    # 2026-06-18) are the table's, cited with it
+    assert "aws.amazon.com/lambda/pricing" in offer.source and offer.as_of == "2026-06-18"
     assert choice.monthly_usd == pytest.approx(expected)
     assert choice.p95_ms == pytest.approx(1000 * duration)
     assert choice.replicas == max(1, -(-qps * duration // 1))
