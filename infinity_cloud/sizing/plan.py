@@ -19,6 +19,7 @@ itself (its `Planner`, in `targets/<name>/plan.py`), so this module names no tar
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,8 +199,6 @@ def spelled(target: str) -> str:
 
 def local_offer() -> Offer:
     """This host as an offer: its usable cores, kernel class, clock and memory, nothing billed."""
-    import os
-
     from infinity_cloud.hardware import cpu_clock_ghz, cpu_flags, cpu_model, usable_cores
     from infinity_cloud.sizing.estimate import kernel_class
 
