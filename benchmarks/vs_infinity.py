@@ -403,7 +403,7 @@ def measure_rounds(
                 print(
                     f"round {round_no + 1}/{args.rounds}  {cell.label:<22} {server.side.name:<16} "
                     f"{summary['tokens_per_s']:>8} tok/s {summary['texts_per_s']:>8} texts/s "
-                    f"p50 {summary['p50_ms']:>8} ms  p99 {summary['p99_ms']:>8} ms",
+                    f"p50 {summary['p50_ms']!s:>8} ms  p99 {summary['p99_ms']!s:>8} ms",
                     flush=True,
                 )
                 time.sleep(args.pause)

@@ -500,6 +500,68 @@ def download(
             typer.echo(prepare_model(model, build_exports=not files_only))
 
 
+# Without a terminal (a log, CI), bench writes a line at least this often.
+BENCH_LINE_S = 4.0
+
+
+@contextmanager
+def bench_progress() -> Iterator[tuple[Callable[[str], None], Callable[[str], None]]]:
+    """bench's `say` (what runs now, with its tokens/s) and `warn`, on stderr: a live line at a
+    terminal; else a line whenever BENCH_LINE_S has passed, repeated if nothing new came (a
+    model loading for minutes), so that a log never goes quiet."""
+    import threading
+    import time
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+
+    def warn(text: str) -> None:
+        console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
+        latest["printed"] = time.monotonic()
+
+    latest = {"text": "starting", "since": time.monotonic(), "printed": 0.0}
+
+    if console.is_terminal:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as shown:
+            task = shown.add_task("starting", total=None)
+            yield (lambda text: shown.update(task, description=escape(text))), warn
+        return
+    lock = threading.Lock()
+
+    def line() -> None:  # under the lock
+        waited = time.monotonic() - latest["since"]
+        console.print(escape(f"bench: {latest['text']}" + (f" ({waited:.0f} s)" if waited >= 1 else "")),
+                      soft_wrap=True, highlight=False)
+        latest["printed"] = time.monotonic()
+
+    def say(text: str) -> None:
+        with lock:
+            if text != latest["text"]:
+                latest.update(text=text, since=time.monotonic())
+            if time.monotonic() - latest["printed"] >= BENCH_LINE_S:
+                line()
+
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(BENCH_LINE_S / 4):
+            with lock:
+                if time.monotonic() - latest["printed"] >= BENCH_LINE_S:
+                    line()
+
+    beating = threading.Thread(target=beat, name="bench-progress", daemon=True)
+    beating.start()
+    try:
+        yield say, warn
+    finally:
+        done.set()
+        beating.join()
+
+
 @_base.command()
 @with_spec
 def bench(
@@ -519,7 +581,11 @@ def bench(
     concurrency: Annotated[str, typer.Option(
         "--concurrency", help="Clients to try, ascending; a shape stops after two steps that add under 5% "
         "throughput.")] = "1,2,4,8,16,32",
-    seconds: Annotated[float, typer.Option("--seconds", min=0.5, help="Length of each run.")] = 5.0,
+    seconds: Annotated[float, typer.Option(
+        "--seconds", min=0.1, help="Length of each run; it goes on until 20 requests are answered.")] = 5.0,
+    max_seconds: Annotated[float, typer.Option(
+        "--max-seconds", min=0.1, help="The longest a run may go on to have its 20 requests; one stopped "
+        "short has no percentiles.")] = 120.0,
     compare: Annotated[list[str] | None, typer.Option(
         "--compare", help="Another OpenAI-compatible server (Infinity, TEI, a second deployment) to measure "
         "interleaved with this one; repeatable. Ratios are printed.", show_default=False)] = None,
@@ -528,17 +594,17 @@ def bench(
     key: KeyOption = None,
 ) -> None:
     """Measure a model: throughput and p50/p95/p99 latency against clients and request size, the
-    knee, memory; a table, a plot and a profile (JSON) that `plan` sizes deployments from."""
+    knee, memory, the overhead of a request; a table, a plot and a profile (JSON) that `plan`
+    sizes deployments from. It says when the machine was too busy for the numbers to count."""
     import asyncio
-
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from infinity_cloud.families.folder import ModelFolder
     from infinity_cloud.hardware import cpu_clock_ghz
     from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import bench as measuring
     from infinity_cloud.sizing import report
-    from infinity_cloud.sizing.local_server import local_server
+    from infinity_cloud.sizing.conditions import Machine
+    from infinity_cloud.sizing.local_server import Interrupted, local_server, stopped_by_signals
 
     try:
         shape_list = measuring.parse_shapes(shapes)
@@ -547,28 +613,31 @@ def bench(
         raise fail(str(exc)) from None
     if not clients or clients[0] < 1:
         raise fail("--concurrency takes positive numbers, e.g. 1,4,16")
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as shown:
-        task = shown.add_task("starting", total=None)
+    machine = Machine()
+    before = machine.read()  # before bench runs anything, its own server included
+    try:
+        with stopped_by_signals(), bench_progress() as (say, warn):
 
-        def say(text: str) -> None:
-            shown.update(task, description=text)
+            def measure(at: str, api_key: str | None) -> Any:
+                return asyncio.run(measuring.bench(
+                    at, model=model, corpus=corpus, shapes=shape_list, concurrency=clients, seconds=seconds,
+                    compare=compare or (), api_key=api_key, progress=say, warn=warn, max_seconds=max_seconds,
+                    machine=machine, before=before,
+                ))
 
-        def measure(at: str, api_key: str | None) -> Any:
-            return asyncio.run(measuring.bench(
-                at, model=model, corpus=corpus, shapes=shape_list, concurrency=clients, seconds=seconds,
-                compare=compare or (), api_key=api_key, progress=say,
-            ))
-
-        try:
-            if url is not None:
-                profile = measure(url, key)
-            else:
-                say(f"starting a server for {', '.join(m.name for m in spec.models)}")
-                with local_server(spec) as served:
-                    profile = measure(served, (spec.server.keys or (None,))[0])
-        except (measuring.BenchError, OSError) as exc:
-            raise fail(str(exc)) from None
+            try:
+                if url is not None:
+                    profile = measure(url, key)
+                else:
+                    say(f"starting a server for {', '.join(m.name for m in spec.models)}")
+                    with local_server(spec) as served:
+                        profile = measure(served, (spec.server.keys or (None,))[0])
+                        say("stopping the server")
+            except (measuring.BenchError, OSError) as exc:
+                raise fail(str(exc)) from None
+    except Interrupted as exc:
+        typer.echo(f"bench {exc}: no profile written" + ("" if url else "; its server is stopped"), err=True)
+        raise typer.Exit(128 + exc.signum) from None
     clock = cpu_clock_ghz()
     if url is None and clock:  # served here: the model's config and this CPU's clock are at hand
         try:
@@ -580,6 +649,12 @@ def bench(
     profile.write(out / "profile.json")
     report.show(profile)
     plotted = report.plot(profile, out / "profile.png")
+    if profile.request_overhead_ms is not None:
+        typer.echo(f"overhead of a request: {profile.request_overhead_ms:,.2f} ms "
+                   f"(at most {1000 / max(profile.request_overhead_ms, 1e-3):,.0f} requests/s)")
+    if profile.contended:
+        typer.secho("this profile is marked contended (the warnings above say why): measure again on a quiet "
+                    "machine; plan takes it only with --accept-contended", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"profile: {out / 'profile.json'}" + (f", plot: {out / 'profile.png'}" if plotted else ""))
 
 
@@ -728,6 +803,9 @@ def embed(
         "--shard-rows", min=1, help="Rows per output file (each written whole).")] = 1000,
     max_errors: Annotated[int | None, typer.Option(
         "--max-errors", min=0, help="Stop once more rows than this were bad (default: never).")] = None,
+    max_error_rate: Annotated[float, typer.Option(
+        "--max-error-rate", min=0.0, max=1.0, help="Fail where a larger share of the rows was bad, "
+        "stopping as soon as the input's size shows it will be; a job that embeds no row fails too.")] = 0.01,
     prompt_name: Annotated[str | None, typer.Option(
         "--prompt-name", help="One of the model's named prompts (query, passage, ...) before each text.",
     )] = None,
@@ -754,6 +832,7 @@ def embed(
         job = EmbedJob(
             tuple(sources.expand(inputs)), out, text_field, id_field, tuple(keep_field or ()), shard_rows,
             max_errors, None if kind in ("float", "float32") else kind, prompt_name, truncate, modality,
+            max_error_rate,
         )
         names = registry.target_names()
         detaching = [n for n in names if registry.target_class(n).detaches_jobs]
@@ -763,9 +842,9 @@ def embed(
         if runner == "ray":
             from infinity_cloud.bulk.ray_runner import run_ray
 
-            summary = run_ray(spec, job, actors)
+            summary = _resumable(lambda: run_ray(spec, job, actors))
         elif runner == "local":
-            summary = asyncio.run(run_local(spec, job))
+            summary = _resumable(lambda: asyncio.run(run_local(spec, job)))
         else:
             from infinity_cloud.targets.base import JobOptions
 
@@ -776,8 +855,18 @@ def embed(
                            f"{', '.join(jobs)}")
             options = JobOptions(job_model, instance_type, instance_count, staging, region, job_secret,
                                  detach)
-            summary = target().embed_job(spec, job, options)
+            summary = _resumable(lambda: target().embed_job(spec, job, options))
     typer.echo(json.dumps(summary, indent=1))
+
+
+def _resumable(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A bulk job stopped with Ctrl-C says how to go on, not a traceback (exit 130)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        typer.secho("stopped: the shards written are kept; run the same command to resume", err=True,
+                    fg=typer.colors.YELLOW)
+        raise typer.Exit(130) from None
 
 
 def _infinity_v2(**given: Any) -> None:
@@ -794,6 +883,8 @@ def _infinity_v2(**given: Any) -> None:
         typer.secho(f"as infinity-cloud: {translation.command}", fg=typer.colors.CYAN, err=True)
         for note in translation.notes:
             typer.secho(f"  {note}", fg=typer.colors.YELLOW, err=True)
+        for warning in translation.warnings:
+            typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, bold=True, err=True)
         spec = load_spec(None, **translation.options)
         if translation.preload_only:
             for model in spec.models:

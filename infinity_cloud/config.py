@@ -129,6 +129,12 @@ class ModelSpec(_Frozen):
         "calibrated offline on standard-library docstrings, in 256 steps), binary or ubinary "
         "(sign bits, packed).",
     )
+    export_into_folder: bool = Field(
+        False,
+        description="Write the backend's exports (ONNX, OpenVINO IR and compiled blobs) into the model's "
+        "own folder (<model>/.infinity-cloud), so a copy of the folder carries them, instead of the "
+        "export cache ($INFINITY_CLOUD_CACHE, else the user cache); images are baked so.",
+    )
     backend_options: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Settings only one backend reads."
     )
@@ -159,6 +165,17 @@ class ModelSpec(_Frozen):
             first, *more = [n.strip() for n in data["served_model_name"].split(",") if n.strip()] or [None]
             data = {**data, "served_model_name": first, "aliases": (*more, *data.get("aliases", ()))}
         return data
+
+    @field_validator("model_id", "revision")
+    @classmethod
+    def _readable_ids(cls, value: str | None) -> str | None:
+        """A hub id, folder or revision never holds a control character; one with a NUL byte
+        would reach the file system as a path (`embedded null byte`, a 500 from the admin API)."""
+        if value is not None and any(not ch.isprintable() for ch in value):
+            bad = next(ch for ch in value if not ch.isprintable())
+            raise ValueError(f"{value[:80]!r} holds the control character {bad!r}: a hub id, a folder or "
+                             "a revision is printable text")
+        return value
 
     @field_validator("served_model_name", "aliases")
     @classmethod

@@ -68,7 +68,7 @@ from infinity_cloud.results import (
     Token,
 )
 from infinity_cloud.tasks import quantization
-from infinity_cloud.tasks.base import Call, Result, Task
+from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, listed_tokens_cost
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, Modality, prompt_for_use, prompted
 from infinity_cloud.tasks.multi_vector import ROLE_FOR_USE, MultiVectorCall, Role, require_multi_vector
@@ -89,8 +89,15 @@ T = TypeVar("T")
 # What a hot load is refused at first sight for: its weights times this (86 MB of MiniLM took
 # 250 MB to load with its exports and compilations, measured); its real cost is measured after.
 LOAD_COST_PER_WEIGHT_BYTE = 3
+# How long a server whose models set no deadline may fail to admit a minimal request by memory
+# before /health says it is not ready: the models' default deadline.
+DEFAULT_MEMORY_DEADLINE_S = 10.0
 # The least room for requests a hot load must leave in the memory budget.
 MIN_REQUEST_ROOM = 64 * 2**20
+# Names that clients written for TEI send on every route, meaning "whatever the server serves"
+# (mem0's HuggingFaceEmbedding always sends "tei", through the OpenAI SDK to /v1/embeddings): no
+# model is served under them, so they are taken as TEI takes any name (`model`'s any_name).
+TEI_PLACEHOLDER_NAMES = frozenset({"tei"})
 
 
 def request_key(task: Task[Any, Any], call: Any, model: str) -> str | None:
@@ -137,6 +144,7 @@ class Engine:
                                  server.cache_ttl_s, server.cache_timeout_ms / 1000, server.cache_secret)
         self._loading: set[asyncio.Future[None]] = set()  # models added while serving
         self._unloaded: set[str] = set()  # names of models unloaded while serving: a 404, not another model
+        self._names_taken: set[tuple[str, str]] = set()  # (unserved name, model) said in the log (`model`)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -246,13 +254,14 @@ class Engine:
         self._serve(model)
         self._unloaded.difference_update(spec.names)
 
-        def load() -> None:
+        async def load() -> None:
             try:
-                self._load_one(model)
+                await asyncio.to_thread(self._load_one, model)
+                await self._calibrate_loaded([model])  # part of its load, as at start
             except Exception as exc:  # its state says why; the server serves on
                 log.error("loading model %s failed: %s", model.name, exc)
 
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(load))
+        task = asyncio.get_running_loop().create_task(load())
         self._loading.add(task)
         task.add_done_callback(self._loading.discard)
         return model
@@ -319,6 +328,8 @@ class Engine:
         engine = cls(spec)
         try:
             engine.load()
+            # Its own loop, run before the server's: what it leaves (done futures) is not reused.
+            asyncio.run(engine._calibrate_loaded(list(engine.models.values())))
         except BaseException:
             engine.close()
             raise
@@ -334,10 +345,22 @@ class Engine:
     async def start(self) -> Engine:
         self.cache.start()
         await asyncio.to_thread(self.load)
-        for model in self.models.values():  # calibrated now, not in a caller's first request
-            if model.spec.embedding_dtype in quantization.CALIBRATED_TYPES:
-                await self.calibration(model.name)
+        await self._calibrate_loaded(list(self.models.values()))
         return self
+
+    async def _calibrate_loaded(self, models: list[ServedModel]) -> None:
+        """The int8/uint8 ranges of each of `models` served as int8/uint8 (its every answer
+        needs them), made as part of its load, not in a caller's first request: the server is
+        not healthy till they are (`healthy`). Every way a model loads ends here: `start`,
+        `loaded` (serve, the containers) and a hot load."""
+        for model in models:
+            if model.state == "ready" and self._needs_ranges(model):
+                await self.calibration(model.name)
+
+    def _needs_ranges(self, model: ServedModel) -> bool:
+        """Served as int8/uint8, without its ranges yet."""
+        ranges = self._int8_ranges.get(model.name)
+        return model.spec.embedding_dtype in quantization.CALIBRATED_TYPES and not (ranges and ranges.ready)
 
     async def stop(self) -> None:
         if self._loading:  # a model still loading finishes, then stops with the rest
@@ -360,17 +383,25 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        """Every model loaded and working, and those served as int8/uint8 calibrated (at
-        start: their every answer needs the ranges). A model loaded while serving counts once
-        it is ready: its loading, failing or draining is the admin API's to report. A server
-        with no model ready (the only one unloaded, or its replacement still loading) is not
-        healthy: it would answer every call 404."""
-        calibrated = quantization.CALIBRATED_TYPES
+        """Every model loaded and working, and those served as int8/uint8 calibrated (part of
+        their load: their every answer needs the ranges). A model loaded while serving counts
+        once it is ready and calibrated: its loading, failing or draining is the admin API's to
+        report. A server with no model ready (the only one unloaded, or its replacement still
+        loading) is not healthy: it would answer every call 404. Nor is one whose memory budget
+        has not admitted a minimal request for longer than its deadline (`admits_minimal`)."""
         models = list(self.models.values())
         return any(m.state == "ready" for m in models) and all(
-            m.healthy and (m.spec.embedding_dtype not in calibrated or self._int8_ranges[m.name].ready)
-            for m in models if not (m.hot and m.state != "ready")
-        )
+            m.healthy and not self._needs_ranges(m)
+            for m in models if not (m.hot and (m.state != "ready" or self._needs_ranges(m)))
+        ) and self.admits_minimal
+
+    @property
+    def admits_minimal(self) -> bool:
+        """Whether the memory budget admits a minimal request, or stopped doing so less than the
+        models' longest deadline ago (a wait for other requests' memory is part of a deadline;
+        past it, the process holds what it should not: an orchestrator should act)."""
+        deadlines = [m.spec.deadline_s for m in self.models.values() if m.spec.deadline_s is not None]
+        return self.memory.admits_minimal(max(deadlines, default=DEFAULT_MEMORY_DEADLINE_S))
 
     def facts(self) -> list[ModelFacts]:
         """What each loaded model is (`ServedModel.facts`), in the spec's order."""
@@ -393,11 +424,16 @@ class Engine:
 
     # -- addressing ------------------------------------------------------------------
 
-    def model(self, name: str | None = None, *capabilities: Capability) -> ServedModel:
+    def model(self, name: str | None = None, *capabilities: Capability, any_name: bool = False
+              ) -> ServedModel:
         """The served model a request means. With one model, any name resolves to it. With
         several: its name or an alias; no name: the one served model that does one of
         `capabilities` (the request's task), or where several do, the one marked `default`,
-        else the first listed of them. An unknown name is a 404 naming what is served."""
+        else the first listed of them. An unknown name is a 404 naming what is served; with
+        `any_name` (TEI's routes: TEI ignores the name, and its clients send their own), or
+        a name TEI's clients send on any route (`TEI_PLACEHOLDER_NAMES`), it goes to the one
+        served model that does the task where exactly one does, said in the log once per name."""
+        any_name = any_name or name in TEI_PLACEHOLDER_NAMES
         if name in self._unloaded:
             raise ModelNotFoundError(f"model {name!r} was unloaded; served models: {self._known_names()}",
                                      param="model")
@@ -405,6 +441,14 @@ class Engine:
             return next(iter(self.models.values()))
         if name:
             found = next((m for m in self.models.values() if name in m.spec.names), None)
+            able = [m for m in self.models.values() if m.capability in capabilities]
+            if found is None and any_name and len(able) == 1:
+                found = able[0]
+                if (name, found.name) not in self._names_taken:
+                    self._names_taken.add((name, found.name))
+                    log.warning("a request for model %r, which is not served, is answered by %r, the one "
+                                "served model that does %s (its route ignores the name, as TEI does); "
+                                "said once", name, found.name, " or ".join(c.noun for c in capabilities))
             if found is None:
                 raise ModelNotFoundError(f"model {name!r} is not served here; served models: "
                                          f"{self._known_names()}", param="model")
@@ -419,11 +463,12 @@ class Engine:
             else f"several models are served; name one in 'model': {known}", param="model",
         )
 
-    def facts_of(self, name: str | None = None, *capabilities: Capability) -> ModelFacts:
+    def facts_of(self, name: str | None = None, *capabilities: Capability, any_name: bool = False
+                 ) -> ModelFacts:
         """What the served model a request means is (`model`'s choice; a 503 until it has
         loaded): for a route that answers each kind of model in its own shape (TEI's `/`,
-        SageMaker's /invocations)."""
-        served = self.model(name, *capabilities)
+        SageMaker's /invocations), or that takes any name (TEI's)."""
+        served = self.model(name, *capabilities, any_name=any_name)
         served.loaded  # noqa: B018  # raises while it loads, fails or has a dead worker
         return served.facts  # type: ignore[return-value]  # loaded, so known
 
@@ -474,18 +519,19 @@ class Engine:
         # fetching and tokenizing count as waiting.
         queue, cost = served.queue(tower), task.cost(call, served)
         check_answer_size(cost.answer_bytes, self.limits)
-        with self.memory.reserved(cost.memory):  # held until the answer is made
+        # Held until the answer is made; one hold for the request, so a refusal judges all of it.
+        with self.memory.growing() as hold:
+            hold(cost.memory)
             key = request_key(task, call, served.name) if queue.contended and not background else None
             predicted = queue.admit(cost.tokens, key, cost.inputs, background)
             try:
                 uris = task.media(call, served)
-                if uris:
-                    with self.memory.growing() as hold:  # the fetched bytes, held till decoded
-                        fetched = await self.media.fetch_all(uris, hold)
-                        items = await self.decoder.prepare_all(
-                            served.loaded.encoders[tower], fetched, served.spec.deadline_s,
-                            served.spec.request_limit_s,
-                        )
+                if uris:  # the fetched bytes join the hold as they arrive (counted once: not in `cost`)
+                    fetched = await self.media.fetch_all(uris, hold)
+                    items = await self.decoder.prepare_all(
+                        served.loaded.encoders[tower], fetched, served.spec.deadline_s,
+                        served.spec.request_limit_s,
+                    )
                 else:
                     items = await self._tokenize(task.encode, call, served, self.limits)
             finally:
@@ -690,8 +736,11 @@ class Engine:
         `dimensions`) over the calibration texts, for int8/uint8: embedded once, in the
         background (the engine's own work, ahead of the requests in the model's queue and never
         refused for load). `wait` False: a 503 with Retry-After until they are ready:
-        calibration is never inside a request (the HTTP app's)."""
+        calibration is never inside a request (the HTTP app's). Only a dense embedder has them:
+        another model is a 400 saying what it is, before any calibration starts (a ColBERT
+        model asked for int8 started one, which failed, and answered 503s)."""
         served = self.model(model)
+        served.require(Capability.EMBED)
         return await self._int8_ranges[served.name].ranges(dimensions, wait=wait)
 
     async def _embed_in_background(self, model: str, texts: list[str]) -> np.ndarray:
@@ -742,13 +791,18 @@ class Engine:
         served = self.model(model, *Capability)  # any model tokenizes: the default, else the first
         check_texts(texts, self.limits)
         texts = prompted(served, texts, prompt_name)
-        return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
+        # Its answer is the largest per character of any route's (a dict a token): admitted by
+        # the memory budget as every route's work is.
+        with self.memory.reserved(listed_tokens_cost(texts).memory):
+            return await self._tokenize(served.loaded.tokenizer.tokens, texts, add_special_tokens)
 
     def decode(
         self, ids: Sequence[Sequence[int]], model: str | None = None, *, skip_special_tokens: bool = True
     ) -> list[str]:
-        """Token ids of the model's own vocabulary back to text."""
-        return self.model(model, *Capability).loaded.tokenizer.decode(ids, skip_special_tokens)
+        """Token ids of the model's own vocabulary back to text (admitted by the memory budget)."""
+        tokenizer = self.model(model, *Capability).loaded.tokenizer
+        with self.memory.reserved(decoded_ids_cost(ids).memory):
+            return tokenizer.decode(ids, skip_special_tokens)
 
 
 __all__ = ["Engine"]

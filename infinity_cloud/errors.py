@@ -63,6 +63,14 @@ class ModelNotReadyError(InfinityCloudError):
     retry_after_s = 5
 
 
+class MemoryExhaustedError(ModelNotReadyError):
+    """Nothing is admitted, and the process holds more memory than the budget leaves a
+    request even after giving freed memory back (a leak, fragmentation): not the caller's
+    doing, and not over by waiting for other requests."""
+
+    retry_after_s = 1
+
+
 class DeviceMemoryError(InfinityCloudError):
     """The batch holding this request's inputs did not fit the device's memory (a CUDA
     out-of-memory): the worker lives on, and the request may be retried."""

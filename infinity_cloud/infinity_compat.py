@@ -10,7 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.backends.registry import auto_backends, installed
+from infinity_cloud.errors import BackendUnavailableError, ConfigError
+from infinity_cloud.install_hint import install_command
 
 ENV_PREFIX = "INFINITY_"
 
@@ -27,7 +29,22 @@ def _engine(value: str) -> str:
     if value not in engines:
         raise ConfigError(f"--engine {value} has no counterpart: it is Infinity's test engine; "
                           "use torch, optimum (ONNX Runtime), ctranslate2 or neuron")
+    if value == "optimum" and not installed("onnx"):
+        return "auto"  # the optimized path this install has: `_optimum_without_onnx` says so
     return engines[value]
+
+
+def _optimum_without_onnx() -> str:
+    """What `--engine optimum` (ONNX Runtime) on an install without it says: the README's
+    install is [openvino,export], and a migration's first command must serve, on the fastest
+    installed backend, loudly, with the command that adds ONNX Runtime."""
+    try:
+        fastest = auto_backends("auto")[0]
+    except BackendUnavailableError:
+        fastest = "none is installed"
+    return (f"--engine optimum means ONNX Runtime, which is not installed: serving on the fastest "
+            f"installed backend instead (--backend auto: {fastest}). For ONNX Runtime: "
+            f"{install_command('onnx')}")
 
 
 def _device(value: str) -> str:
@@ -72,7 +89,8 @@ FLAGS = (
     Flag("trust_remote_code", bool, True, "trust_remote_code",
          note="Infinity trusts a repository's code by default; here only when the flag is given"),
     Flag("engine", per_model=True, ours="backend", convert=_engine,
-         note="optimum is ONNX Runtime (--backend onnx); not given: auto, the fastest installed"),
+         note="optimum is ONNX Runtime (--backend onnx), or where it is not installed the fastest "
+              "installed backend, said loudly; not given: auto, the fastest installed"),
     Flag("model_warmup", bool, True, "warmup"),
     Flag("vector_disk_cache", bool, True,
          note=f"becomes the in-process result cache (--cache-mb {VECTOR_CACHE_MB}), not on disk: it is "
@@ -118,6 +136,7 @@ class Translation:
     command: str  # the same as an infinity-cloud command line
     notes: tuple[str, ...]  # flags given that have no counterpart, or mean something else
     preload_only: bool
+    warnings: tuple[str, ...] = ()  # a flag served otherwise than it asks, on this install
 
 
 def translate(given: Mapping[str, Any], environ: Mapping[str, str]) -> Translation:
@@ -144,7 +163,9 @@ def translate(given: Mapping[str, Any], environ: Mapping[str, str]) -> Translati
             options[flag.ours] = converted
     options = _with_device_ids(options, values["device_id"])
     preload_only = bool(values["preload_only"])
-    return Translation(options, command_line(options, preload_only), tuple(notes), preload_only)
+    engines = _as_list(values["engine"])
+    warnings = (_optimum_without_onnx(),) if "optimum" in engines and not installed("onnx") else ()
+    return Translation(options, command_line(options, preload_only), tuple(notes), preload_only, warnings)
 
 
 def _value(flag: Flag, given: Any, environ: Mapping[str, str]) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.targets.base import TargetError, one_line
 
 NO_CREDENTIALS = (
@@ -42,7 +43,7 @@ def import_boto3() -> Any:
     try:
         import boto3
     except ImportError:
-        raise AwsError("boto3 is not installed: pip install 'infinity-cloud[aws]'") from None
+        raise AwsError(f"boto3 is not installed: {install_command('aws')}") from None
     return boto3
 
 
@@ -109,7 +110,7 @@ def check_known(client: Callable[[str], Any], calls: Iterable[ApiCall]) -> None:
         except ParamValidationError as exc:
             raise AwsError(
                 f"botocore {botocore.__version__} cannot make {call.service}.{call.operation} as it is "
-                f"needed: {one_line(str(exc))}; pip install -U 'infinity-cloud[aws]'"
+                f"needed: {one_line(str(exc))}; {install_command('aws', upgrade=True)}"
             ) from None
 
 

@@ -241,6 +241,29 @@ def spec_yaml(spec: DeploymentSpec) -> str:
     return yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
 
 
+# What a first call sends, by the route a model's task answers on.
+FIRST_CALLS = {
+    "embeddings": '{{"model": "{model}", "input": ["Hello from the cloud"]}}',
+    "rerank": '{{"model": "{model}", "query": "What is a cloud?", "documents": ["Water", "A rock"]}}',
+    "classify": '{{"model": "{model}", "input": ["Hello from the cloud"]}}',
+}
+
+
+def curl_example(
+    url: str, model: str, route: str = "embeddings", *, api_key: bool = False,
+    headers: dict[str, str] | None = None,
+) -> str:
+    """A ready `curl` of `route` (a key of FIRST_CALLS) at `url` (with its prefix); with
+    `api_key`, the key is read from CLIENT_KEY_ENV in the caller's shell, never written here."""
+    extra = {**(headers or {})}
+    if api_key:
+        extra["Authorization"] = f"Bearer ${CLIENT_KEY_ENV}"
+    curl_headers = "".join(f' -H "{k}: {v}"' for k, v in extra.items())
+    body = FIRST_CALLS[route].format(model=model)
+    return f"""curl {url.rstrip('/')}/{route}{curl_headers} -H "Content-Type: application/json" \\
+  -d '{body}'"""
+
+
 def usage_examples(
     url: str, model: str, *, api_key: bool = False, headers: dict[str, str] | None = None
 ) -> str:
@@ -249,15 +272,13 @@ def usage_examples(
     extra = {**(headers or {})}
     if api_key:
         extra["Authorization"] = f"Bearer ${CLIENT_KEY_ENV}"
-    curl_headers = "".join(f' -H "{k}: {v}"' for k, v in extra.items())
     key = f'os.environ["{CLIENT_KEY_ENV}"]' if api_key else '"unused"'
     other = {k: v for k, v in extra.items() if k != "Authorization"}
     default_headers = (
         ", default_headers={" + ", ".join(f'"{k}": os.path.expandvars("{v}")' for k, v in other.items()) + "}"
         if other else ""
     )
-    return f"""curl {base}/embeddings{curl_headers} -H "Content-Type: application/json" \\
-  -d '{{"model": "{model}", "input": ["Hello from the cloud"]}}'
+    return f"""{curl_example(base, model, api_key=api_key, headers=headers)}
 
 python - <<'PY'
 import os

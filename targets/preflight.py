@@ -17,6 +17,7 @@ from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.models.model_source import already_here
 
 # A tower that reads media -> the modules it needs, the extra that installs them, their names.
@@ -42,7 +43,7 @@ def model_problems(model: ModelSpec) -> list[str]:
         extras = backend_entry(model.backend).extras
         extra = extras.get(model.device.partition(":")[0]) or next(iter(extras.values()), None)
         found.append(f"model {model.name}: backend {model.backend} is not installed: "
-                     f"pip install 'infinity-cloud[{extra}]'" if extra else
+                     f"{install_command(extra)}" if extra else
                      f"model {model.name}: backend {model.backend} is not installed")
     elif model.backend == "auto":
         try:
@@ -65,7 +66,7 @@ def model_problems(model: ModelSpec) -> list[str]:
             missing = [m for m in modules if importlib.util.find_spec(m) is None]
             if missing:
                 found.append(f"model {model.name} reads {tower}s, which needs {names} ({', '.join(missing)} "
-                             f"is missing): pip install 'infinity-cloud[{extra}]'")
+                             f"is missing): {install_command(extra)}")
     found += cache_problems(model, folder)
     return found
 
@@ -84,7 +85,7 @@ def device_problems(model: ModelSpec) -> list[str]:
 def cache_problems(model: ModelSpec, folder: Path) -> list[str]:
     """Exports (ONNX, OpenVINO, int8, fidelity verdicts) are written once, where
     `exports.cache_root` says: that place must be writable, or already hold them."""
-    root = exports.cache_root(folder)
+    root = exports.cache_root(folder, model.export_into_folder)
     if exports.writable(root) or any(root.glob(f"*/{exports.MANIFEST}")):
         return []
     return [f"model {model.name}: the export cache {root} is not writable: set {exports.CACHE_ENV} "

@@ -49,13 +49,15 @@ def check_image_device() -> None:
 
 
 def bake_models(spec: DeploymentSpec) -> None:
-    """The image build step: fetch every model and build its exports on the target's hardware."""
+    """The image build step: fetch every model and build its exports on the target's hardware,
+    into its folder (where the image's INFINITY_CLOUD_CACHE names no other place), which the
+    image carries and serves from (`exports.cache_root`)."""
     from infinity_cloud.models.served_model import prepare_model
 
     configure_logging(spec.server.log_level, spec.server.log_format)
     check_image_device()  # exports and precision verdicts made on the CPU would not fit the GPU
     for model in spec.models:
-        print(prepare_model(model), flush=True)
+        print(prepare_model(model.model_copy(update={"export_into_folder": True})), flush=True)
 
 
 def start_engine(spec: DeploymentSpec) -> Engine:

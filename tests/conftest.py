@@ -277,9 +277,11 @@ def server_process(
     program: Sequence[str] = (sys.executable, "-m", "infinity_cloud"),
     log_path: Path | None = None,
     command: str = "serve",
+    health: str = "/health",
 ) -> Iterator[str]:
     """`PROGRAM COMMAND ARGS` (this venv's package, serve, by default) as a real process on a
-    free port; yields its URL once /health answers. The log goes to `log_path`."""
+    free port; yields its URL once `health` (with the server's URL prefix) answers. The log goes
+    to `log_path`."""
     port = free_port()
     log_path = log_path or Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"infinity-cloud-{port}.log"
     log = log_path.open("w")
@@ -297,7 +299,7 @@ def server_process(
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}{health}", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from conftest import fake, serve_in_process, server_process, spec_of
+from conftest import FAKE, fake, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine
 from infinity_cloud.config import ModelSpec
@@ -167,6 +167,27 @@ async def test_a_taken_name_is_409_and_a_model_past_the_budget_413(
         refused = await client.post("/admin/models", headers=ADMIN,
                                     json={"model_id": str(tiny_reranker), "served_model_name": "reranker"})
         assert refused.status_code == 413 and "--memory-budget-mb" in refused.text, refused.text
+
+
+async def test_a_control_character_in_an_id_is_a_400_naming_the_field(tiny_embedder: Path) -> None:
+    """A NUL byte in a model id or revision would reach the file system as a path (a 500:
+    'embedded null byte'); a name with one is looked up, never opened."""
+    spec = spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                   admin_model_roots=[tiny_embedder.parent])
+    async with serve_in_process(spec) as client:
+        for body in ({"model_id": "a\x00b"}, {"model_id": f"{tiny_embedder}\x00"},
+                     {"model_id": "/etc/passwd\x00"}, {"model_id": "org/model\n"},
+                     {"model_id": str(tiny_embedder), "revision": "main\x00"}):
+            refused = await client.post("/admin/models", headers=ADMIN, json=body)
+            field = "revision" if "revision" in body else "model_id"
+            assert refused.status_code == 400, (body, refused.status_code, refused.text)
+            assert field in refused.text and "control character" in refused.text, refused.text
+        for method, path in (("DELETE", "/admin/models/a%00b"), ("GET", "/models/a%00b"),
+                             ("GET", "/v1/models/a%00b")):
+            missing = await client.request(method, path, headers=ADMIN if method == "DELETE" else {})
+            assert missing.status_code == 404, (path, missing.status_code, missing.text)
+        listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+        assert [m["id"] for m in listed] == ["embedder"]
 
 
 def test_the_models_command_loads_lists_and_unloads(tiny_embedder: Path, tiny_reranker: Path,
@@ -363,3 +384,31 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
         await load(engine)
         again = await engine.embed(["x"], "hot", output_dtype="int8")
     np.testing.assert_array_equal(first.embeddings, again.embeddings)
+
+
+async def test_a_model_hot_loaded_as_int8_is_calibrated_as_part_of_its_load(tiny_embedder: Path) -> None:
+    """A model loaded through the admin API with `embedding_dtype: int8` was left uncalibrated
+    once ready: the whole server's /health turned 503 and the model said "calibrating" until a
+    caller's request started it (and got the 503). Its ranges are now made as it loads: the
+    server stays healthy, the model turns ready with them, and its first answer is a 200."""
+    roots = [tiny_embedder.parent]
+    async with serve_in_process(spec_of(embedder(tiny_embedder), admin_keys=["admin-secret"],
+                                        admin_model_roots=roots)) as client:
+        loaded = await client.post("/admin/models", headers=ADMIN, json={
+            "model_id": str(tiny_embedder), "served_model_name": "q", "embedding_dtype": "int8",
+            "backend": FAKE})
+        assert loaded.status_code == 202, loaded.text
+        healths = []
+        for _ in range(1200):
+            healths.append((await client.get("/health")).status_code)
+            listed = (await client.get("/admin/models", headers=ADMIN)).json()["data"]
+            states = {m["id"]: m["state"] for m in listed}
+            if states["q"] not in ("loading", "calibrating"):
+                break
+            await asyncio.sleep(0.05)
+        assert states == {"embedder": "ready", "q": "ready"}
+        first = await client.post("/v1/embeddings", json={"model": "q", "input": ["hello"]})
+        assert (await client.get("/health")).status_code == 200
+    assert set(healths) == {200}, "the model served before kept the server healthy"
+    assert first.status_code == 200, first.text
+    assert all(isinstance(v, int) for v in first.json()["data"][0]["embedding"])

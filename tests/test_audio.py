@@ -96,6 +96,7 @@ async def test_audio_over_http_and_bad_audio(clap: Path) -> None:
         blip = data_uri(encoded(clip(0.001, 48_000, 3), 48_000, "WAV"))
         cases = [
             ([data_uri(b"RIFF but not really a wave file")], "input 0", "not audio that can be decoded"),
+            ([data_uri(clips[0]), data_uri(b"RIFF but not really a wave file")], "input 1", "it is text"),
             ([data_uri(clips[0]), blip], "input 1", "s long"),
         ]
         for inputs, where, what in cases:
@@ -103,6 +104,7 @@ async def test_audio_over_http_and_bad_audio(clap: Path) -> None:
             response = await client.post("/embeddings", json=body)
             assert response.status_code == 400, response.text
             assert where in response.text and what in response.text, response.text
+            assert "BytesIO" not in response.text, response.text  # the decoder's name for its file
         fine = {"model": "clap", "input": [data_uri(clips[0])], "modality": "audio"}
         assert (await client.post("/embeddings", json=fine)).status_code == 200
         image = await client.post("/embeddings", json={**fine, "modality": "image"})

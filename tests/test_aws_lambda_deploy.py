@@ -21,6 +21,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.targets.aws_lambda import lambda_api
 
 runner = CliRunner()
@@ -413,7 +414,7 @@ def test_a_botocore_without_a_needed_parameter_is_refused_before_anything_is_mad
     result = deploy(tmp_path, tiny_embedder, arn, "--function-name", "emb", "--auth", "NONE")
     assert result.exit_code == 2, result.output
     assert "lambda.add_permission" in result.output and "InvokedViaFunctionUrl" in result.output
-    assert "pip install -U 'infinity-cloud[aws]'" in result.output
+    assert install_command("aws", upgrade=True) in result.output
     assert boto3.client("lambda", region_name=REGION).list_functions()["Functions"] == []
 
 

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino
 from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.models import backend_choice
 from infinity_cloud.numerics import fidelity
 
@@ -86,7 +88,9 @@ def fresh_copy(source: Path, target: Path) -> Path:
 
 async def run(path: Path, **spec: Any) -> tuple[np.ndarray, dict[str, Any]]:
     """The model's outputs on the fixed texts (embeddings, raw rerank scores or raw class
-    logits in label order) and its describe() facts."""
+    logits in label order) and its describe() facts. This module's models keep their exports
+    beside them (`export_into_folder`), where its tests look, unless a test says otherwise."""
+    spec.setdefault("export_into_folder", True)
     async with Engine(ModelSpec(model_id=str(path), **spec)) as engine:
         facts = engine.describe()[0]
         capability = facts["capabilities"][0]
@@ -164,7 +168,8 @@ def exported(cache: Path, kind: str) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them."""
+    """This module's copies of the models (MiniLM too: not in site-packages), exports next to them
+    (`run`); the user cache a test's subprocess falls back to is the module's own, not ~/.cache."""
     root = tmp_path_factory.mktemp("backend-models")
     paths = {
         name: build_cross_encoder(root / name, **opts) if kind == "cross_encoder"
@@ -173,6 +178,7 @@ def models(build_model: Callable[..., Path], minilm_dir: Path, tmp_path_factory:
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(exports.CACHE_ENV, raising=False)
+        patch.setenv("XDG_CACHE_HOME", str(root / "user-cache"))
         yield {**paths, "minilm": fresh_copy(minilm_dir, root / "minilm")}
 
 
@@ -275,13 +281,38 @@ async def test_exports_are_cached_per_option_and_honour_the_cache_variable(
     assert len(conversions) == 1 and len(exported(cache, "openvino")) == 1
 
 
-async def test_without_the_cache_variable_exports_go_next_to_the_model(
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its relative path, with its content."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+async def test_without_the_cache_variable_exports_go_to_the_user_cache_not_the_model_folder(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Serving a model folder once grew it five times over (MiniLM: 92 MB, then 454 MB with its
+    ONNX, IR and compiled blobs): by default its exports go to the user cache, keyed by its digest."""
+    monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+    before = folder_files(model)
+    await run(model, backend=backend, dtype="float32", export_into_folder=False)
+    assert folder_files(model) == before  # not a byte written into the user's folder
+    user = tmp_path / "user" / "infinity-cloud" / "exports"
+    assert exports.verify(exported(user, "onnxruntime" if backend == "onnx" else "openvino")[0])
+    if backend == "openvino":  # its compiled blobs too
+        assert list(user.glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob"))
+
+
+async def test_export_into_folder_puts_the_exports_next_to_the_model(
     models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(exports.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
     model = fresh_copy(models["bert"], tmp_path / "bert")
     onnx_exports = counting(monkeypatch, onnx_export, "export_onnx")
-    await run(model, backend="onnx", dtype="float32")
+    await run(model, backend="onnx", dtype="float32", export_into_folder=True)
+    assert not (tmp_path / "user").exists()
     assert len(onnx_exports) == 1
     assert len(exported(model / ".infinity-cloud", "onnx")) == 1
     assert exports.verify(exported(model / ".infinity-cloud", "onnxruntime")[0])
@@ -299,6 +330,31 @@ async def test_without_the_cache_variable_exports_go_next_to_the_model(
     weights.write_bytes(bytes(data))
     await run(moved, backend="onnx", dtype="float32")
     assert len(onnx_exports) == 2
+
+
+async def test_openvino_keeps_the_blobs_of_the_configurations_it_compiled_last(
+    models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A blob folder per configuration any start compiled grew mpnet's cache to 2.1 GB: two
+    starts in other configurations leave only the second's two (its streams' and its lone
+    batches'), and the load says where its export is and how large."""
+    monkeypatch.setenv(exports.CACHE_ENV, str(tmp_path / "cache"))
+    model = fresh_copy(models["bert"], tmp_path / "bert")
+
+    def blob_configs() -> set[str]:
+        blobs = (tmp_path / "cache").glob(f"openvino-*/{exports.MACHINE_CACHE}/*/*.blob")
+        return {b.parent.name for b in blobs}
+
+    # Another shape cache is another configuration (as another precision or thread count is).
+    await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 128})
+    first = blob_configs()
+    assert len(first) == 2  # THROUGHPUT and LATENCY
+    with caplog.at_level(logging.INFO, logger="infinity_cloud"):
+        await run(model, backend="openvino", dtype="float32", backend_options={"shape_cache_entries": 64})
+    second = blob_configs()
+    assert len(second) == 2 and second.isdisjoint(first)
+    (export,) = exported(tmp_path / "cache", "openvino")
+    assert f"its export {export} (" in caplog.text and "of which compiled blobs" in caplog.text
 
 
 # -- 3. corrupted exports are rebuilt -------------------------------------------------------
@@ -452,12 +508,12 @@ async def test_onnx_and_openvino_serve_without_torch(models, reference, tmp_path
         kind, message = out[f"{backend}-error"]
         assert kind == "BackendUnavailableError", message
         # The converter's extra, after torch's CPU build (PyPI's Linux torch is CUDA's).
-        assert onnx_export.EXPORT_INSTALL in message and "onnx/model.onnx" in message, message
+        assert onnx_export.export_install() in message and "onnx/model.onnx" in message, message
         assert ("openvino/openvino_model.xml" in message) == (backend == "openvino"), message
         assert str(uncached) in message
     kind, message = out["auto-error"]  # every installed backend said the same
     assert kind == "BackendUnavailableError", message
-    assert "infinity-cloud[export]" in message and "whl/cpu" in message, message
+    assert onnx_export.export_install() in message and "whl/cpu" in message, message
     assert not (uncached / ".infinity-cloud").exists() or not any((uncached / ".infinity-cloud").iterdir())
 
 
@@ -556,7 +612,7 @@ async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
 
     loads = counting(monkeypatch, graphs, "load_model")
     monkeypatch.setitem(sys.modules, "onnx", None)
-    fix = r"onnx is not installed\): pip install torch .*whl/cpu && pip install 'infinity-cloud\[export\]'"
+    fix = r"onnx is not installed\): pip install torch .*whl/cpu && " + re.escape(install_command("export"))
     with pytest.raises(BackendUnavailableError, match=fix):
         await run(models["bert"], backend="openvino", dtype="float32")
     assert loads == []

@@ -167,14 +167,21 @@ def test_every_input_format_gives_the_same_rows(tiny_embedder: Path, tmp_path: P
 
 
 def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, tmp_path: Path) -> None:
+    """Each bad row is set aside with its reason and its place in the input: a blank line is
+    one (it was dropped without a word), and a text the model refuses is named by its row, not
+    by its place in the shard's call (it said "input 2"). Whether a text can be embedded is the
+    engine's one check, the server's: an empty string is refused with its words, a text of
+    spaces is embedded, as the server embeds it (the job called it "empty")."""
     good = corpus(20, seed=2)
     lines = [json.dumps(r) for r in good[:5]]
     lines += [
-        '{"id": "empty", "text": "  "}',
+        '{"id": "spaces", "text": "  "}',
+        '{"id": "empty", "text": ""}',
         '{"id": "none"}',
         '{"id": "number", "text": 42}',
         "{not json",
         '["a list"]',
+        "",
     ]
     lines += [json.dumps({"id": "long", "text": "word " * 5000})]
     lines += [json.dumps(r) for r in good[5:]]
@@ -188,6 +195,8 @@ def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, 
         "--no-truncate",
         "--shard-rows",
         "8",
+        "--max-error-rate",
+        "0.5",
     )
     assert result.exit_code == 0, result.output
     errors = [
@@ -196,16 +205,38 @@ def test_bad_rows_go_to_the_error_file_and_the_job_goes_on(tiny_embedder: Path, 
         for line in f.read_text().splitlines()
     ]
     reasons = {e["id"]: e["error"] for e in errors}
-    assert reasons["empty"] == "empty text" and reasons["none"] == "no 'text' field"
+    assert reasons["empty"] == "row 6 is an empty string" and reasons["none"] == "no 'text' field"
     assert reasons["number"] == "'text' is int, not text"
-    assert "more than the model's limit" in reasons["long"]
+    assert reasons["long"].startswith("row 12 has ") and "more than the model's limit" in reasons["long"]
     assert [e["row"] for e in errors if "not JSON" in e["error"] or "not a JSON object" in e["error"]] == [
-        8,
         9,
+        10,
     ]
+    assert [e["error"] for e in errors if e["row"] == 11] == [f"{source} line 12 is a blank line"]
     table = read(tmp_path / "out")
-    assert table["id"].to_pylist() == [r["id"] for r in good]  # every good row, once, in order
-    assert summary_of(result)["bad_rows"] == 6
+    embedded = [r["id"] for r in good[:5]] + ["spaces"] + [r["id"] for r in good[5:]]
+    assert table["id"].to_pylist() == embedded  # every good row, once, in order
+    summary = summary_of(result)
+    assert summary["bad_rows"] == 7 and summary["embedded"] == 21 and summary["rows"] == 28
+
+
+def test_a_text_of_spaces_is_embedded_by_the_server_too(tiny_embedder: Path) -> None:
+    """The server and the bulk job agree: a text of spaces is a text; an empty one is a 400."""
+    import asyncio
+
+    from conftest import serve_in_process, spec_of
+
+    from infinity_cloud.config import ModelSpec
+
+    async def check() -> None:
+        spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))
+        async with serve_in_process(spec) as client:
+            spaces = await client.post("/v1/embeddings", json={"input": ["  "]})
+            empty = await client.post("/v1/embeddings", json={"input": [""]})
+        assert spaces.status_code == 200 and len(spaces.json()["data"]) == 1, spaces.text
+        assert empty.status_code == 400 and "empty string" in empty.text, empty.text
+
+    asyncio.run(check())
 
 
 def test_images_by_path_or_url_are_embedded_as_transformers_embeds_them(
@@ -230,7 +261,7 @@ def test_images_by_path_or_url_are_embedded_as_transformers_embeds_them(
     source = write_jsonl(tmp_path / "images.jsonl", rows)
     out = tmp_path / "out"
     result = embed(str(source), "--out", str(out), "--model-id", str(clip), "--backend", "torch",
-                   "--modality", "image", "--text-field", "image")
+                   "--modality", "image", "--text-field", "image", "--max-error-rate", "0.5")
     assert result.exit_code == 0, result.output
     table = read(out)
     assert table["id"].to_pylist() == ["a", "b", "c"]
@@ -257,6 +288,8 @@ def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, t
         "10",
         "--max-errors",
         "5",
+        "--max-error-rate",
+        "1",
     )
     assert result.exit_code != 0
     assert "more than --max-errors 5" in " ".join(result.output.split())
@@ -272,6 +305,8 @@ def test_max_errors_stops_the_job_and_keeps_what_was_done(tiny_embedder: Path, t
         "10",
         "--max-errors",
         "50",
+        "--max-error-rate",
+        "1",
     )
     assert more.exit_code == 0, more.output
     assert summary_of(more)["shards_skipped"] == len(written)
@@ -287,9 +322,11 @@ def test_a_run_with_other_settings_refuses_to_add_to_the_output(tiny_embedder: P
     again = embed(
         str(source), "--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder), "--backend", "torch"
     )
-    assert (
-        again.exit_code == 0 and summary_of(again)["shards_skipped"] == 1 and summary_of(again)["rows"] == 0
-    )
+    # Nothing left to do: the summary stays that of the run that did the work (it was all zeros).
+    assert again.exit_code == 0 and summary_of(again)["shards_skipped"] == 1, again.output
+    assert summary_of(again)["rows"] == 10 and summary_of(again)["this_run"] == "nothing left to do"
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["summary"]["rows"] == 10 and manifest["summary"]["texts_per_s"] > 0
     other = embed(
         str(source),
         "--out",
@@ -381,7 +418,7 @@ def test_shards_read_by_a_worker_are_the_rows_read_in_order(tmp_path: Path) -> N
     (tmp_path / "e.txt").write_text("one\n\ntwo\r\nthree")
     files = sources.expand([str(tmp_path / "*")])
     sequential = list(sources.read_rows(files, keep=("lang",)))
-    assert len(sequential) == 20 + 1 + 10 + 10 + 17 + 4
+    assert len(sequential) == 20 + 2 + 1 + 10 + 10 + 17 + 4  # each blank line is a (bad) row
     for size in (1, 3, 8, 1000):
         planned = list(sources.plan(files, size))
         assert [p.shard for p in planned] == list(range(len(planned)))
@@ -438,3 +475,232 @@ def test_ray_finishes_a_job_the_local_runner_was_killed_in(tiny_embedder: Path, 
     assert got["row"].to_pylist() == list(range(300)) and got["id"].to_pylist() == want["id"].to_pylist()
     vectors = [np.array(table["embedding"].to_pylist()) for table in (got, want)]
     np.testing.assert_allclose(*vectors, atol=1e-5)
+
+
+def slow_fake_spec(model: Path, path: Path, delay_s: float = 0.05) -> Path:
+    """A spec whose fake backend takes its time, so that a run can be stopped midway."""
+    spec = {"models": [{"model_id": str(model), "backend": FAKE, "max_batch_size": 8,
+                        "backend_options": {"delay_s": delay_s}}]}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def start_and_stop(command: list[str], out: Path, shards: int, how: int) -> subprocess.Popen[bytes]:
+    """Run `command`, and send it `how` once `shards` shards are written."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("part-*.parquet"))) < shards:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(how)
+    proc.wait(60)
+    return proc
+
+
+def test_an_input_edited_after_a_kill_is_embedded_again_not_mixed(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """Issue 50, N3: SIGKILL after 4 shards, a line added at the top of the same file, the same
+    command again: it ended with exit 0, 4 shards skipped, one id twice and the new row missing.
+    The manifest records each input's size and time, each shard a digest of its rows: the
+    shards whose rows moved are embedded again."""
+    records = corpus(400, seed=9)
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), "--config",
+               str(slow_fake_spec(tiny_embedder, tmp_path / "spec.yaml")), "--shard-rows", "25"]
+    start_and_stop(command, out, 4, signal.SIGKILL)
+    assert len(list(out.glob("part-*.parquet"))) < 16, "it finished before the kill: nothing was resumed"
+    edited = [{"id": "new", "text": "a line added at the top"}, *records]
+    write_jsonl(source, edited)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = read(out)
+    assert table["id"].to_pylist() == [r["id"] for r in edited]  # each once, in the file's order
+    assert table["row"].to_pylist() == list(range(401))
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["inputs"] == [{"file": str(source), "size": source.stat().st_size,
+                                   "modified_ns": source.stat().st_mtime_ns}]
+    # Only the file's times changed, not its rows: every shard is kept.
+    os.utime(source, ns=(time.time_ns(), time.time_ns() + 10**9))
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout[again.stdout.index("{"):])["shards_skipped"] == 17
+
+
+def test_an_output_of_an_earlier_format_is_refused_with_the_reason(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """A manifest without the inputs' stamps (format 1) cannot tell whether they changed: the
+    job refuses it, saying so, rather than trusting it."""
+    source = write_jsonl(tmp_path / "c.jsonl", corpus(10, seed=10))
+    out = tmp_path / "out"
+    first = embed(str(source), "--out", str(out), *on_torch(tiny_embedder))
+    assert first.exit_code == 0, first.output
+    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest["format"] = 1
+    manifest.pop("inputs")
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    again = embed(str(source), "--out", str(out), *on_torch(tiny_embedder))
+    assert again.exit_code != 0
+    assert "written by an earlier infinity-cloud" in " ".join(again.output.split())
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A tmpfs of the size asked (read-only where asked): the faults a full or read-only disk
+    really gives. Needs root and a kernel that lets this sandbox mount one."""
+    mounted = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        point = tmp_path / f"disk-{len(mounted)}"
+        point.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                              capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def test_an_output_that_cannot_be_written_is_one_clear_line(
+    tiny_embedder: Path, tmp_path: Path, small_disk: Any
+) -> None:
+    """Issue 50, N5: a full disk, a read-only output and a file where the folder should be each
+    ended in raw tracebacks (three on a full disk) and "Task exception was never retrieved".
+    Each is one line naming the path and the reason; the shards written are kept."""
+    source = write_jsonl(tmp_path / "c.jsonl", corpus(3000, seed=11))
+    (tmp_path / "a-file").write_text("not a folder")
+    outs = {
+        "No space left on device": small_disk("96k") / "out",
+        "Read-only file system": small_disk("1m", read_only=True) / "out",
+        "Not a directory": tmp_path / "a-file" / "out",
+    }
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for reason, out in outs.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), "--config",
+             str(slow_fake_spec(tiny_embedder, tmp_path / "spec.yaml", 0.0)), "--shard-rows", "100"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode != 0, done.stdout
+        said = [line for line in done.stderr.splitlines() if " INFO " not in line and line.strip()]
+        assert len(said) == 1 and said[0].startswith("error: cannot write "), done.stderr[-3000:]
+        assert reason in said[0] and "run the same command to resume" in said[0], said
+    written = sorted(outs["No space left on device"].glob("part-*.parquet"))
+    assert written and pq.read_table(written).num_rows == 100 * len(written)  # each shard there is whole
+    assert not list(outs["No space left on device"].glob(".*.tmp"))  # and no half-written one took room
+
+
+def test_a_job_that_embedded_nothing_fails_and_names_the_cause(tiny_embedder: Path, tmp_path: Path) -> None:
+    """Issue 50: `--text-field body` where no row has `body` exited 0, with every row an error
+    and texts/s counting them. It fails, naming the field and the fields seen, even allowed
+    every row bad; its rates count embedded rows only."""
+    source = write_jsonl(tmp_path / "c.jsonl", corpus(50, seed=12))
+    out = tmp_path / "out"
+    result = embed(str(source), "--out", str(out), *on_torch(tiny_embedder), "--text-field", "body",
+                   "--shard-rows", "10", "--max-error-rate", "1")
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    assert "no row has the field 'body'; fields seen: id, lang, text" in said, said
+    summary = json.loads((out / "_manifest.json").read_text())["summary"]
+    assert summary["bad_rows"] == 50 and summary["embedded"] == 0 and summary["texts_per_s"] == 0
+    # With the default --max-error-rate (1 %) it stops after its first shard, for the same reason.
+    stopped = embed(str(source), "--out", str(tmp_path / "stopped"), *on_torch(tiny_embedder), "--text-field",
+                    "body", "--shard-rows", "10")
+    assert stopped.exit_code != 0 and "no row has the field 'body'" in " ".join(stopped.output.split())
+    assert len(list((tmp_path / "stopped").glob("part-*.parquet"))) < 5
+
+
+def test_more_bad_rows_than_max_error_rate_fail_the_job(tiny_embedder: Path, tmp_path: Path) -> None:
+    records = corpus(200, seed=13)
+    records[7]["text"] = ""  # 1 of 200: within the default 1 %
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    fine = embed(str(source), "--out", str(tmp_path / "fine"), *on_torch(tiny_embedder))
+    assert fine.exit_code == 0, fine.output
+    assert summary_of(fine)["embedded"] == 199 and summary_of(fine)["bad_rows"] == 1
+    for i in (20, 40, 60):  # 4 of 200
+        records[i]["text"] = ""
+    write_jsonl(source, records)
+    failed = embed(str(source), "--out", str(tmp_path / "failed"), *on_torch(tiny_embedder))
+    assert failed.exit_code != 0
+    said = " ".join(failed.output.split())
+    assert "4 bad rows, more than --max-error-rate 0.01 of 200" in said and "row 7 is an empty string" in said
+    allowed = embed(str(source), "--out", str(tmp_path / "failed"), *on_torch(tiny_embedder),
+                    "--max-error-rate", "0.05")
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_ctrl_c_says_how_to_resume(tiny_embedder: Path, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "c.jsonl", corpus(400, seed=14))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--out", str(out), "--config",
+               str(slow_fake_spec(tiny_embedder, tmp_path / "spec.yaml")), "--shard-rows", "25"]
+    proc = start_and_stop(command, out, 2, signal.SIGINT)
+    stderr = proc.stderr.read().decode()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "run the same command to resume" in stderr and "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_workers_loading_the_model_is_a_step_not_a_bar_at_zero(tmp_path: Path, caplog: Any) -> None:
+    """Ray's and Modal's workers load (export) the model before their first shard: the driver
+    shows that as a step, and its bar starts with the first shard done."""
+    import logging
+
+    from infinity_cloud.bulk.dataset import Dataset
+    from infinity_cloud.bulk.job import EmbedJob
+    from infinity_cloud.bulk.meter import Meter
+    from infinity_cloud.bulk.workers import PlannedJob, collect
+
+    planned = PlannedJob(Dataset(str(tmp_path / "out"), {}), set(), [], Meter(20), [])
+    seen = []
+
+    def reports() -> Any:
+        seen.append([r.getMessage() for r in caplog.records])
+        for _ in range(2):
+            yield {"rows": 10, "tokens": 30, "errors": 0, "backend": "torch", "dtype": "float32"}
+
+    with caplog.at_level(logging.INFO, logger="infinity_cloud"):
+        collect(planned, reports(), EmbedJob(("x.jsonl",), str(tmp_path / "out")))
+    assert any("starting the workers" in line and "export" in line for line in seen[0]), seen
+    said = [r.getMessage() for r in caplog.records]
+    assert any("starting the workers" in line and "done in" in line for line in said), said
+    assert planned.meter.rows == 20
+
+
+def test_a_changed_input_re_embeds_only_its_changed_shards_on_every_runner(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """One text edited in the middle of a finished job's input: the drivers of Ray, Modal and
+    SageMaker (`plan_job`) plan that shard alone again (its file is gone until it is), and
+    the local runner embeds that one alone."""
+    import asyncio
+
+    from conftest import spec_of
+
+    from infinity_cloud.bulk.job import EmbedJob
+    from infinity_cloud.bulk.local_runner import run_local
+    from infinity_cloud.bulk.workers import plan_job
+    from infinity_cloud.config import ModelSpec
+
+    records = corpus(60, seed=15)
+    source = write_jsonl(tmp_path / "c.jsonl", records)
+    spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))
+    job = EmbedJob((str(source),), str(tmp_path / "out"), shard_rows=10)
+    asyncio.run(run_local(spec, job))
+    records[25]["text"] = "an edited text"
+    write_jsonl(source, records)
+    planned = plan_job(spec, job)
+    assert [p.shard for p in planned.todo] == [2] and planned.done == {0, 1, 3, 4, 5}
+    assert not (tmp_path / "out" / "part-000002.parquet").exists()
+    summary = asyncio.run(run_local(spec, job))
+    assert summary["rows"] == 10 and summary["shards_skipped"] == 5
+    table = read(tmp_path / "out")
+    assert table["id"].to_pylist() == [r["id"] for r in records]

@@ -247,3 +247,77 @@ def test_download_shows_its_own_progress(tiny_embedder, tmp_path) -> None:
     assert f"loading {tiny_embedder} to build what its backend needs ..." in run.stderr
     assert "exporting" in run.stderr.lower() or "(once; cached at" in run.stderr
     assert "done in" in run.stderr and "ready for onnx" in run.stdout
+
+
+def test_an_unreachable_hub_is_said_at_once_with_what_to_do(tmp_path) -> None:
+    """With the hub out of reach and HF_HUB_OFFLINE unset, serve fails in one line that says how
+    to go on (HF_HUB_OFFLINE=1, a local folder, a proxy), not after the hub client's retries
+    (each logged twice) with only the socket's error. A closed local port stands for the hub."""
+    import os
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if k not in {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}}
+    environ.update(HF_ENDPOINT=f"http://127.0.0.1:{closed}", HF_HOME=str(tmp_path / "hf"), NO_PROXY="*")
+    run = subprocess.run(
+        [sys.executable, "-m", "infinity_cloud", "serve", "--model-id", "BAAI/bge-small-en-v1.5"],
+        capture_output=True, encoding="utf-8", errors="replace", cwd=ROOT, env=environ, timeout=300,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    said = run.stderr.strip().splitlines()
+    assert len(said) == 1, run.stderr
+    assert said[0].startswith("error: model 'BAAI/bge-small-en-v1.5' is not on this machine"), said
+    assert f"127.0.0.1:{closed}" in said[0] and "cannot be reached" in said[0], said
+    for way_out in ("HF_HUB_OFFLINE=1", "local folder", "HTTPS_PROXY"):
+        assert way_out in said[0], said
+    assert "Retrying" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_hub_clients_lines_are_logged_once() -> None:
+    """The hub client's logger has a handler of its own and its lines reach the root's too:
+    where logging is set up (serve), each of its warnings was printed twice."""
+    code = (
+        "import logging; logging.basicConfig()\n"
+        "import huggingface_hub.utils._http\n"
+        "from infinity_cloud.models import model_source\n"
+        "model_source._hub_logs_once()\n"
+        "logging.getLogger('huggingface_hub.utils._http').warning('retrying, say')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.stderr.count("retrying, say") == 1, run.stderr
+
+
+def test_serve_says_where_its_docs_models_and_a_first_call_are(tiny_embedder, tiny_reranker, tmp_path):
+    """Once it listens, serve prints the URLs of /docs and /models and a curl per model that works
+    as printed: the URL prefix and port in it, a placeholder for the key (never the key)."""
+    import os
+    import re as regex
+
+    key = "sk-do-not-print-me"
+    keys = tmp_path / "keys.txt"
+    keys.write_text(key + "\n")
+    log = tmp_path / "serve.log"
+    with server_process("--model-id", str(tiny_embedder), "--served-model-name", "embedder",
+                        "--model-id", str(tiny_reranker), "--served-model-name", "reranker",
+                        "--backend", "torch", "--url-prefix", "/api", "--api-key-file", str(keys),
+                        log_path=log, health="/api/health") as url:
+        said = log.read_text()
+        assert key not in said
+        assert f"ready: {url}/api" in said, said
+        assert f"API docs: {url}/api/docs" in said and f"models:   {url}/api/models" in said, said
+        assert httpx.get(f"{url}/api/docs", timeout=30).status_code == 200
+        assert httpx.get(f"{url}/api/models", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).status_code == 200
+        curls = regex.findall(r"^curl .*\\\n  -d '.*'$", said, flags=regex.MULTILINE)
+        assert len(curls) == 2 and all("$INFINITY_CLOUD_ENDPOINT_KEY" in c for c in curls), said
+        answers = {}
+        for curl in curls:
+            client_env = {**os.environ, "INFINITY_CLOUD_ENDPOINT_KEY": key}
+            done = subprocess.run(["bash", "-c", curl + " --fail-with-body --silent"], capture_output=True,
+                                  text=True, timeout=120, env=client_env)
+            assert done.returncode == 0, (curl, done.stdout, done.stderr)
+            answers[curl.split()[1]] = json.loads(done.stdout)
+    assert len(answers[f"{url}/api/embeddings"]["data"][0]["embedding"]) > 0
+    assert len(answers[f"{url}/api/rerank"]["results"]) == 2

@@ -170,6 +170,17 @@ def test_openai_sdk_unknown_model_is_not_found(openai_client) -> None:
         openai_client.embeddings.create(model="no-such-model", input=["x"])
 
 
+def test_mem0_huggingface_embedder_sends_tei_and_is_answered(openai_client, minilm_reference) -> None:
+    """mem0's HuggingFaceEmbedding (mem0/embeddings/huggingface.py, with huggingface_base_url
+    set as its docs show: "http://host/v1") calls the OpenAI SDK as
+    `embeddings.create(input=text, model="tei")`, a name it cannot change. TEI ignores it; here,
+    with an embedder, a reranker and a classifier served, it goes to the one embedder."""
+    text = TEXTS[1]
+    answer = openai_client.embeddings.create(input=text, model="tei")
+    assert answer.model == "minilm"
+    assert_same_vectors([answer.data[0].embedding], reference_embeddings(minilm_reference, [text]))
+
+
 def test_openai_sdk_lists_models(openai_client) -> None:
     ids = {m.id for m in openai_client.models.list()}
     assert ids == {"minilm", "reranker", "classifier"}

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import FAKE, ROOT
 
+from infinity_cloud.install_hint import install_command
+
 HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub"]
 
 
@@ -68,7 +70,7 @@ except BackendUnavailableError as exc:
     env = {**os.environ, "INFINITY_CLOUD_CACHE": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
     # auto's first choice on a CPU, whose converter's extra needs torch (its CPU build first)
-    assert "pip install 'infinity-cloud[export]'" in out.stdout, out.stdout + out.stderr
+    assert install_command("export") in out.stdout, out.stdout + out.stderr
 
 
 def _hub_cache(root: Path, repo: str, commit: str, ref: str | None = "main") -> Path:

@@ -37,7 +37,7 @@ def test_every_example_says_what_it_needs_installed() -> None:
         for module in imports - set(sys.stdlib_module_names) - {"numpy", "infinity_cloud"}:
             assert module in said, (example, module)
         if "infinity_cloud.targets.sagemaker" in head:  # boto3 comes with the aws extra
-            assert "infinity-cloud[aws]" in said, example
+            assert ".[aws]" in said, example
 
 
 def test_pointers_to_the_readme_and_the_examples_lead_somewhere() -> None:

@@ -173,12 +173,13 @@ async def test_every_malformed_body_is_a_422_saying_why(client, route: str, body
     await assert_still_serving(client, route)
 
 
-async def test_numbers_beyond_64_bits_are_a_422_that_can_be_answered(client):
-    """The validator echoes the value it refused; it must come back as JSON, not a 500."""
+async def test_numbers_beyond_64_bits_are_answered(client):
+    """JSON Schema's integer admits them (the document says integer), so they are read, and what
+    they are for refuses them by name (400); never a 500."""
     for body, param in ((b'{"input": "a", "dimensions": 123456789012345678901234567890}', "dimensions"),
                         (b'{"input": [[1, 123456789012345678901234567890]]}', "input")):
         response = await client.post("/embeddings", content=body, headers=JSON)
-        assert_error(response, 422, param)
+        assert_error(response, 400, param)
     await assert_still_serving(client, "/embeddings")
 
 
@@ -199,6 +200,11 @@ async def test_the_python_api_refuses_lone_surrogates(tiny_embedder):
 async def test_unknown_route_and_method_use_the_error_shape(client):
     assert_error(await client.get("/nowhere"), 404, None)
     assert_error(await client.get("/embeddings"), 405, None)
+    # Allow names every method the path is served with, though two routes serve it (GET, TEI's POST)
+    for method, path in (("OPTIONS", "/"), ("PUT", "/models/emb"), ("DELETE", "/")):
+        refused = await client.request(method, path)
+        assert_error(refused, 405, None)
+        assert set(refused.headers["Allow"].split(", ")) >= {"GET", "POST"}, (path, refused.headers["Allow"])
 
 
 # -- /invocations: the same errors as the named route ------------------------------------
@@ -690,3 +696,28 @@ async def test_head_health_answers_as_get_does(client) -> None:
     document = (await client.get("/openapi.json")).json()  # HEAD kept out: one id an operation
     ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+# Every dialect's name for Matryoshka truncation, and where its answer keeps the first vector.
+DIMENSIONS = [
+    ("/v1/embeddings", {"input": "a"}, "dimensions", lambda body: body["data"][0]["embedding"]),
+    ("/v1/embeddings", {"input": "a"}, "output_dimension", lambda body: body["data"][0]["embedding"]),
+    ("/v2/embed", {"texts": ["a"]}, "output_dimension", lambda body: body["embeddings"]["float"][0]),
+    ("/embed", {"inputs": "a"}, "dimensions", lambda body: body[0]),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "field", "vector"), DIMENSIONS,
+                         ids=[f"{r}-{f}" for r, _, f, _ in DIMENSIONS])
+async def test_dimensions_zero_is_the_full_vector_in_every_dialect(client, route, body, field, vector):
+    """api.md: 0 or absent means the full vector; a negative count is a 400 that says so, naming
+    the field as the dialect calls it."""
+    full = await client.post(route, json={**body, "model": "emb"})
+    zero = await client.post(route, json={**body, "model": "emb", field: 0})
+    assert full.status_code == zero.status_code == 200, zero.text
+    assert len(vector(zero.json())) == len(vector(full.json())) == 32
+    cut = await client.post(route, json={**body, "model": "emb", field: 8})
+    assert cut.status_code == 200 and len(vector(cut.json())) == 8, cut.text
+    negative = await client.post(route, json={**body, "model": "emb", field: -1})
+    assert negative.status_code == 400, negative.text
+    assert field in negative.text and "0 or absent (the full vector)" in negative.text, negative.text

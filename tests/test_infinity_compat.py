@@ -5,6 +5,8 @@ documented."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,7 @@ from infinity_cloud.cli import app
 from infinity_cloud.config import load_spec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.infinity_compat import FLAGS, translate
+from infinity_cloud.install_hint import install_command
 
 # `infinity_emb v2 --help` of infinity-emb 0.0.78, every option.
 INFINITY_0_0_78_FLAGS = (
@@ -112,3 +115,31 @@ def test_v2_serves_as_infinity_would_and_says_how_infinity_cloud_spells_it(
     assert text.count("as infinity-cloud: infinity-cloud serve --host 127.0.0.1 --model-id") == 1
     assert "--backend onnx" in text and "--no-warmup" in text
     assert "--compile: no effect" in text
+
+
+# `infinity-cloud` as the README installs it ([openvino,export]: no ONNX Runtime), from this venv.
+WITHOUT_ONNX_RUNTIME = (sys.executable, "-c", "import sys; sys.modules['onnxruntime'] = None; "
+                        "sys.argv[0] = 'infinity-cloud'; from infinity_cloud.cli import main; main()")
+
+
+def test_the_guides_first_example_serves_on_the_readmes_install(tiny_embedder: Path, tmp_path) -> None:
+    """`--engine optimum` asks for ONNX Runtime, which the README's install lacks: the guide's
+    first command serves on the fastest installed backend, and says so in one loud line with the
+    command that adds ONNX Runtime (it failed: backend 'onnx' cannot be used)."""
+    page = (ROOT / "docs" / "migrating-from-infinity.md").read_text(encoding="utf-8")
+    first = next(line for line in page.splitlines() if line.startswith("infinity-cloud v2 "))
+    assert "--engine optimum" in first, first
+    args = shlex.split(first)[2:]
+    args[args.index("--model-id") + 1] = str(tiny_embedder)
+    del args[args.index("--port"):args.index("--port") + 2]  # server_process picks a free one
+    log = tmp_path / "v2.log"
+    with server_process(*args, "--served-model-name", "tiny", command="v2", log_path=log,
+                        program=WITHOUT_ONNX_RUNTIME) as url:
+        response = httpx.post(f"{url}/embeddings", json={"model": "tiny", "input": ["hello"]})
+        assert response.status_code == 200, response.text
+        assert httpx.get(f"{url}/models").json()["data"][0]["backend"] == "openvino"
+    text = log.read_text(encoding="utf-8", errors="replace")
+    warned = [line for line in text.splitlines() if line.startswith("warning: --engine optimum")]
+    assert len(warned) == 1, text
+    assert "not installed" in warned[0] and "(--backend auto: openvino)" in warned[0], warned
+    assert install_command("onnx") in warned[0], warned

@@ -421,6 +421,26 @@ def test_dry_run_renders_and_loads_without_credentials(tmp_path: Path, monkeypat
     assert public.exit_code == 0 and "this endpoint is public" in public.output
 
 
+def test_dry_run_says_what_it_would_deploy(tmp_path: Path, monkeypatch, tiny_embedder) -> None:
+    """The app, its GPUs, scaling and image, as the Modal client reads them from the rendered app."""
+    monkeypatch.setattr(modal.App, "deploy", must_not_deploy)
+    args = ["deploy", "modal", "--dry-run", "--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder),
+            "--served-model-name", "embedder", "--url-prefix", "/api", *shlex.split(
+                "--gpu l4 --gpu A100-80GB --min-containers 1 --max-containers 3 --scaledown-window 120 "
+                "--api-key-secret api-keys --app-name rag-embed")]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    said = result.output
+    assert "would deploy Modal app 'rag-embed' (environment: the profile's)" in said, said
+    assert "serves:   embedder on port 8000, under /api; auth: API keys from Modal secret 'api-keys'" in said
+    assert "GPU:      L4 else A100-80GB; 4 CPU, 8192 MiB per container" in said, said
+    assert re.search(r"scaling:  1 to 3 containers, scaled down after 120 s idle; \d+ requests per container "
+                     r"at most, \d+ targeted", said), said
+    assert re.search(r"image:    Modal debian_slim, Python 3\.\d+, torch==[\d.]+ \(cu\d+\), the package with "
+                     r"\[[a-z,0-9]+\], pinned; weights baked in: /models/", said), said
+    assert said.rstrip().endswith("nothing deployed (--dry-run)")
+
+
 def test_deploy_calls_app_deploy_with_output_enabled(tmp_path: Path, monkeypatch, tiny_embedder) -> None:
     calls: list[dict[str, Any]] = []
 

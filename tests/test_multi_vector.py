@@ -196,6 +196,23 @@ async def test_colbert_refuses_token_ids(build_model: Callable[..., Path]) -> No
             assert response.status_code == 400 and "not token ids" in response.text, response.text
 
 
+async def test_colbert_asked_for_quantised_types_is_a_400_not_a_calibration(
+    build_model: Callable[..., Path],
+) -> None:
+    """Cohere's embed asks for `embedding_types`; a ColBERT model has no int8/uint8 ranges. The
+    answer says what the model is, at once and every time (it started a calibration of the
+    multi-vector model, which failed, and answered 503 "calibrating")."""
+    path = build_model("colbert", strategy="fixed", attend=False)
+    async with serve_in_process(spec_of(fake(path, "colbert"))) as client:
+        for types in (["uint8"], ["int8", "float"]):
+            body = {"model": "colbert", "texts": ["a b"], "input_type": "search_document",
+                    "embedding_types": types}
+            for _ in range(2):
+                response = await client.post("/v2/embed", json=body)
+                assert response.status_code == 400, response.text
+                assert "multi-vector" in response.text, response.text
+
+
 async def test_colbert_roles_over_http(build_model: Callable[..., Path]) -> None:
     from sentence_transformers import MultiVectorEncoder
 

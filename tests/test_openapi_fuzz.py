@@ -1,6 +1,7 @@
 """Schemathesis over the app's own /openapi.json, in-process over ASGI against the fake backend:
 bounded, deterministic examples for every route, valid and invalid, with the API key and
-without; no 500, and every answer in a status, content type and shape the document states.
+without; no 500, every answer in a status, content type and shape the document states, what
+the document allows accepted (no 422) and what it forbids refused.
 
 Nothing is left out: /docs, its assets and /openapi.json itself are not in the document, and
 /metrics documents its text."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -28,6 +32,13 @@ from schemathesis.specs.openapi.checks import (
 from infinity_cloud.server.app import create_app
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+# What the document allows is accepted: never a 422 (malformed). A 400 stays possible, for what
+# depends on the model named and no schema can state (dimensions wider than its vectors, a token
+# id outside its vocabulary, a prompt it lacks, a modality it does not read).
+ACCEPTED = ["2xx", "400", "404", "429", "5xx"]
+# What the document forbids is refused: 413 is the contract's refusal of a text or a list over
+# the server's limits (which the document states as maxLength and maxItems).
+REFUSED = ["400", "401", "404", "413", "422"]
 EXAMPLES = 25  # per operation and mode: about 20 s in all on 2 cores, 27 s with the set-up
 KEY = "fuzz-key"  # with a key, every protected route's 401 is answered and checked too
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -46,6 +57,8 @@ def api_schema(
     # Loading the document starts the app's lifespan on schemathesis' event loop, where it stays
     # until the test ends (schemathesis' pytest plugin stops it); the models load meanwhile.
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    schema.config.checks.positive_data_acceptance.expected_statuses = ACCEPTED
+    schema.config.checks.negative_data_rejection.expected_statuses = REFUSED
     health = schema["/health"]["GET"]
     deadline = time.monotonic() + 60
     while health.Case().call().status_code != 200:
@@ -66,22 +79,11 @@ def models_for(path: str, body: dict[str, Any]) -> list[str]:
     and no request would go past it."""
     if path.endswith(("/classify", "/predict")):
         return ["cl"]
+    if path.endswith(("/v1/embed", "/v2/embed")):  # Cohere's embed: a dense model's
+        return ["emb"]
     if "rerank" in path or "query" in body:  # /invocations routes a body with a query to rerank
         return ["rr", "colbert"]  # ColBERT ranks by late interaction
     return ["emb", "colbert"]
-
-
-def as_ints(value: Any) -> Any:
-    """`value` with each whole float (2.0) as an int. JSON Schema's integer admits 2.0 and
-    schemathesis sends it; the server's strict parsing refuses it with a 422 (documented), so
-    valid data would seldom get past parsing."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [as_ints(item) for item in value]
-    if isinstance(value, dict):
-        return {key: as_ints(item) for key, item in value.items()}
-    return value
 
 
 def fuzz(operation: schemathesis.APIOperation, mode: GenerationMode) -> None:
@@ -90,10 +92,12 @@ def fuzz(operation: schemathesis.APIOperation, mode: GenerationMode) -> None:
     @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     def run(case: schemathesis.Case, data: st.DataObject) -> None:
-        if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):
-            case.body = as_ints(case.body)
-            case.body["model"] = data.draw(st.sampled_from(models_for(operation.path, case.body)))
-        case.call_and_validate(headers=AUTH, checks=CHECKS)
+        checks = [*CHECKS, negative_data_rejection]
+        if mode is GenerationMode.POSITIVE:
+            checks = [*CHECKS, positive_data_acceptance]
+            if isinstance(case.body, dict):
+                case.body["model"] = data.draw(st.sampled_from(models_for(operation.path, case.body)))
+        case.call_and_validate(headers=AUTH, checks=checks)
 
     run()
 
@@ -118,3 +122,24 @@ def test_every_route_answers_as_documented(api_schema: schemathesis.BaseSchema) 
         except (Exception, FailureGroup) as exc:
             failures.append(f"{operation.label} (without the key): {exc}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_the_document_asks_for_a_key_only_where_one_is_set(tiny_embedder: Path) -> None:
+    """A client generated from the document sends what it says: no key to a keyless server;
+    the API key to the inference routes of a server with one, never to /health; the admin key
+    (not the API key) to the admin API."""
+
+    def security(**server: Any) -> dict[str, Any]:
+        document = create_app(spec_of(fake(tiny_embedder, "emb"), **server)).openapi()
+        return {f"{method.upper()} {path}": op.get("security") for path, item in document["paths"].items()
+                for method, op in item.items()} | {"schemes": document.get("components", {}).get(
+                    "securitySchemes")}
+
+    keyless = security()
+    assert not any(keyless.values()), {k: v for k, v in keyless.items() if v}
+    keyed = security(api_keys=[KEY])
+    assert keyed["POST /embeddings"] == [{"HTTPBearer": []}] and keyed["GET /models"] == [{"HTTPBearer": []}]
+    assert keyed["GET /health"] is None and list(keyed["schemes"]) == ["HTTPBearer"]
+    admin_only = security(admin_keys=["admin-secret"])
+    assert admin_only["POST /admin/models"] == [{"AdminKey": []}], admin_only
+    assert admin_only["POST /embeddings"] is None and list(admin_only["schemes"]) == ["AdminKey"]

@@ -22,6 +22,7 @@ from infinity_cloud.cli import app
 from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.hardware import has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.targets import preflight
 
 
@@ -39,8 +40,7 @@ def test_an_image_model_without_pillow_is_refused_before_loading(
     with pytest.raises(ConfigError) as caught:
         preflight.check(spec, port=False)
     assert caught.value.message.splitlines()[1:] == [
-        "  - model clip reads images, which needs Pillow (PIL is missing): "
-        "pip install 'infinity-cloud[vision]'"
+        "  - model clip reads images, which needs Pillow (PIL is missing): " + install_command("vision")
     ]
     monkeypatch.undo()
     preflight.check(spec, port=False)  # with Pillow: nothing to say
@@ -101,7 +101,7 @@ def test_a_read_only_model_folder_and_home_serve_with_exports_in_the_temporary_f
         subprocess.run(["chmod", "-R", "u+w", str(model), str(home)], check=False)
     text = log.read_text(encoding="utf-8")
     assert "Traceback" not in text and "PermissionError" not in text, text[-3000:]
-    assert text.count("are not writable: exports go to") == 1, text[-3000:]
+    assert text.count("is not writable: exports go to") == 1, text[-3000:]
     assert list((temporary / "infinity-cloud-exports").glob("*/manifest.json"))
     assert not (model / ".infinity-cloud").exists()
 
@@ -118,7 +118,8 @@ def test_exports_baked_beside_a_read_only_model_folder_are_served_as_they_are(
     temporary.mkdir()
     env = {"HOME": str(home), "TMPDIR": str(temporary), "XDG_CACHE_HOME": "", "INFINITY_CLOUD_CACHE": ""}
     args = ("--model-id", str(model), "--backend", "openvino", "--dtype", "float32")
-    baked = subprocess.run([sys.executable, "-m", "infinity_cloud", "download", *args],
+    into = "--export-into-folder"  # as an image's build bakes them
+    baked = subprocess.run([sys.executable, "-m", "infinity_cloud", "download", *args, into],
                            env={**os.environ, **env}, capture_output=True, timeout=300,
                            encoding="utf-8", errors="replace")  # its progress bars, whatever the locale
     assert baked.returncode == 0, baked.stderr[-3000:]

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
-from conftest import ROOT, fake, post_through_calibration, serve_in_process, spec_of
+from conftest import FAKE, ROOT, fake, post_through_calibration, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.tasks import quantization
@@ -147,3 +148,39 @@ async def test_int8_calibration_finishes_under_load_and_keeps_its_retry_after(ti
         finally:
             stop.set()
             await asyncio.gather(*loaders)
+
+
+def test_serve_with_an_int8_embedding_dtype_calibrates_before_it_is_healthy(tiny_embedder: Path) -> None:
+    """`serve --embedding-dtype int8` (and every container, which loads the same way) answered
+    /health 503 with the model "calibrating", and calibrated nothing until a caller's int8
+    request, which got the 503 ("retry in about 156 s" on MiniLM here): its ranges are now part
+    of the load, so the server is healthy only once they are made, and its first answer is a 200."""
+    args = ("--model-id", str(tiny_embedder), "--served-model-name", "q", "--backend", FAKE,
+            "--embedding-dtype", "int8")
+    with server_process(*args, timeout=120) as url:
+        models = httpx.get(f"{url}/models", timeout=10).json()["data"]
+        assert [(m["state"], m["int8_ranges"]) for m in models] == [("ready", "ready")]
+        first = httpx.post(f"{url}/v1/embeddings", json={"input": ["hello", "world"]}, timeout=30)
+        cohere = httpx.post(f"{url}/v2/embed", timeout=30, json={
+            "texts": ["hello"], "input_type": "search_query", "embedding_types": ["int8", "uint8", "binary"]})
+    assert first.status_code == 200, first.text
+    assert cohere.status_code == 200, cohere.text
+
+
+async def test_at_float32_the_quantised_outputs_are_sentence_transformers_own(tiny_embedder: Path) -> None:
+    """What docs/backends.md says `--dtype float32` gives: int8, uint8, binary and ubinary are
+    the bytes sentence-transformers' `quantize_embeddings` makes of its own embeddings, with
+    the same ranges (at bfloat16 they are not: up to 2 steps, a few bits)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    texts = ["hello world", "a somewhat longer text about the weather", "x", "quantised outputs, exactly"]
+    spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32", served_model_name="q")
+    async with Engine(spec) as engine:
+        bounds = await engine.calibration("q")
+        got = {kind: (await engine.embed(texts, output_dtype=kind)).embeddings
+               for kind in ("int8", "uint8", "binary", "ubinary")}
+    own = SentenceTransformer(str(tiny_embedder), device="cpu").encode(texts)
+    for kind, vectors in got.items():
+        want = quantize_embeddings(own, kind, ranges=bounds)
+        assert vectors.dtype == want.dtype and np.array_equal(vectors, want), kind

@@ -199,3 +199,60 @@ async def test_info_describes_sparse_and_multi_vector_models_too(
         response = await client.get("/info")
         assert response.status_code == 200, response.text
         assert response.json()["model_type"] == {"embedding": {"pooling": pooling}}
+
+
+async def test_an_unserved_name_goes_to_the_one_model_that_does_the_task(
+    tiny_embedder: Path, tiny_reranker: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TEI ignores the model name, so its clients send their own (mem0's sends "tei"): on TEI's
+    routes such a name goes to the one served model that does the route's task, said in the log
+    once per name; where several could, the 404 names what is served."""
+    body = {"inputs": TEXTS, "model": "tei"}
+    with caplog.at_level("WARNING", logger="infinity_cloud.engine"):
+        async with serve_in_process(spec_of(fake(tiny_embedder, "emb"), fake(tiny_reranker, "rr"))) as client:
+            named = await client.post("/embed", json={**body, "model": "emb"})
+            for _ in range(2):
+                taken = await client.post("/embed", json=body)
+                assert taken.status_code == 200, taken.text
+                assert taken.json() == named.json()
+            ranked = await client.post("/rerank", json={"model": "tei", "query": "q", "texts": TEXTS})
+            assert ranked.status_code == 200, ranked.text
+            other = await client.post("/embed", json={**body, "model": "bge"})
+            assert other.status_code == 200, other.text
+    said = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+    assert sum("'tei'" in m and "'emb'" in m for m in said) == 1, said  # once, though asked twice
+    assert sum("'tei'" in m and "'rr'" in m for m in said) == 1 and sum("'bge'" in m for m in said) == 1, said
+    two = spec_of(fake(tiny_embedder, "emb"), fake(tiny_embedder, "emb2"), fake(tiny_reranker, "rr"))
+    async with serve_in_process(two) as client:
+        refused = await client.post("/embed", json=body)
+    assert refused.status_code == 404, refused.text
+    assert "emb" in refused.json()["error"] and "emb2" in refused.json()["error"]
+
+
+async def test_similarity_takes_as_many_sentences_as_its_document_says(embedder_app: httpx.AsyncClient
+                                                                       ) -> None:
+    """The source sentence is embedded with the sentences, in the same count: the document's
+    maxItems leaves room for it, and that many sentences are answered."""
+    document = (await embedder_app.get("/openapi.json")).json()
+    most = document["components"]["schemas"]["SimilarityInputs"]["properties"]["sentences"]["maxItems"]
+    limit = (await embedder_app.get("/info")).json()["max_client_batch_size"]
+    assert most == limit - 1
+    body = {"model": "emb", "inputs": {"source_sentence": "a b", "sentences": ["a"] * most}}
+    answered = await embedder_app.post("/similarity", json=body)
+    assert answered.status_code == 200 and len(answered.json()) == most, answered.text
+    body["inputs"]["sentences"].append("one more")
+    assert (await embedder_app.post("/similarity", json=body)).status_code == 413
+
+
+async def test_a_name_no_route_takes_is_a_404_in_a_shape_the_document_states(
+    embedder_app: httpx.AsyncClient,
+) -> None:
+    """A line break ends a path parameter, so `/models/<name with one>` reaches no route: the
+    app's 404 comes in our shape, which the document must state for TEI's route of that path."""
+    answered = await embedder_app.post("/models/a%0Ab", json={"inputs": "a"})
+    assert answered.status_code == 404 and isinstance(answered.json()["error"], dict), answered.text
+    document = (await embedder_app.get("/openapi.json")).json()
+    path = document["paths"]["/models/{model_id}"]  # one path, GET (the model) and POST (TEI's /)
+    assert set(path) == {"get", "post"} and "/models/{name}" not in document["paths"]
+    stated = path["post"]["responses"]["404"]["content"]["application/json"]
+    assert "#/components/schemas/ErrorBody" in str(stated["schema"]), stated

@@ -1,6 +1,6 @@
 """Embed and rerank against a deployed SageMaker endpoint, with IAM-signed invoke_endpoint.
 
-    pip install 'infinity-cloud[aws]'        # boto3, which signs the calls
+    pip install -e ".[aws]"                  # in the clone: boto3, which signs the calls
     python examples/sagemaker/query.py rag-models us-east-1
 """
 

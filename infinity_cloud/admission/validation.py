@@ -93,10 +93,13 @@ def check_no_token_ids(inputs: Sequence[Any], what: str) -> None:
 
 
 def check_dimensions(dimensions: int | None, width: int | None) -> None:
+    """Matryoshka truncation: 0 or None is the full vector (api.md), as in every dialect's name
+    for it (Voyage's and Cohere's output_dimension, TEI's dimensions)."""
     if dimensions is None or dimensions == 0:
         return
     if dimensions < 0:
-        raise InvalidInputError(f"'dimensions' must be positive, got {dimensions}", param="dimensions")
+        raise InvalidInputError(f"'dimensions' must be 0 or absent (the full vector) or a positive count, "
+                                f"got {dimensions}", param="dimensions")
     if width is not None and dimensions > width:
         raise InvalidInputError(
             f"'dimensions' is {dimensions} but the model's embeddings have {width}",

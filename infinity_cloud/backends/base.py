@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -72,6 +73,7 @@ class Backend(ABC):
         # The cached export it runs (its folder's name, a hash of how it was built): a
         # precision verdict is about that build, and a rebuilt int8 needs its own.
         self.export_name: str | None = None
+        self.export_folder: Path | None = None  # where it is (its size is logged at load)
 
     @abstractmethod
     def forward(self, inputs: ModelInputs) -> np.ndarray: ...

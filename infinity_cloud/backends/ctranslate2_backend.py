@@ -21,6 +21,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import usable_cores
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 MODEL_FILE = "model.bin"
@@ -58,10 +59,11 @@ class CTranslate2Backend(Backend):
             return exports.cached_export(
                 info.path, "ctranslate2", options,
                 lambda out: _convert(info, out, spec.trust_remote_code),
-                f"converting {info.path.name} to CTranslate2",
+                f"converting {info.path.name} to CTranslate2", beside=spec.export_into_folder,
             )
 
         def load(folder: Path) -> ctranslate2.Encoder:
+            self.export_folder = folder
             return ctranslate2.Encoder(
                 str(folder), device=self.device.partition(":")[0], device_index=index,
                 compute_type=self.compute_type, intra_threads=threads,
@@ -161,7 +163,7 @@ def _convert(info: ModelInfo, out: Path, trust_remote_code: bool) -> dict[str, A
     except ImportError as exc:
         raise BackendUnavailableError(
             f"backend 'ctranslate2' needs a one-time conversion of {info.path}, which needs torch and "
-            f"transformers (pip install 'infinity-cloud[torch]') ({exc.name or exc} is not installed)"
+            f"transformers ({install_command('torch')}) ({exc.name or exc} is not installed)"
         ) from exc
 
     class _Converter(TransformersConverter):

@@ -1,8 +1,10 @@
 """Converted model files (ONNX, OpenVINO IR, CTranslate2): built once, cached, verified.
 
-An export lives next to the model (`<model>/.infinity-cloud/<kind>-<digest>/`) so a model
-folder copied into an image carries it; where that folder is read-only it goes to
-`$INFINITY_CLOUD_CACHE` or the user cache. The digest covers the model's files
+Exports go to a cache folder, `$INFINITY_CLOUD_CACHE` or the user cache
+(`<cache>/<kind>-<digest>/`), never into the model's own folder unless asked
+(`--export-into-folder`: `<model>/.infinity-cloud/`, so a model folder copied into an image
+carries them); a folder that already holds exports beside it (baked into an image earlier)
+serves them as they are. The digest covers the model's files
 (`content_digest.model_fingerprint`: names, sizes, checksums; not their path, so a copied
 folder keeps its exports) and the export options, so a new revision or option builds a new
 export. A manifest, written last, records each file's size and a checksum of its content
@@ -44,26 +46,39 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
 T = TypeVar("T")
 
 
-def cache_root(model_path: Path) -> Path:
-    """Where the model's exports go: `$INFINITY_CLOUD_CACHE`; else beside the model, or the
-    user cache (each where it is writable or already holds exports); else, on a read-only
-    machine (a read-only model folder and home, as in a hardened container), the temporary
-    folder, said once, loudly: its exports are built again at each start."""
+BESIDE = ".infinity-cloud"  # a model folder's own exports, where asked for or baked
+
+
+def cache_root(model_path: Path, beside: bool = False) -> Path:
+    """Where the model's exports go: `$INFINITY_CLOUD_CACHE`; else, `beside` (asked for with
+    --export-into-folder) and writable, beside the model; else beside it where exports were
+    put there already (baked into an image); else the user cache; else, on a read-only
+    machine (a read-only home, as in a hardened container), the temporary folder, said once,
+    loudly: its exports are built again at each start."""
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override).expanduser()
-    beside = model_path / ".infinity-cloud"
-    # Exports baked beside a model that this process cannot write (an image's folder, owned by
-    # the root that built it, read by a non-root pod) are served as they are.
-    if os.access(model_path, os.W_OK) or any(beside.glob(f"*/{MANIFEST}")):
-        return beside
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    user = Path(base) / "infinity-cloud" / "exports"
+    folder = model_path / BESIDE
+    if beside:
+        if writable(folder):
+            return folder
+        _warn_not_beside(str(model_path))
+    # Exports baked beside a model (an image's folder, owned by the root that built it, read by
+    # a non-root pod) are served as they are.
+    if any(folder.glob(f"*/{MANIFEST}")):
+        return folder
+    user = user_cache()
     if writable(user) or any(user.glob(f"*/{MANIFEST}")):
         return user
     fallback = temporary_cache()
-    _warn_temporary_cache(str(model_path), str(user), str(fallback))
+    _warn_temporary_cache(str(user), str(fallback))
     return fallback
+
+
+def user_cache() -> Path:
+    """The platform's user cache folder for exports ($XDG_CACHE_HOME or ~/.cache on Linux)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "infinity-cloud" / "exports"
 
 
 def temporary_cache() -> Path:
@@ -88,20 +103,25 @@ def _warn_read_only_cache(cache: str, fallback: str) -> None:
 
 
 @functools.cache
-def _warn_temporary_cache(model: str, user: str, fallback: str) -> None:
+def _warn_temporary_cache(user: str, fallback: str) -> None:
     log.warning(
-        "the model folder %s and the user cache %s are not writable: exports go to %s and are "
-        "built again at each start; set %s to a writable folder that persists to keep them",
-        model, user, fallback, CACHE_ENV,
+        "the user cache %s is not writable: exports go to %s and are built again at each start; "
+        "set %s to a writable folder that persists to keep them", user, fallback, CACHE_ENV,
     )
 
 
-def export_dir(model_path: Path, kind: str, options: Mapping[str, Any]) -> Path:
+@functools.cache
+def _warn_not_beside(model: str) -> None:
+    log.warning("--export-into-folder: the model folder %s is not writable; its exports go to the cache",
+                model)
+
+
+def export_dir(model_path: Path, kind: str, options: Mapping[str, Any], beside: bool = False) -> Path:
     key = json.dumps(
         {"format": _FORMAT, "model": model_fingerprint(model_path), "kind": kind, "options": options},
         sort_keys=True,
     )
-    return cache_root(model_path) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return cache_root(model_path, beside) / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def cached_export(
@@ -111,15 +131,17 @@ def cached_export(
     build: Callable[[Path], Mapping[str, Any] | None],
     description: str,
     intermediate: bool = False,
+    beside: bool = False,
 ) -> Path:
     """The verified export folder, building it with `build(folder)` first if needed.
-    `intermediate`: only other exports are built from it (`prune` may drop it).
+    `intermediate`: only other exports are built from it (`prune` may drop it); `beside`: in
+    the model's folder (`cache_root`).
 
     `build` writes its files into an empty folder and may return metadata to keep in the
     manifest (read back with `export_metadata`). Builds go to a private folder that is
     renamed into place, so concurrent processes never see half an export.
     """
-    target = export_dir(model_path, kind, options)
+    target = export_dir(model_path, kind, options, beside)
     if verify(target):
         return target
     if not writable(target.parent):
@@ -298,6 +320,16 @@ def prune(root: Path) -> list[Path]:
     for path in dropped:
         remove(path)
     return dropped
+
+
+def size_note(export: Path) -> str:
+    """An export's place and size on disk, and its compiled blobs' share, for the load's log line."""
+    def size(folder: Path) -> int:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+    compiled = export / MACHINE_CACHE
+    blobs = f", of which compiled blobs {size(compiled) / 1e6:,.0f} MB" if compiled.is_dir() else ""
+    return f"{export} ({size(export) / 1e6:,.0f} MB{blobs})"
 
 
 def remove(folder: Path) -> None:

@@ -27,6 +27,7 @@ from infinity_cloud.backends.base import Backend
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 COMPILE_ENV = "INFINITY_CLOUD_NEURON_COMPILE"
@@ -84,7 +85,7 @@ class NeuronBackend(Backend):
         except ImportError as exc:
             raise BackendUnavailableError(
                 "the neuron backend needs optimum-neuron and the Neuron SDK (a Neuron deep learning "
-                "container has them; else pip install 'infinity-cloud[neuron]' --extra-index-url "
+                f"container has them; else {install_command('neuron')} --extra-index-url "
                 f"https://pip.repos.neuron.amazonaws.com): {exc}"
             ) from exc
         if self.graph == "token_states":
@@ -95,7 +96,8 @@ class NeuronBackend(Backend):
         rows, length = shape
         options = {"rows": rows, "length": length, "dtype": self.dtype, "output": self.graph}
 
-        compiled = exports.verify(exports.export_dir(info.path, "neuron", options))
+        beside = self.spec.export_into_folder
+        compiled = exports.verify(exports.export_dir(info.path, "neuron", options, beside))
         if not compiled and not compiling_allowed():
             raise ModelLoadError(
                 f"{info.path} is not compiled for Neuron at batch {rows} x length {length}; compile it "
@@ -111,7 +113,8 @@ class NeuronBackend(Backend):
             model.save_pretrained(str(out))
 
         description = f"compiling {info.path.name} for Neuron at {rows} x {length}"
-        folder = exports.cached_export(info.path, "neuron", options, compile_graph, description)
+        folder = exports.cached_export(info.path, "neuron", options, compile_graph, description,
+                                       beside=beside)
         return self._model_class().from_pretrained(str(folder))
 
     def forward(self, inputs: ModelInputs) -> np.ndarray:

@@ -45,7 +45,7 @@ class OnnxBackend(Backend):
         super().__init__(info, spec, graph)
         self.device = _resolve_device(spec.device)
         self.dtype = _resolve_dtype(spec.dtype, self.device)
-        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name)
+        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name, spec.export_into_folder)
         fuse = info.model_type in _BERT_LIKE
         # The source by its place in the folder, so a moved folder keeps its exports.
         options: dict[str, Any] = {
@@ -61,10 +61,11 @@ class OnnxBackend(Backend):
                     source.path(), out / OPTIMIZED_FILE, info, self.dtype, fuse, calibration and calibration()
                 ),
                 f"optimising {info.path.name} for ONNX Runtime ({self.dtype})",
+                beside=spec.export_into_folder,
             )
 
         def session(folder: Path) -> ort.InferenceSession:
-            self.export_name = folder.name
+            self.export_name, self.export_folder = folder.name, folder
             return self._session(folder / OPTIMIZED_FILE)
 
         self.session = exports.load_cached(optimized, session)

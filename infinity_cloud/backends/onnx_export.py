@@ -14,18 +14,20 @@ from typing import Any
 
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
 from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.install_hint import install_command
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 # sentence-transformers' OpenVINO export (`export_static_quantized_openvino_model` and
 # friends write variants beside it, which are not this float model).
 OWN_OPENVINO_FILES = ("openvino_model.xml", "openvino/openvino_model.xml")
 OWN_EXPORT_FILES = {"onnx": OWN_ONNX_FILES, "openvino": OWN_ONNX_FILES + OWN_OPENVINO_FILES}
-# The conversion's packages, with torch's CPU build first: PyPI's torch for Linux is the CUDA
-# one (2.8 GB of NVIDIA libraries a CPU never uses).
-EXPORT_INSTALL = (
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
-    "pip install 'infinity-cloud[export]'"
-)
+def export_install() -> str:
+    """The conversion's packages, with torch's CPU build first: PyPI's torch for Linux is the
+    CUDA one (2.8 GB of NVIDIA libraries a CPU never uses)."""
+    torch_cpu = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    return f"{torch_cpu} && {install_command('export')}"
+
+
 EXPORT_FILE = "model.onnx"
 _OPSET = 17
 # What torch.onnx needs to write an ONNX file: without `onnx` it fails after the weights load.
@@ -52,17 +54,21 @@ class OnnxSource:
     cache keys without its absolute path (a moved folder keeps its exports), so a backend
     whose export is cached never needs it, and an image may leave it out."""
 
-    def __init__(self, info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str) -> None:
+    def __init__(
+        self, info: ModelInfo, graph: GraphOutput, trust_remote_code: bool, backend: str,
+        beside: bool = False,
+    ) -> None:
         from infinity_cloud.backends.exports import export_dir
 
         self._info, self._graph, self._trust, self._backend = info, graph, trust_remote_code, backend
+        self._beside = beside  # --export-into-folder (`exports.cache_root`)
         self.own = own_onnx(info, graph)
         # A trusted export (the repository's own code ran to make it) is kept apart from one made
         # without: a server that does not trust remote code never serves what such code built.
         trusted = {"trust_remote_code": True} if trust_remote_code else {}
         self._options = {"opset": _OPSET, "output": graph, **trusted}
         self.label = (self.own.relative_to(info.path).as_posix() if self.own is not None
-                      else export_dir(info.path, "onnx", self._options).name)
+                      else export_dir(info.path, "onnx", self._options, beside).name)
 
     def path(self) -> Path:
         """The ONNX file, exported now if it is not cached (an intermediate: see `exports.prune`)."""
@@ -74,7 +80,7 @@ class OnnxSource:
         folder = cached_export(
             info.path, "onnx", self._options,
             lambda out: export_onnx(info, graph, out / EXPORT_FILE, self._trust, self._backend),
-            f"exporting {info.path.name} ({graph}) to ONNX", intermediate=True,
+            f"exporting {info.path.name} ({graph}) to ONNX", intermediate=True, beside=self._beside,
         )
         return folder / EXPORT_FILE
 
@@ -89,7 +95,7 @@ def export_onnx(
         # Checked before loading any weights, so a missing package costs nothing at each start.
         raise BackendUnavailableError(
             f"backend {backend!r} needs a one-time ONNX export of {info.path}, which needs torch, "
-            f"transformers and onnx ({missing} is not installed): {EXPORT_INSTALL}; or give a model "
+            f"transformers and onnx ({missing} is not installed): {export_install()}; or give a model "
             f"whose folder holds its own export ({' or '.join(OWN_EXPORT_FILES[backend])})"
         )
     import torch

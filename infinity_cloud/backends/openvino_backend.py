@@ -2,7 +2,8 @@
 
 Converts the model's ONNX file (`onnx_export.OnnxSource`) to OpenVINO IR once and caches it,
 or takes the IR the model folder ships (`openvino/openvino_model.xml`); compiled blobs are
-cached beside it, so later starts skip compilation too.
+cached beside it, so later starts skip compilation too: those of the configurations last
+compiled only (`KEPT_BLOB_CONFIGS`).
 
 Each batch is split into length-sorted slices that run as parallel inference requests, one
 per stream, so every core is busy and each slice pads only to its own longest input, rounded
@@ -67,6 +68,13 @@ SHAPE_CACHE_ENTRIES = 256
 # Read by oneDNN when it makes its cache, the first compilation: set before any, unless the
 # operator chose a size.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(SHAPE_CACHE_ENTRIES))
+# A compiled blob is the weights again, in the form one configuration runs (MiniLM float32:
+# 87 MB; mpnet: about 420 MB), and a folder of them per configuration grew with every
+# configuration any start had compiled (each precision `--dtype auto` timed, the hints, a
+# thread count): mpnet's reached 2.1 GB. A server reuses two, its streams' and its lone
+# batches' (LATENCY), so an export keeps the blobs of the two configurations compiled last.
+KEPT_BLOB_CONFIGS = 2
+BLOB_SUFFIX = ".blob"
 
 
 def input_names(ports: list[ov.Output]) -> list[str]:
@@ -97,6 +105,19 @@ def _blob_cache(folder: Path, config: dict[str, object]) -> Path:
     return compiled_cache(folder) / "-".join(str(value).lower() for _, value in sorted(config.items()))
 
 
+def keep_recent_blobs(used: Path, kept: int = KEPT_BLOB_CONFIGS) -> None:
+    """Mark `used` (a configuration's blob folder, just compiled from) as the latest, and drop
+    the blobs of all but the `kept` configurations used last (their probe verdicts stay: a few
+    bytes). Another process's blob removed under it only costs it a compilation."""
+    used.mkdir(parents=True, exist_ok=True)
+    os.utime(used)  # reading a blob does not change the folder's time
+    folders = [f for f in used.parent.iterdir() if f.is_dir() and any(f.glob(f"*{BLOB_SUFFIX}"))]
+    folders.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    for stale in (f for f in folders[kept:] if f != used):
+        for blob in stale.glob(f"*{BLOB_SUFFIX}"):
+            blob.unlink(missing_ok=True)
+
+
 class OpenVinoBackend(Backend):
     name = "openvino"
     traced = True  # it starts from the ONNX trace; graphs that do not trace are torch's
@@ -119,6 +140,7 @@ class OpenVinoBackend(Backend):
                 info.path, "openvino", {"source": label, "openvino": ov.__version__},
                 lambda out: ov.save_model(convert(), str(out / IR_FILE), False),
                 f"converting {info.path.name} to OpenVINO IR", intermediate=self.dtype == "int8",
+                beside=spec.export_into_folder,
             )
             return folder if self.dtype != "int8" else self._int8(folder, calibration)
 
@@ -129,7 +151,7 @@ class OpenVinoBackend(Backend):
             return self._compile(found, latency=spec.latency)
 
         self.compiled = exports.load_cached(converted, compiled)
-        self.export_name = folder[0].name
+        self.export_name, self.export_folder = folder[0].name, folder[0]
         self.streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         self.slots = self.streams * int(spec.backend_options.get("slices_per_stream", SLICES_PER_STREAM))
         # Lone batches run on every core on a second compilation (from its cached blob: 0.12 s
@@ -164,7 +186,8 @@ class OpenVinoBackend(Backend):
         own = own_export(info, OWN_OPENVINO_FILES, self.graph)
         if own is not None:
             return own.relative_to(info.path).as_posix(), lambda: self.core.read_model(str(own))
-        source = OnnxSource(info, self.graph, self.spec.trust_remote_code, self.name)
+        spec = self.spec
+        source = OnnxSource(info, self.graph, spec.trust_remote_code, self.name, spec.export_into_folder)
         return source.label, lambda: ov.convert_model(str(source.path()))
 
     @classmethod
@@ -210,6 +233,7 @@ class OpenVinoBackend(Backend):
             # bfloat16 serves on one without); the load's fidelity verdict is keyed by the CPU's.
             {"source": floats.name, "openvino": ov.__version__, "int8": openvino_int8.SCHEME, "floor": floor},
             build, f"quantising {self.info.path.name} to int8 (calibrated on built-in texts)",
+            beside=self.spec.export_into_folder,
         )
 
     def _fast_bf16(self) -> bool:
@@ -228,6 +252,8 @@ class OpenVinoBackend(Backend):
 
     def _compile_solo(self, folder: Path) -> None:
         try:
+            if self._closed:  # closed before it began (a candidate `--dtype auto` timed): no blob
+                return
             solo = self._compile(folder, latency=True)
             request = solo.create_infer_request()
             if not self._closed:  # a backend closed meanwhile (a reference for a check) drops it
@@ -255,8 +281,12 @@ class OpenVinoBackend(Backend):
             config["NUM_STREAMS"] = int(options["streams"])
         if self.dtype != "float32":
             config = self._surviving(folder, config)
-        config["CACHE_DIR"] = str(_blob_cache(folder, config))
-        return self.core.compile_model(self.core.read_model(str(folder / IR_FILE)), "CPU", config)
+        blobs = _blob_cache(folder, config)
+        config["CACHE_DIR"] = str(blobs)
+        compiled = self.core.compile_model(self.core.read_model(str(folder / IR_FILE)), "CPU", config)
+        with contextlib.suppress(OSError):  # a cache it cannot tidy still serves
+            keep_recent_blobs(blobs)
+        return compiled
 
     def _surviving(self, folder: Path, config: dict[str, object]) -> dict[str, object]:
         """`config`, or one stream on every core where OpenVINO's kernels for this precision

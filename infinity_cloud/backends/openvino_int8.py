@@ -29,6 +29,7 @@ import openvino as ov
 
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.fidelity import agreement
 from infinity_cloud.numerics.inputs import ModelInputs
 
@@ -58,7 +59,7 @@ def quantize_holding(
     except ImportError as exc:
         raise BackendUnavailableError(
             "int8 on the openvino backend is built once with NNCF, which is not installed: "
-            "pip install 'infinity-cloud[export]' (only where the export is built; serving it "
+            f"{install_command('export')} (only where the export is built; serving it "
             "needs OpenVINO alone)"
         ) from exc
     nncf.set_log_level(logging.WARNING)  # its progress bars and per-step info, in a server's log

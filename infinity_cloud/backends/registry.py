@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.errors import BackendUnavailableError, ConfigError
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
+from infinity_cloud.install_hint import install_command
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -97,7 +98,7 @@ def backend_class(name: str) -> type[Backend]:
         module = importlib.import_module(entry.module)
     except ImportError as exc:
         extra = next(iter(entry.extras.values()), None)
-        hint = f" (pip install 'infinity-cloud[{extra}]')" if extra else ""
+        hint = f" ({install_command(extra)})" if extra else ""
         raise BackendUnavailableError(
             f"backend {name!r} cannot be used: {exc.name or exc} is not installed{hint}"
         ) from exc
@@ -171,7 +172,7 @@ def auto_backends(device: str) -> list[str]:
     found = [name for name in auto_order(device) if installed(name)]
     if not found:
         raise BackendUnavailableError(
-            "no inference backend is installed: pip install 'infinity-cloud[openvino]' (CPU) "
-            "or 'infinity-cloud[torch]'"
+            f"no inference backend is installed: {install_command('openvino')} (CPU) "
+            f"or {install_command('torch')}"
         )
     return found

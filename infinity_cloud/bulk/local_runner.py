@@ -10,19 +10,16 @@ from typing import Any
 
 from infinity_cloud.bulk import sources
 from infinity_cloud.bulk.dataset import Dataset
-from infinity_cloud.bulk.job import EmbedJob, embed_shard, shards
+from infinity_cloud.bulk.job import EmbedJob, embed_shard, rows_digest, shards
 from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.bulk.outcome import check_errors, conclude
 from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.errors import ConfigError
 
 # Shards embedded at once: enough that the queue holds several thousand texts to sort by
 # length, few enough that memory stays a few shards' worth.
 IN_FLIGHT = 4
 EMBEDDING_CAPABILITIES = ("embed", "sparse", "multi_vector")
-
-
-class TooManyErrors(InfinityCloudError):
-    """More bad rows than --max-errors allows."""
 
 
 def bulk_spec(spec: DeploymentSpec, job: EmbedJob) -> DeploymentSpec:
@@ -55,15 +52,6 @@ def check_model(facts: dict[str, Any], job: EmbedJob) -> None:
         raise ConfigError(f"--output-dtype {job.output_dtype} is for dense embeddings, not {capability}")
 
 
-def check_errors(meter: Meter, job: EmbedJob, out: str) -> None:
-    """Stop the job once more rows were bad than --max-errors allows (every runner)."""
-    if job.max_errors is not None and meter.errors > job.max_errors:
-        raise TooManyErrors(
-            f"{meter.errors} bad rows, more than --max-errors {job.max_errors}: see {out}/errors/; the "
-            "shards done are kept, and a run with the same arguments goes on from there"
-        )
-
-
 async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
     """Run the job to its end (or to --max-errors); returns its summary."""
     from infinity_cloud.engine import Engine
@@ -72,21 +60,25 @@ async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
         facts = engine.describe()[0]
         check_model(facts, job)
         dataset = Dataset(job.out, job.fingerprint(spec.models[0]))
-        done = await asyncio.to_thread(dataset.open)
+        inputs = await asyncio.to_thread(sources.stamps, job.files)
+        done = await asyncio.to_thread(dataset.open, inputs)
+        if dataset.changed:
+            done = await asyncio.to_thread(_unchanged, dataset, job, done)
         total = await asyncio.to_thread(sources.count_rows, job.files)
         before = sum(min(job.shard_rows, (total or 0) - s * job.shard_rows) for s in done) if total else 0
-        meter = Meter(total, before=before, errors=await asyncio.to_thread(dataset.errors))
+        meter = Meter(total, before=before, errors_before=await asyncio.to_thread(dataset.errors, done))
         with meter:
             await _embed_all(engine, job, dataset, done, meter)
-        summary = {
-            **meter.summary(),
-            "shards_skipped": len(done),
-            "model": facts["id"],
-            "backend": facts["backend"],
-            "dtype": facts["dtype"],
-        }
-        await asyncio.to_thread(dataset.finish, summary)
-        return summary
+        more = {"shards_skipped": len(done), "model": facts["id"], "backend": facts["backend"],
+                "dtype": facts["dtype"]}
+        return await asyncio.to_thread(conclude, dataset, meter, job, inputs, **more)
+
+
+def _unchanged(dataset: Dataset, job: EmbedJob, done: set[int]) -> set[int]:
+    """The shards done whose rows are still those at their place in the (changed) input."""
+    rows = sources.read_rows(job.files, job.text_field, job.id_field, job.keep)
+    current = {shard: rows_digest(batch) for shard, batch in shards(rows, job.shard_rows) if shard in done}
+    return dataset.drop_changed(done, current)
 
 
 async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int], meter: Meter) -> None:
@@ -95,9 +87,16 @@ async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int
 
     async def one(shard: int, batch: list[sources.Row]) -> None:
         result = await embed_shard(engine, job, batch)
-        await asyncio.to_thread(dataset.write_shard, shard, result.table, result.errors)
-        meter.add(len(batch), result.tokens, len(result.errors))
+        await asyncio.to_thread(dataset.write_shard, shard, result.table, result.errors, result.digest)
+        meter.add(result.report(len(batch)))
         check_errors(meter, job, dataset.out)
+
+    def first_failure(tasks: set[asyncio.Task[None]]) -> None:
+        """A failed shard stops the job; its error is raised once, however many failed (a full
+        disk fails every shard in flight), and each is retrieved."""
+        failed = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+        if failed:
+            raise failed[0]  # type: ignore[misc]
 
     try:
         # Reading the input runs in a thread: a large Parquet or S3 file never stalls the loop.
@@ -108,11 +107,11 @@ async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int
                 break
             while len(pending) >= IN_FLIGHT:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
-                    task.result()  # a failed shard stops the job
+                first_failure(finished)
             pending.add(asyncio.create_task(one(*item)))
-        for task in asyncio.as_completed(pending):
-            await task
+        while pending:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            first_failure(finished)
     finally:
         for task in pending:
             task.cancel()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +18,13 @@ LINE_EVERY_S = 5.0
 class Meter:
     total: int | None  # rows in the input, where known
     before: int = 0  # rows done by an earlier run (resumed)
-    rows: int = 0  # rows this run
+    errors_before: int = 0  # bad rows among them
+    rows: int = 0  # rows this run, bad ones too
     tokens: int = 0
-    errors: int = 0
+    errors: int = 0  # bad rows this run
+    missing: int = 0  # bad rows this run for want of the text field
+    fields: set[str] = field(default_factory=set)  # the fields those rows had
+    first_error: dict[str, Any] | None = None  # the first bad row reported this run
     # A bar on a terminal; off where another live display (Modal's) holds the terminal.
     bar: bool = True
     started: float = field(default_factory=time.perf_counter)
@@ -52,11 +57,30 @@ class Meter:
         return time.perf_counter() - self.started
 
     @property
-    def rate(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
+    def embedded(self) -> int:
+        """Rows embedded this run."""
+        return self.rows - self.errors
 
-    def add(self, rows: int, tokens: int, errors: int) -> None:
-        self.rows, self.tokens, self.errors = self.rows + rows, self.tokens + tokens, self.errors + errors
+    @property
+    def bad(self) -> int:
+        """Bad rows over every shard done, this run's and before."""
+        return self.errors_before + self.errors
+
+    @property
+    def rate(self) -> float:
+        """Texts embedded a second (a bad row costs nothing and counts for nothing)."""
+        return self.embedded / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, report: Mapping[str, Any]) -> None:
+        """A shard's report (`ShardResult.report`)."""
+        rows = report["rows"]
+        self.rows, self.tokens, self.errors = (self.rows + rows, self.tokens + report["tokens"],
+                                               self.errors + report["errors"])
+        self.missing += report.get("missing", 0)
+        self.fields.update(report.get("fields", ()))
+        first = report.get("first_error")
+        if first is not None and (self.first_error is None or first["row"] < self.first_error["row"]):
+            self.first_error = first
         if self._bar is not None:
             self._bar.update(self._task, advance=rows, rate=f"{self.rate:,.0f} texts/s")
             return
@@ -75,8 +99,9 @@ class Meter:
     def summary(self, workers: int = 1) -> dict[str, Any]:
         return {
             "rows": self.rows,
+            "embedded": self.embedded,
             "rows_before": self.before,
-            "bad_rows": self.errors,
+            "bad_rows": self.bad,
             "tokens": self.tokens,
             "seconds": round(self.seconds, 1),
             "texts_per_s": round(self.rate, 1),

@@ -11,12 +11,12 @@ files by block and has no resume, where a shard's file is what makes every row l
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from infinity_cloud.bulk.job import EmbedJob
 from infinity_cloud.bulk.workers import (
-    REPORT,
     ShardWorker,
     collect,
     finish,
@@ -28,6 +28,7 @@ from infinity_cloud.bulk.workers import (
 )
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.install_hint import install_command
 
 
 class ShardEmbedder:
@@ -36,13 +37,11 @@ class ShardEmbedder:
     def __init__(self, spec_json: str, job_json: str) -> None:
         self.worker = ShardWorker(DeploymentSpec.model_validate_json(spec_json), job_from_json(job_json))
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {k: [] for k in REPORT}
-        for planned in batch["plan"]:
-            report = self.worker.run(plan_from_json(str(planned)))
-            for key in REPORT:
-                out[key].append(report[key])
-        return out
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        # Each report as JSON text: its values (a bad row's id, the fields seen) vary in type
+        # from shard to shard, which one Arrow column could not hold.
+        return {"report": [json.dumps(self.worker.run(plan_from_json(str(p))), default=str)
+                           for p in batch["plan"]]}
 
 
 def run_ray(spec: DeploymentSpec, job: EmbedJob, actors: int | None = None) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def run_ray(spec: DeploymentSpec, job: EmbedJob, actors: int | None = None) -> d
     try:
         import ray
     except ImportError:
-        raise ConfigError("--runner ray needs Ray: pip install 'infinity-cloud[ray]'") from None
+        raise ConfigError(f"--runner ray needs Ray: {install_command('ray')}") from None
 
     address = os.environ.get("RAY_ADDRESS")
     ray.init(address=address or None, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
@@ -85,5 +84,5 @@ def _run(ray: Any, spec: DeploymentSpec, job: EmbedJob, actors: int | None) -> d
             compute=ray.data.ActorPoolStrategy(size=actors),
             **per_actor,
         )
-        collect(planned, pipeline.iter_rows(), job)
-    return finish(planned, spec, "ray", actors)
+        collect(planned, (json.loads(row["report"]) for row in pipeline.iter_rows()), job)
+    return finish(planned, spec, "ray", actors, job)

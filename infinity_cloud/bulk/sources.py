@@ -2,8 +2,10 @@
 ones too), local or on S3, named by path or glob, read as a stream in a fixed order, so that a
 run started again sees the same row at the same place and resumes by position.
 
-A row that cannot be embedded (no text field, a text that is not a string, an empty text, a
-line that is not JSON) is kept with the reason, in its place: it goes to the error file.
+A row that cannot be embedded (no text field, a text that is not a string, a line that is
+blank or not JSON) is kept with the reason, in its place: it goes to the error file. Every
+line of a JSON Lines or text file is a row, so a row's place is its line. Whether a text is
+one the model takes (not empty, not too long) is the engine's own check, as for the server.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Row:
     text: str | None  # None: the row cannot be embedded (`problem` says why)
     problem: str | None = None
     kept: dict[str, Any] = field(default_factory=dict)  # the other fields asked for
+    fields: tuple[str, ...] = ()  # the record's fields, where the text field is not one of them
 
 
 def file_format(path: str) -> str:
@@ -164,7 +167,7 @@ def count_rows(files: Sequence[str]) -> int | None:
             total += _parquet_rows(uri)
         else:
             with _open_text(uri) as handle:
-                lines = sum(1 for line in handle if line.strip() or kind == "text")
+                lines = sum(1 for _ in handle)
             total += lines - (1 if kind == "csv" and lines else 0)
     return total
 
@@ -202,17 +205,17 @@ def _records(
             return
         row = 0 if offset is None else skip
         for line in handle:
-            if kind == "jsonl" and not line.strip():
-                continue  # blank lines between JSON records are no rows
             row += 1
             if row <= skip:
                 continue
-            yield _parse(kind, line, f"{uri} row {row}", text_field)
+            yield _parse(kind, line, f"{uri} line {row}", text_field)
 
 
 def _parse(kind: str, line: str, where: str, text_field: str) -> tuple[dict[str, Any], str | None]:
     if kind == "text":
         return {text_field: line.rstrip("\r\n")}, None
+    if not line.strip():
+        return {}, f"{where} is a blank line"
     try:
         record = json.loads(line)
     except ValueError as exc:
@@ -299,17 +302,14 @@ def _row_starts(uri: str) -> Iterator[tuple[int, int | None]]:
         return
     if kind == "csv" or _compression(uri):
         with _open_text(uri) as handle:
-            rows = sum(1 for _ in csv.DictReader(handle)) if kind == "csv" else sum(
-                1 for line in handle if kind == "text" or line.strip())
+            rows = sum(1 for _ in csv.DictReader(handle)) if kind == "csv" else sum(1 for _ in handle)
         yield from ((row, None) for row in range(rows))
         return
     filesystem_, path = filesystem(uri)
     with filesystem_.open_input_file(path) as raw:
-        handle, offset, row = io.BufferedReader(raw, 1 << 20), 0, 0
-        for line in handle:
-            if kind == "text" or line.strip():
-                yield row, offset
-                row += 1
+        handle, offset = io.BufferedReader(raw, 1 << 20), 0
+        for row, line in enumerate(handle):
+            yield row, offset
             offset += len(line)
 
 
@@ -340,10 +340,19 @@ def _row(
     if problem is not None:
         return Row(number, row_id, None, problem, kept)
     if text_field not in record:
-        return Row(number, row_id, None, f"no {text_field!r} field", kept)
+        return Row(number, row_id, None, f"no {text_field!r} field", kept, tuple(record))
     text = record[text_field]
     if not isinstance(text, str):
         return Row(number, row_id, None, f"{text_field!r} is {type(text).__name__}, not text", kept)
-    if not text.strip():
-        return Row(number, row_id, None, "empty text", kept)
     return Row(number, row_id, text, None, kept)
+
+
+def stamps(files: Sequence[str]) -> list[dict[str, Any]]:
+    """Each input file's size and modification time, as its filesystem says: a file whose
+    stamp differs from the one a dataset's manifest recorded may have changed since."""
+    found = []
+    for uri in files:
+        filesystem_, path = filesystem(uri)
+        info = filesystem_.get_file_info(path)
+        found.append({"file": uri, "size": info.size, "modified_ns": info.mtime_ns})
+    return found

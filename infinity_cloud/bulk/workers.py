@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,13 +21,12 @@ from typing import Any
 
 from infinity_cloud.bulk import sources
 from infinity_cloud.bulk.dataset import Dataset
-from infinity_cloud.bulk.job import EmbedJob, embed_shard
-from infinity_cloud.bulk.local_runner import bulk_spec, check_errors, check_model
+from infinity_cloud.bulk.job import EmbedJob, embed_shard, rows_digest
+from infinity_cloud.bulk.local_runner import bulk_spec, check_model
 from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.bulk.outcome import check_errors, conclude
 from infinity_cloud.config import DeploymentSpec
-
-# What a worker reports for each shard it wrote.
-REPORT = ("shard", "rows", "tokens", "errors", "backend", "dtype")
+from infinity_cloud.progress import slow_step
 
 
 def job_to_json(job: EmbedJob) -> str:
@@ -67,12 +67,13 @@ class ShardWorker:
         self.dataset = Dataset(job.out, {})
 
     def run(self, plan: sources.ShardPlan) -> dict[str, Any]:
-        """Embed and write one shard; what it did, as `REPORT`."""
+        """Embed and write one shard; what it did (`ShardResult.report`, the shard and which
+        engine), as plain JSON values."""
         rows = sources.read_shard(plan, self.job.text_field, self.job.id_field, self.job.keep)
         result = self.loop.run_until_complete(embed_shard(self.engine, self.job, rows))
-        self.dataset.write_shard(plan.shard, result.table, result.errors)
-        return {"shard": plan.shard, "rows": len(rows), "tokens": result.tokens, "errors": len(result.errors),
-                "backend": self.facts["backend"], "dtype": self.facts["dtype"]}
+        self.dataset.write_shard(plan.shard, result.table, result.errors, result.digest)
+        return {"shard": plan.shard, **result.report(len(rows)), "backend": self.facts["backend"],
+                "dtype": self.facts["dtype"]}
 
     def close(self) -> None:
         self.loop.run_until_complete(self.engine.stop())
@@ -87,35 +88,49 @@ class PlannedJob:
     done: set[int]
     todo: list[sources.ShardPlan]
     meter: Meter
+    inputs: list[dict[str, Any]]  # the input files' stamps as planned
     engines: set[str] = field(default_factory=set)  # "backend dtype" of each engine that reported
 
 
 def plan_job(spec: DeploymentSpec, job: EmbedJob) -> PlannedJob:
     """Open (or check) the dataset and plan the shards not yet written."""
     dataset = Dataset(job.out, job.fingerprint(spec.models[0]))
-    done = dataset.open()
+    inputs = sources.stamps(job.files)
+    done = dataset.open(inputs)
     planned = list(sources.plan(job.files, job.shard_rows))
+    if dataset.changed:  # this machine reads the rows of the shards written, to compare
+        current = {p.shard: rows_digest(sources.read_shard(p, job.text_field, job.id_field, job.keep))
+                   for p in planned if p.shard in done}
+        done = dataset.drop_changed(done, current)
     todo = [p for p in planned if p.shard not in done]
     total = sum(s.count for p in planned for s in p.segments)
     left = sum(s.count for p in todo for s in p.segments)
-    return PlannedJob(dataset, done, todo, Meter(total, before=total - left, errors=dataset.errors()))
+    meter = Meter(total, before=total - left, errors_before=dataset.errors(done))
+    return PlannedJob(dataset, done, todo, meter, inputs)
 
 
 def collect(planned: PlannedJob, reports: Iterable[Mapping[str, Any]], job: EmbedJob) -> None:
-    """Count the workers' reports as they come, with progress; stop at --max-errors (leaving
-    the iterable raises into it, which is how Ray and Modal cancel the shards still to do)."""
+    """Count the workers' reports as they come, with progress; stop once the job cannot end
+    well (leaving the iterable raises into it, which is how Ray and Modal cancel the shards
+    still to do). Until the first report, the workers are loading the model (an export can
+    take minutes): a step of its own, not a bar at 0."""
+    reports = iter(reports)
+    with slow_step("starting the workers: each loads the model (an export, once, can take minutes)"):
+        first = next(reports, None)
+    if first is None:
+        return
     with planned.meter:
-        for report in reports:
-            planned.meter.add(report["rows"], report["tokens"], report["errors"])
+        for report in itertools.chain([first], reports):
+            planned.meter.add(report)
             planned.engines.add(f"{report['backend']} {report['dtype']}")
             check_errors(planned.meter, job, planned.dataset.out)
 
 
 def finish(
-    planned: PlannedJob, spec: DeploymentSpec, runner: str, workers: int, **more: Any
+    planned: PlannedJob, spec: DeploymentSpec, runner: str, workers: int, job: EmbedJob, **more: Any
 ) -> dict[str, Any]:
-    """The summary, also written into the manifest."""
-    summary = {**planned.meter.summary(workers=workers), "shards_skipped": len(planned.done),
-               "runner": runner, "model": spec.models[0].model_id, "engines": sorted(planned.engines), **more}
-    planned.dataset.finish(summary)
-    return summary
+    """The summary, also written into the manifest (`outcome.conclude`: a job that did nothing
+    or set aside too many rows fails here)."""
+    return conclude(planned.dataset, planned.meter, job, planned.inputs, workers=workers,
+                    shards_skipped=len(planned.done), runner=runner, model=spec.models[0].model_id,
+                    engines=sorted(planned.engines), **more)

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from infinity_cloud.install_hint import install_command
+
 log = logging.getLogger(__name__)
 
 
@@ -51,7 +53,7 @@ class RedisStore:
             from infinity_cloud.errors import ConfigError
 
             raise ConfigError(
-                f"--cache-url {redacted(url)} needs the redis client: pip install 'infinity-cloud[cache]'"
+                f"--cache-url {redacted(url)} needs the redis client: {install_command('cache')}"
             ) from exc
         # Only its redacted form is kept: nothing here logs or shows the password.
         self.url, self.ttl_s, self.timeout_s, self.backoff_s = redacted(url), ttl_s, timeout_s, backoff_s

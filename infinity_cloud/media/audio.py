@@ -19,7 +19,9 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.media import MediaEncoder
+from infinity_cloud.media.decoding_errors import undecodable
 from infinity_cloud.numerics.inputs import ModelInputs
 
 # Shorter than this a clip holds nothing to hear.
@@ -35,11 +37,6 @@ class Clip:
     frames: int | None
 
 
-def _undecodable(index: int, exc: Exception) -> InvalidInputError:
-    return InvalidInputError(
-        f"input {index} is not audio that can be decoded (WAV, FLAC, OGG and MP3 are): {exc}",
-        param="input", index=index,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +83,7 @@ class AudioEncoder(MediaEncoder):
         except ImportError as exc:
             raise ModelLoadError(
                 f"serving an audio model needs soundfile and soxr ({exc.name} is missing): "
-                "pip install 'infinity-cloud[audio]'"
+                f"{install_command('audio')}"
             ) from exc
         self._soundfile, self._soxr = soundfile, soxr
         truncation, padding = config.get("truncation", "rand_trunc"), config.get("padding", "repeatpad")
@@ -114,7 +111,7 @@ class AudioEncoder(MediaEncoder):
         try:
             info = self._soundfile.info(io.BytesIO(data))
         except Exception as exc:  # libsndfile's errors: unknown format, corrupt stream
-            raise _undecodable(index, exc) from exc
+            raise undecodable(index, "audio", "WAV, FLAC, OGG and MP3", data, exc) from exc
         frames = min(info.frames, math.ceil(self.samples * info.samplerate / self.rate) + 1)
         # The samples read (float32, every channel), their mono mix and resampling in float32.
         return Clip(data, frames), frames * (info.channels + 2) * 4 + self.samples * 8
@@ -134,7 +131,7 @@ class AudioEncoder(MediaEncoder):
                 io.BytesIO(clip.data), frames=frames, dtype="float32", always_2d=True
             )
         except Exception as exc:  # libsndfile's errors: unknown format, corrupt stream
-            raise _undecodable(index, exc) from exc
+            raise undecodable(index, "audio", "WAV, FLAC, OGG and MP3", clip.data, exc) from exc
         if len(samples) < MIN_SECONDS * rate:
             raise InvalidInputError(
                 f"input {index}: the audio is {len(samples) / rate:.4f} s long; at least "

@@ -22,6 +22,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -160,7 +161,7 @@ class MediaFetcher:
             import httpx
         except ImportError as exc:
             raise ModelLoadError(
-                "fetching media URLs needs httpx: pip install 'infinity-cloud[vision]'"
+                f"fetching media URLs needs httpx: {install_command('vision')}"
             ) from exc
         self.limits = limits
         self._httpx = httpx

@@ -16,12 +16,16 @@ import numpy as np
 
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.media import MediaEncoder
+from infinity_cloud.media.decoding_errors import decoder_reason, undecodable
 from infinity_cloud.numerics.inputs import ModelInputs
 
 # Below this a picture holds too little to embed (an icon, a tracking pixel): refused, not
 # silently upscaled.
 MIN_SIDE = 8
+# What Pillow decodes, as a refusal names it.
+IMAGE_FORMATS = "PNG, JPEG, WebP, GIF, BMP and TIFF"
 # The default pixel cap (--media-max-pixels): 4096 x 4096, above a 12-megapixel photo
 # (4032 x 3024) and an A4 page scanned at 300 dpi (2480 x 3508, 8.7 MP), while the models
 # read at most about 1 MP (CLIP/SigLIP 224-448 px a side, ColPali 448, Qwen2-VL pages 1 MP
@@ -57,7 +61,7 @@ def _pil() -> Any:
         from PIL import Image
     except ImportError as exc:
         raise ModelLoadError(
-            "serving an image model needs Pillow: pip install 'infinity-cloud[vision]'"
+            f"serving an image model needs Pillow: {install_command('vision')}"
         ) from exc
     return Image
 
@@ -144,11 +148,11 @@ def open_image(data: bytes, index: int, max_pixels: int = MAX_PIXELS) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-    except (OSError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise InvalidInputError(
-            f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
-            param="input", index=index,
-        ) from exc
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        raise InvalidInputError(f"input {index} is too large an image to decode: {exc}",
+                                param="input", index=index) from exc
+    except (OSError, ValueError) as exc:
+        raise undecodable(index, "an image", IMAGE_FORMATS, data, exc) from exc
     width, height = image.size
     if width * height > max_pixels:
         raise InvalidInputError(
@@ -191,9 +195,10 @@ def decode(data: bytes | Any, index: int, needed: tuple[int, int] | None = None)
         if needed is not None and image.format == "JPEG" and image.width * image.height > DRAFT_PIXELS:
             image.draft("RGB", (2 * needed[0], 2 * needed[1]))
         image.load()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a header that reads, its pixels that do not
         raise InvalidInputError(
-            f"input {index} is not an image that can be decoded ({type(exc).__name__}: {exc})",
+            f"input {index} is a {image.format or 'picture'} image whose pixels cannot be decoded "
+            f"(the file is cut short or corrupt): {decoder_reason(exc)}",
             param="input", index=index,
         ) from exc
     if image.mode == "RGB":

@@ -99,7 +99,7 @@ def _verified(
         {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor,
          "kernels": int8_kernels() if backend.device == "cpu" else None, "export": backend.export_name,
          **({"bf16": True} if backend.device == "cpu" and cpu_has_fast_bf16() else {})},
-        measure, f"checking {cls.name} {backend.dtype} against float32",
+        measure, f"checking {cls.name} {backend.dtype} against float32", beside=spec.export_into_folder,
     )
     score = exports.export_metadata(verdict)["agreement"]
     if score >= floor or spec.dtype != "auto":
@@ -183,6 +183,7 @@ def _fastest(
          # On a CPU, what decides between float32, bfloat16 and int8: its matrix kernels.
          "kernels": int8_kernels(), **({"bf16": True} if cpu_has_fast_bf16() else {})},
         measure, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
+        beside=spec.export_into_folder,
     ))
     chosen, measured = verdict["dtype"], verdict["measured"]
     log.info(

@@ -109,11 +109,46 @@ def files_not_downloaded(repo_files: Sequence[str]) -> list[str]:
     return [*_NEVER_READ, *pickled]
 
 
+# How long the hub may take to answer before it is called unreachable: a name that does not
+# resolve or a closed port fails at once, a dropped packet waits this long.
+HUB_PROBE_TIMEOUT_S = 10.0
+
+
+def _require_hub(model_id: str) -> None:
+    """Fail at once, in one line that says what to do, where the hub cannot be reached: the
+    hub client retries each call five times with back-off (35 s here, each retry logged) and
+    ends with only the socket's error (`[Errno -2] Name or service not known`)."""
+    import httpx
+    from huggingface_hub import constants
+
+    try:  # any answer, an error status too, means the hub (or the proxy to it) is there
+        httpx.head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.TransportError as exc:  # no name, refused, timed out, a proxy that failed
+        reason = str(exc) or type(exc).__name__
+        raise ModelLoadError(
+            f"model {model_id[:200]!r} is not on this machine and the Hugging Face hub "
+            f"({constants.ENDPOINT}) cannot be reached: {reason}. Offline, set HF_HUB_OFFLINE=1 and serve "
+            "a model in the hub's cache, or give a local folder (--model-id /path/to/model); "
+            "behind a proxy, set HTTPS_PROXY (or HF_ENDPOINT to a mirror)"
+        ) from None
+
+
+def _hub_logs_once() -> None:
+    """The hub client gives its logger a handler of its own, and its lines reach the root's
+    too: each was printed twice. Where logging is set up, they go through the root's only."""
+    hub = logging.getLogger("huggingface_hub")
+    if logging.getLogger().handlers:
+        for handler in [h for h in hub.handlers if type(h) is logging.StreamHandler]:
+            hub.removeHandler(handler)
+
+
 def _download(model_id: str, revision: str | None) -> Path:
     from huggingface_hub import HfApi, snapshot_download
 
     from infinity_cloud.progress import slow_step
 
+    _hub_logs_once()
+    _require_hub(model_id)
     # On a terminal the hub's own bars show each file; in a log, a line every few seconds.
     try:
         skipped = files_not_downloaded(HfApi().list_repo_files(model_id, revision=revision))

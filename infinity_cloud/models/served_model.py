@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud.backends import Backend
+from infinity_cloud.backends import Backend, exports
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.integrity import RowForm
@@ -103,6 +103,9 @@ class ServedModel:
             self._loaded.info.capability.value, self._loaded.backend.name, self._loaded.backend.device,
             self._loaded.backend.dtype, self.load_seconds,
         )
+        for tower in self._loaded.towers.values():
+            if (export := tower.backend.export_folder) is not None:  # what it keeps on disk, and where
+                log.info("model %s: its export %s", self.name, exports.size_note(export))
 
     def _load(self) -> _Loaded:
         spec = self.spec

@@ -18,8 +18,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import UnauthorizedError, error_response
 
-# A dependency of the routes that need a key: it documents the scheme (`ApiKeyGate` checks).
+# Dependencies of the routes that need a key: they document the scheme (`ApiKeyGate` checks),
+# and only where the server has such keys: a route a keyless server answers declares none.
 api_key_scheme = HTTPBearer(auto_error=False, description="one of the server's API keys")
+admin_key_scheme = HTTPBearer(
+    auto_error=False, scheme_name="AdminKey",
+    description="one of the server's admin keys (an API key does not open the admin API)",
+)
 
 
 def rejection(authorization: str | None, keys: Collection[str], what: str = "API key") -> str | None:

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
 from infinity_cloud import errors
@@ -73,12 +74,13 @@ def error_responses(
     `shape`) for its 422s. A missing key (ApiKeyGate) and a slow client (the protocol's read
     deadlines) are answered before any route runs, so in our shape on every route; a body over
     the limit by its Content-Length (BodyLimit) and a bug (CatchBugs) too, besides the route's
-    own 413s and 500s."""
+    own 413s and 500s; and a path that no route takes (`/models/NAME` with a line break in the
+    name: a path parameter stops there), besides the route's own 404s."""
 
     def model(status: int) -> Any:
         if status in (401, 408):
             return ErrorBody
-        if status in (413, 500):
+        if status in (404, 413, 500):
             return ErrorBody | shape
         return validation if status == 422 and validation is not None else shape
 
@@ -93,6 +95,7 @@ _TABLE: dict[type[errors.InfinityCloudError], tuple[int, str]] = {
     errors.ModelConflictError: (409, "model_conflict"),
     errors.PayloadTooLargeError: (413, "payload_too_large"),
     errors.QueueFullError: (429, "rate_limit_exceeded"),
+    errors.MemoryExhaustedError: (503, "memory_exhausted"),
     errors.ModelNotReadyError: (503, "model_not_ready"),
     errors.DeviceMemoryError: (503, "device_out_of_memory"),
     errors.BatchFailedError: (500, "inference_error"),
@@ -170,11 +173,27 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return json_response(body, 422)
 
 
-async def _http_error(_: Request, exc: Exception) -> Response:
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the request's path is served with. Starlette's 405 names those of the first
+    route the path matches; `/` and `/models/NAME` are two routes each (GET, and TEI's POST).
+    Asked of the routes as the router asks them (FastAPI keeps included routers nested)."""
+    routes = request.app.router.routes
+    allowed = [method for method in _METHODS if any(
+        route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)]
+    return ", ".join(allowed) or None
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
     kind = kinds.get(exc.status_code, "http_error")
-    return json_response(error_body(str(exc.detail), kind, exc.status_code), exc.status_code, exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
+    return json_response(error_body(str(exc.detail), kind, exc.status_code), exc.status_code, headers)
 
 
 EXCEPTION_HANDLERS = {

@@ -16,18 +16,20 @@ from pydantic_core import CoreSchema
 
 from infinity_cloud.config import LimitsSpec
 
-# Where a schema keeps the limits to fill in: {keyword: [LimitsSpec field, ...]}.
+# Where a schema keeps the limits to fill in: {keyword: {"fields": [LimitsSpec field, ...], "less": n}}.
 _LIMITS = "x-limits"
 
 
 class Limit:
-    """A server limit as a keyword's value: the smallest of these `LimitsSpec` fields."""
+    """A server limit as a keyword's value: the smallest of these `LimitsSpec` fields, less
+    `less` (what the request adds to the same count: /similarity's source sentence)."""
 
-    def __init__(self, *names: str) -> None:
+    def __init__(self, *names: str, less: int = 0) -> None:
         unknown = [name for name in names if name not in LimitsSpec.model_fields]
         if unknown or not names:
             raise ValueError(f"not LimitsSpec fields: {unknown or names}")
         self.names = names
+        self.less = less
 
 
 class Checked:
@@ -43,7 +45,7 @@ class Checked:
         schema = handler(core_schema)
         for keyword, value in self.keywords.items():
             if isinstance(value, Limit):
-                schema.setdefault(_LIMITS, {})[keyword] = list(value.names)
+                schema.setdefault(_LIMITS, {})[keyword] = {"fields": list(value.names), "less": value.less}
             else:
                 schema[keyword] = value
         return schema
@@ -52,8 +54,8 @@ class Checked:
 def fill_limits(node: Any, limits: LimitsSpec) -> None:
     """Replace, in place, each schema's named limits with their values in `limits`."""
     if isinstance(node, dict):
-        for keyword, names in node.pop(_LIMITS, {}).items():
-            node[keyword] = min(getattr(limits, name) for name in names)
+        for keyword, limit in node.pop(_LIMITS, {}).items():
+            node[keyword] = min(getattr(limits, name) for name in limit["fields"]) - limit["less"]
         for value in node.values():
             fill_limits(value, limits)
     elif isinstance(node, list):

@@ -73,9 +73,16 @@ def _health(request: Request) -> Response:
     if engine.healthy:
         return json_response({"status": "ok", "models": models})
     unwell = [m for m in models if m["state"] != "ready" or "error" in m]
-    problems = "; ".join(f"{m['id']}: {m.get('error') or m['state']}" for m in unwell) or "no model is loaded"
+    problems = [f"{m['id']}: {m.get('error') or m['state']}" for m in unwell]
+    if not engine.admits_minimal:
+        problems.append(
+            "the memory budget has not admitted a minimal request for longer than the deadline "
+            f"({engine.memory.held_bytes // 2**20} MB held by requests in progress; /metrics has the "
+            "process's resident memory and the budget)"
+        )
     retry = ModelNotReadyError.retry_after_s
-    body = error_body(f"not ready: {problems}", "model_not_ready", 503, models=models, status="unavailable")
+    message = f"not ready: {'; '.join(problems) or 'no model is loaded'}"
+    body = error_body(message, "model_not_ready", 503, models=models, status="unavailable")
     return json_response(body, 503, {"Retry-After": str(retry)})
 
 

@@ -7,22 +7,29 @@ point is a closed-loop run (`load.load`) on the same batches; with servers to co
 point runs on every server in turn, the order reversed on every other point, so drift on the
 machine hits all alike (as benchmarks/vs_infinity.py does). Tokens are counted once, by the
 measured server's own tokenizer (its `/tokenize`, capped at the model's input limit), and the
-same counts are used for every server: Infinity's `usage` counts characters."""
+same counts are used for every server: Infinity's `usage` counts characters.
+
+Every point runs until it has MIN_REQUESTS answers (at least `seconds`, at most `max_seconds`:
+one cut short has no percentiles). The machine's load and CPU steal are read before and after
+(`conditions`): a profile measured on a busy machine is marked `contended`."""
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from infinity_cloud.sizing.conditions import Machine, Reading, judge, own_load
 from infinity_cloud.sizing.corpus import KINDS, load_texts
-from infinity_cloud.sizing.load import Batch, load, make_batches
+from infinity_cloud.sizing.load import MIN_REQUESTS, Batch, LoadRun, load, make_batches
 from infinity_cloud.sizing.profile import Hardware, Point, Profile, knee, shape_label
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
@@ -33,6 +40,10 @@ FLAT_GAIN = 0.05
 # point. They repeat, so a server with its result cache on answers them from it after the
 # first pass: measure the model with the cache off (docs/sizing.md).
 BATCHES_PER_POINT = 32
+# The longest a point runs to have MIN_REQUESTS answers, by default.
+MAX_SECONDS = 120.0
+# The request whose cost is the server's own (`request_overhead`): one short text.
+OVERHEAD_TEXT = "a"
 _RSS = re.compile(r"^process_resident_memory_bytes(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.MULTILINE)
 
 
@@ -136,9 +147,19 @@ async def bench(
     compare: Sequence[str] = (),
     api_key: str | None = None,
     progress: Progress | None = None,
+    warn: Progress | None = None,
+    max_seconds: float = MAX_SECONDS,
+    machine: Machine | None = None,
+    before: Reading | None = None,
 ) -> Profile:
-    """Measure the model at `url` (and each server of `compare`, interleaved) at every shape."""
+    """Measure the model at `url` (and each server of `compare`, interleaved) at every shape,
+    then its per-request overhead. `before` is the machine read before bench started anything
+    (a server of its own included); else it is read now. Why a profile is `contended` goes to
+    `warn`."""
     say = progress or (lambda _: None)
+    warn = warn or say
+    machine = machine or Machine()
+    before = before or machine.read()
     primary = await connect(url, model, api_key)
     rivals = [await connect(other, None, None) for other in compare]
     pools, averages = await request_pools(primary, corpus, shapes, say)
@@ -149,11 +170,79 @@ async def bench(
         batches = pools[(kind, size)]
         for server in servers:  # each server's first requests of this shape, not timed
             await load(server.url, server.model, batches[:4], 2, min(1.0, seconds), server.headers)
-        step = await sweep(profile, servers, kind, size, batches, concurrency, seconds, step, say)
+        step = await sweep(
+            profile, servers, kind, size, batches, Pace(concurrency, seconds, max_seconds), step, say, warn
+        )
         found = knee([p for p in profile.points if p.shape == (kind, size)])
         if found is not None:
             profile.knees[shape_label(kind, size)] = found
+    clients = max(concurrency)
+    profile.request_overhead_ms = await request_overhead(
+        primary, clients, Pace((clients,), seconds, max_seconds), profile, say
+    )
+    profile.conditions, reasons = judge(
+        before, machine.read(), machine.cores, own_load(machine.cores, on_this_machine(primary.url))
+    )
+    profile.contended = bool(reasons)
+    for reason in reasons:
+        warn(reason)
     return profile
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long each point runs: `seconds`, and on to MIN_REQUESTS answers, at most `max_seconds`."""
+
+    concurrency: Sequence[int]
+    seconds: float
+    max_seconds: float
+
+    async def run(
+        self, server: Server, batches: Sequence[Batch], clients: int, tick: Callable[[LoadRun], None]
+    ) -> LoadRun:
+        return await load(
+            server.url, server.model, batches, clients, self.seconds, server.headers,
+            min_requests=MIN_REQUESTS, limit_s=self.max_seconds, tick=tick,
+        )
+
+
+def on_this_machine(url: str) -> bool:
+    """A server at a loopback address runs here: its load is bench's own."""
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def running(label: str, run: LoadRun) -> str:
+    """A point's progress line: what runs, and its tokens/s and answers so far."""
+    rate = run.tokens / run.elapsed_s if run.elapsed_s else 0.0
+    return f"{label}: {rate:,.0f} tokens/s, {len(run.latencies_s)} requests, {run.elapsed_s:.0f} s"
+
+
+async def request_overhead(
+    server: Server, clients: int, pace: Pace, profile: Profile, say: Progress
+) -> float | None:
+    """What the server spends on a request beyond compute, in ms: `clients` send one-token
+    texts (OVERHEAD_TEXT), whose compute is next to nothing, as fast as it answers; the
+    overhead is 1000 / its requests per second, less those tokens' time at the profile's best
+    tokens/s. This is the bound on a replica's requests per second that plan uses (a lone
+    request's latency would say what one client waits, not what a replica can answer). With
+    the load generator on the same machine it is pessimistic: the clients take CPU too. None
+    where the run was cut short or nothing was answered."""
+    counts = await token_counts(server, [OVERHEAD_TEXT])
+    batches = [Batch([OVERHEAD_TEXT], counts[0] if counts else None)]
+    label = f"overhead of a request, {clients} client(s)"
+    say(label)
+    await load(server.url, server.model, batches, clients, min(1.0, pace.seconds), server.headers)
+    run = await pace.run(server, batches, clients, lambda r: say(running(label, r)))
+    if run.cut_short or not run.latencies_s or not run.elapsed_s:
+        return None
+    per_request_s = run.elapsed_s / len(run.latencies_s)
+    best = max((p.tokens_per_s for p in profile.points), default=0.0)
+    compute_s = run.tokens / len(run.latencies_s) / best if best else 0.0
+    return round(max(0.0, per_request_s - compute_s) * 1000, 3)
 
 
 async def request_pools(
@@ -212,7 +301,7 @@ async def new_profile(
 
 async def sweep(
     profile: Profile, servers: Sequence[Server], kind: str, size: int, batches: list[Batch],
-    concurrency: Sequence[int], seconds: float, step: int, say: Progress,
+    pace: Pace, step: int, say: Progress, warn: Progress,
 ) -> int:
     """One shape against more and more clients, the servers in turn (ABBA: the order flips
     each step, so neither always runs on a warmer machine), until two steps add under
@@ -221,12 +310,18 @@ async def sweep(
     primary = servers[0]
     best = 0.0
     flat = 0
-    for clients in concurrency:
+    for clients in pace.concurrency:
         order = servers if step % 2 == 0 else servers[::-1]
         step += 1
         for server in order:
-            say(f"{shape_label(kind, size)}, {clients} client(s): {server.url}")
-            run = await load(server.url, server.model, batches, clients, seconds, server.headers)
+            label = f"{shape_label(kind, size)}, {clients} client(s)" + (
+                f" on {server.url}" if len(servers) > 1 else ""
+            )
+            say(label)
+            run = await pace.run(server, batches, clients, lambda r, label=label: say(running(label, r)))
+            if run.cut_short:
+                warn(f"{label}: {len(run.latencies_s)} requests in {run.elapsed_s:.0f} s, fewer than "
+                    f"{MIN_REQUESTS}: no percentiles (a longer --max-seconds gives them)")
             point = Point.of(kind, size, clients, run, await rss_mb(server))
             (profile.points if server is primary else profile.compared[server.url]).append(point)
         rate = profile.points[-1].tokens_per_s

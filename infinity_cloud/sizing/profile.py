@@ -94,8 +94,15 @@ class Profile(BaseModel):
     # `bound_share`.
     gflop_per_token: float | None = None
     peak_gflops: float | None = None
+    # The machine was busy beyond its cores (or its hypervisor stole CPU) around the run: the
+    # numbers are not the model's alone (`conditions.judge`). Keys of `conditions`:
+    # load_avg_before, load_avg_after (1-minute), cores (the machine's), steal_share (0..1).
     contended: bool = False
     conditions: dict[str, float] | None = None
+    # What the server spends on a request beyond its tokens' compute, in ms: 1000 / the
+    # requests per second it answers of one-token texts at the most clients measured, less
+    # those tokens' time at the profile's best tokens/s (`bench.request_overhead`). A
+    # replica's requests per second are bounded by 1000 / it.
     request_overhead_ms: float | None = None
 
     def bound_share(self, point: Point) -> float | None:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.sizing.plan import Choice
 from infinity_cloud.sizing.profile import Point, Profile, shape_label
 
@@ -97,7 +98,7 @@ def plot(profile: Profile, path: Path) -> bool:
         import matplotlib.pyplot as plt
         import matplotlib.ticker
     except ImportError:
-        log.warning("no plot written: matplotlib is not installed. Fix: pip install 'infinity-cloud[bench]'")
+        log.warning("no plot written: matplotlib is not installed. Fix: %s", install_command("bench"))
         return False
     figure, (rate, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = [("", profile.points), *((f" ({url})", points) for url, points in profile.compared.items())]

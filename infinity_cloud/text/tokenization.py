@@ -14,6 +14,7 @@ from pathlib import Path
 from tokenizers import Encoding, Tokenizer
 
 from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import Token
 from infinity_cloud.text import pool_cancellation
@@ -27,7 +28,7 @@ def _load_fast_tokenizer(path: Path) -> Tokenizer:
     except ImportError as exc:
         raise ModelLoadError(
             f"{path} has no tokenizer.json; converting its tokenizer needs transformers "
-            "(pip install 'infinity-cloud[torch]')"
+            f"({install_command('torch')})"
         ) from exc
     converted = AutoTokenizer.from_pretrained(str(path), use_fast=True)
     if not getattr(converted, "is_fast", False):

@@ -3,7 +3,9 @@ of the same server with its models baked in, and `invoke local` against a runnin
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +108,13 @@ class LocalTarget(Target[LocalSpec]):
         """Load every model (a failure stops here), then serve until interrupted."""
         import uvicorn
         from rich.console import Console
+        from uvicorn.main import STARTUP_FAILURE
 
         from infinity_cloud.engine import Engine
         from infinity_cloud.server.app import create_app
         from infinity_cloud.server.read_deadlines import deadline_protocol
         from infinity_cloud.targets import preflight
+        from infinity_cloud.targets.local.first_lines import ServerThatSaysWhere, ready_lines
         from infinity_cloud.targets.runtime import check_image_device
 
         configure_logging(spec.server.log_level, spec.server.log_format)
@@ -120,12 +124,18 @@ class LocalTarget(Target[LocalSpec]):
         with Console(stderr=True).status(f"loading {names}"):
             engine = Engine.loaded(spec)
         app = create_app(engine)
-        uvicorn.run(
+        config = uvicorn.Config(
             app, host=spec.server.host, port=spec.server.port, log_level=spec.server.log_level,
             http=deadline_protocol(spec.server), ws="none",  # the API has no websockets: not imported
             timeout_graceful_shutdown=spec.server.drain_s,
             **UVICORN_LOGS,
         )
+        served = [(name, model.capability) for name, model in engine.models.items()]
+        server = ServerThatSaysWhere(config, ready_lines(spec, served))
+        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+            server.run()
+        if not server.started:  # as uvicorn.run: the port was taken, say (uvicorn logged why)
+            sys.exit(STARTUP_FAILURE)
 
     def build(self, spec: DeploymentSpec, out_dir: Path) -> list[Path]:
         """A Dockerfile, a compose file, the pinned requirements, the package, the spec the

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from types import ModuleType
 
 from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.targets.base import TargetError
 from infinity_cloud.targets.modal.spec import ModalSpec
 
@@ -34,7 +35,7 @@ def import_modal() -> ModuleType:
     try:
         import modal
     except ImportError:
-        raise ModalError("the Modal client is not installed: pip install 'infinity-cloud[modal]'") from None
+        raise ModalError(f"the Modal client is not installed: {install_command('modal')}") from None
     return modal
 
 

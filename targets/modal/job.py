@@ -111,7 +111,7 @@ def run_modal_job(
             ):
                 reports = embedder(job=worker_job).embed.map(plans, order_outputs=False)
                 collect(planned, reports, job)
-    return finish(planned, spec, "modal", containers, gpu=list(settings.gpu))
+    return finish(planned, spec, "modal", containers, job, gpu=list(settings.gpu))
 
 
 def _detached(module: Any, embedder: Any, worker_job: str, plans: list[str], planned: Any, settings: Any,

@@ -173,6 +173,7 @@ class ModalTarget(Target[ModalSpec]):
         module = self.load(out_dir)
         notes = self._notes(settings)
         if dry_run:
+            print(self.would_deploy(spec, module))
             for note in notes:
                 print(f"note: {note}", file=sys.stderr)
             return None
@@ -186,6 +187,36 @@ class ModalTarget(Target[ModalSpec]):
             api_key=settings.api_key_secret is not None, notes=notes,
             headers=proxy_headers if settings.requires_proxy_auth else {},
         )
+
+    def would_deploy(self, spec: DeploymentSpec, module: ModuleType) -> str:
+        """What a deploy of the rendered app makes, read back from it by the Modal client (its
+        server's GPU, CPU, memory, port and request limits) and from the spec it was made of."""
+        settings = self.settings(spec)
+        server = getattr(module, SERVER_NAME)
+        info = server.info()
+        limits = server._get_service_function().info().concurrency_info  # Modal's own API has no other
+        gpus = " else ".join(name for name, _ in info.gpus) or "none (CPU only)"
+        served = ", ".join(model.name for model in spec.models)
+        auth = (f"API keys from Modal secret {settings.api_key_secret!r}" if settings.api_key_secret else "")
+        if settings.requires_proxy_auth:
+            auth = " and ".join(filter(None, [auth, "Modal proxy auth (Modal-Key, Modal-Secret)"]))
+        torch = f"torch=={container.torch_version()} ({TORCH_CUDA if settings.gpu else 'cpu'})"
+        python = f"Python {sys.version_info.major}.{sys.version_info.minor}"
+        baked = [hub_id for hub_id, _ in module.HUB_MODELS] + [remote for _, remote in module.MODEL_COPIES]
+        extras = ",".join(container.image_extras(spec, settings.device))
+        environment = settings.environment or "the profile's"
+        prefix = f", under {spec.server.url_prefix}" if spec.server.url_prefix else ""
+        buffer = f", {settings.buffer_containers} kept ready under load" if settings.buffer_containers else ""
+        return "\n".join([
+            f"would deploy Modal app {module.app.name!r} (environment: {environment})",
+            f"  serves:   {served} on port {info.port}{prefix}; auth: {auth or 'none (public)'}",
+            f"  GPU:      {gpus}; {info.cpu:g} CPU, {info.memory_mib} MiB per container",
+            f"  scaling:  {settings.min_containers} to {settings.max_containers} containers{buffer}, scaled "
+            f"down after {settings.scaledown_window} s idle; {limits.max_inputs} requests per container at "
+            f"most, {module.TARGET_CONCURRENCY} targeted",
+            f"  image:    Modal debian_slim, {python}, {torch}, the package with [{extras}], pinned; "
+            f"weights baked in: {', '.join(baked) or 'none'}",
+        ])
 
     @staticmethod
     def _notes(settings: ModalSpec) -> tuple[str, ...]:

@@ -13,8 +13,9 @@ from typing import Any
 
 from infinity_cloud.bulk import sources
 from infinity_cloud.bulk.dataset import Dataset, filesystem
-from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_table
+from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_outcome, shard_table
 from infinity_cloud.bulk.meter import Meter
+from infinity_cloud.bulk.outcome import conclude
 from infinity_cloud.bulk.workers import plan_job
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
@@ -74,10 +75,8 @@ def run_batch_transform(
         with meter:
             for shard in todo:
                 _collect(dataset, job, shard, answers[shard.shard], width, meter)
-    summary = {**meter.summary(workers=instance_count), "shards_skipped": len(done), "runner": "sagemaker",
-               "model": spec.models[0].model_id, "sagemaker_model": model_name}
-    dataset.finish(summary)
-    return summary
+    return conclude(dataset, meter, job, planned.inputs, workers=instance_count, shards_skipped=len(done),
+                    runner="sagemaker", model=spec.models[0].model_id, sagemaker_model=model_name)
 
 
 def _wait(client: Any, name: str, poll_s: float) -> None:
@@ -123,5 +122,6 @@ def _collect(
             errors.append({"row": row.number, "id": row.id, "error": answer.get("error", "no embedding")})
     errors.sort(key=lambda e: e["row"])
     matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), width)
-    dataset.write_shard(shard.shard, shard_table(kept, dense_column(matrix, width), job), errors)
-    meter.add(len(rows), 0, len(errors))
+    result = shard_outcome(rows, shard_table(kept, dense_column(matrix, width), job), errors, 0)
+    dataset.write_shard(shard.shard, result.table, result.errors, result.digest)
+    meter.add(result.report(len(rows)))

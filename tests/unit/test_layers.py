@@ -30,6 +30,7 @@ RANKS: dict[str, int] = {
     "infinity_cloud.per_input": 0,
     "infinity_cloud.hardware": 0,
     "infinity_cloud.progress": 0,
+    "infinity_cloud.install_hint": 0,
     "infinity_cloud.wiring": 0,
     # 1 numerics the backends and the engine share (model inputs, pooling, heads, fidelity)
     "infinity_cloud.numerics": 1,

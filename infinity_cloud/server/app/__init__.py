@@ -17,7 +17,7 @@ from infinity_cloud import __version__
 from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.server import admin_routes, status_routes
-from infinity_cloud.server.auth import ApiKeyGate, api_key_scheme
+from infinity_cloud.server.auth import ApiKeyGate, admin_key_scheme, api_key_scheme
 from infinity_cloud.server.dialects import DIALECTS, Dialect
 from infinity_cloud.server.dialects.registry import mount
 from infinity_cloud.server.docs import DOCS_ASSETS, add_docs
@@ -99,7 +99,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.started_at = int(time.time())
 
-    protected = [Security(api_key_scheme)]
+    # The document declares a key only where one is asked for (a client generated from it sends
+    # what it says); ApiKeyGate does the checking.
+    protected = [Security(api_key_scheme)] if spec.server.keys else []
     app.state.bodies = mount(app, dialects, prefix, protected)
     # Not dialects: what every client and orchestrator asks of the server.
     app.include_router(status_routes.models_router, prefix=prefix, dependencies=protected)
@@ -111,7 +113,7 @@ def create_app(
     app.include_router(status_routes.health_router, prefix=prefix)
     admin_keys = spec.server.admin
     if admin_keys:  # no admin API without its own keys
-        app.include_router(admin_routes.router, prefix=prefix, dependencies=protected)
+        app.include_router(admin_routes.router, prefix=prefix, dependencies=[Security(admin_key_scheme)])
 
     app.add_middleware(BodyLimit, max_bytes=spec.server.limits.max_payload_bytes)
     app.add_middleware(CacheControl)

@@ -8,13 +8,36 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.engine_calls import answer
 from infinity_cloud.server.openapi import Checked, Limit
+
+
+def _whole_number(value: Any) -> Any:
+    """2.0 as 2: JSON Schema's integer admits a whole float (a generated client may send one, and
+    the parser reads an integer past 64 bits as one); 2.5, "2" and true are still refused. What
+    the number is for then says whether it is too large (a 400 naming it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field: a JSON number with no fraction.
+Int = Annotated[StrictInt, BeforeValidator(_whole_number)]
 
 # What admission/validation.py checks after parsing, stated for the OpenAPI document (server/openapi.py).
 # A text: not empty (400), not longer than the limit (413).
@@ -27,16 +50,31 @@ INPUTS = Checked(minItems=1, maxItems=Limit("max_inputs_per_request"))
 Texts = Annotated[list[Text], INPUTS]
 Items = Annotated[list[Item], INPUTS]
 # A token id outside the vocabulary is a 400; a negative one always is.
-TokenId = Annotated[StrictInt, Checked(minimum=0)]
+TokenId = Annotated[Int, Checked(minimum=0)]
 TokenIdList = Annotated[list[TokenId], Checked(minItems=1)]
 # dimensions, top_n: 0 means all; a negative one is a 400.
-NonNegative = Annotated[StrictInt, Checked(minimum=0)]
+NonNegative = Annotated[Int, Checked(minimum=0)]
+# max_tokens_per_doc: 1 or more (400).
+Positive = Annotated[Int, Checked(minimum=1)]
 
 
 def one_list_of(*fields: str) -> dict[str, Any]:
     """A model's JSON-schema rule for its validator: exactly one of `fields` is a list (null
     is the same as absent)."""
     return {"oneOf": [{"required": [field], "properties": {field: {"type": "array"}}} for field in fields]}
+
+
+def _admits_null(field: dict[str, Any]) -> bool:
+    options = [field, *field.get("anyOf", ())]
+    return any(option.get("type") == "null" for option in options)
+
+
+def not_both(*pairs: tuple[str, str]) -> dict[str, Any]:
+    """A model's JSON-schema rule for its validator: of each pair, at most one is sent (null is
+    the same as absent)."""
+    sent = {"not": {"type": "null"}}
+    return {"allOf": [{"not": {"required": list(pair), "properties": dict.fromkeys(pair, sent)}}
+                      for pair in pairs]}
 
 
 # Fields of the dialects we speak that no request model serves, the values that mean what
@@ -73,6 +111,20 @@ class _Request(BaseModel):
                 raise UnsupportedError(f"'{name}' is not served: {reason}", param=name)
         return {k: v for k, v in data.items() if v is not None}
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+                                     ) -> JsonSchemaValue:
+        """Each optional field may be null (it means the default), as `_null_is_default` reads it."""
+        reference = handler(core_schema)
+        schema = handler.resolve_ref_schema(reference)
+        required = set(schema.get("required", ()))
+        for name, field in schema.get("properties", {}).items():
+            if name not in required and not _admits_null(field):
+                rest = {k: v for k, v in field.items() if k in ("title", "description", "default")}
+                kept = {k: v for k, v in field.items() if k not in rest}
+                schema["properties"][name] = {**rest, "anyOf": [kept, {"type": "null"}]}
+        return reference
+
     model: str | None = Field(None, description="served model name; optional with one model")
 
 
@@ -86,8 +138,8 @@ class _DocumentsRerank(_Request):
 
     query: Text
     documents: Annotated[list[Item | TextDocument], INPUTS]
-    return_documents: bool = False
-    raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
+    return_documents: StrictBool = False
+    raw_scores: StrictBool = Field(False, description="logits instead of sigmoid scores")
     modality: Literal["text", "image"] = Field(
         "text", description="what the documents are: image URLs or data URIs for a multi-vector model "
         "(ColPali)"
@@ -102,8 +154,8 @@ class RerankRequest(_DocumentsRerank):
     document as `{"text": ...}`); each answers in its own shape."""
 
     top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all")
-    truncate: bool = True
-    max_tokens_per_doc: StrictInt | None = Field(
+    truncate: StrictBool = True
+    max_tokens_per_doc: Positive | None = Field(
         None, description="each document cut to this many tokens first (Cohere's; the model's own limit "
         "still holds)",
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud.capability import Capability
@@ -31,8 +31,8 @@ from infinity_cloud.server.parsing import JsonRoute
 
 class ClassifyRequest(_Request):
     input: Text | Texts
-    raw_scores: bool = Field(False, description="logits instead of softmax scores")
-    truncate: bool = True
+    raw_scores: StrictBool = Field(False, description="logits instead of softmax scores")
+    truncate: StrictBool = True
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, StrictBool, model_validator
 from starlette.responses import Response
 
 from infinity_cloud.asks import ANY_EMBEDDING, EmbedAsk, Embeddings
@@ -21,6 +21,7 @@ from infinity_cloud.server.dialects.common import (
     TokenIdList,
     _Request,
     envelope,
+    not_both,
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.encoding import json_response, vector_base64
@@ -28,8 +29,15 @@ from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
 
+# Our names and Voyage's for the same fields: a request sends one of each pair.
+VOYAGE_NAMES = (
+    ("embedding_type", "output_dtype"), ("dimensions", "output_dimension"), ("truncate", "truncation"),
+)
+
 
 class EmbeddingRequest(_Request):
+    model_config = ConfigDict(json_schema_extra=not_both(*VOYAGE_NAMES))
+
     input: Item | Items | TokenIdList | Annotated[list[TokenIdList], INPUTS] = Field(
         ..., description="a text, a list of texts, a list of token ids, or a list of such lists; with "
         "modality image or audio, URLs or data URIs (fewer per request: the server's media limit)"
@@ -47,7 +55,7 @@ class EmbeddingRequest(_Request):
         "queries or documents; an embedder puts its sentence-transformers prompt for that use before "
         "them, where it declares one (none: the texts as they are)"
     )
-    truncate: bool = Field(True, description="cut inputs to the model's limit instead of a 400")
+    truncate: StrictBool = Field(True, description="cut inputs to the model's limit instead of a 400")
     user: str | None = None
     # Voyage's names for embedding_type, dimensions and truncate: its answer is OpenAI's, so
     # its embeddings are this request, not a body of its own.
@@ -55,12 +63,11 @@ class EmbeddingRequest(_Request):
         None, description="Voyage's embedding_type (float: float32)"
     )
     output_dimension: NonNegative | None = Field(None, description="Voyage's dimensions")
-    truncation: bool | None = Field(None, description="Voyage's truncate")
+    truncation: StrictBool | None = Field(None, description="Voyage's truncate")
 
     @model_validator(mode="after")
     def _one_name_each(self) -> EmbeddingRequest:
-        for ours, voyage in (("embedding_type", "output_dtype"), ("dimensions", "output_dimension"),
-                             ("truncate", "truncation")):
+        for ours, voyage in VOYAGE_NAMES:
             if voyage in self.model_fields_set and ours in self.model_fields_set:
                 raise ValueError(f"send '{ours}' or Voyage's '{voyage}', not both")
         return self

@@ -8,17 +8,21 @@ path (with `documents`), which dialects.registry tells apart.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud import __version__
 from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InfinityCloudError, InvalidInputError, ModelNotReadyError
+from infinity_cloud.errors import (
+    InfinityCloudError,
+    InvalidInputError,
+    ModelNotReadyError,
+)
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,
@@ -32,6 +36,7 @@ from infinity_cloud.server.dialects.registry import Body, Dialect, Mount
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_response, error_responses, handled
+from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute
 
 
@@ -55,8 +60,9 @@ def in_tei_shape(response: Response) -> Response:
     return json_response({"error": message, "error_type": kind}, response.status_code, headers)
 
 
-# TEI's truncation side (only "right" is served; "left" is refused, not ignored).
-Direction = Literal["right", "left", "Right", "Left"]
+# TEI's truncation side: only "right" is served, so the document offers only it; "left" is
+# refused with a 400 that says so (check_direction), not ignored.
+Direction = Annotated[Literal["right", "left", "Right", "Left"], Checked(enum=["right", "Right"])]
 
 
 class _TeiInputs(_Request):
@@ -67,12 +73,12 @@ class _TeiInputs(_Request):
 
 
 class _TeiTruncation(_TeiInputs):
-    truncate: bool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
+    truncate: StrictBool = Field(True, description="cut inputs to the model's limit (TEI's default is a 4xx)")
     truncation_direction: Direction = "right"
 
 
 class TeiEmbedRequest(_TeiTruncation):
-    normalize: bool = True
+    normalize: StrictBool = True
     prompt_name: str | None = Field(None, description="one of the model's sentence-transformers prompts")
     dimensions: NonNegative | None = None
 
@@ -82,13 +88,14 @@ class TeiEmbedSparseRequest(_TeiTruncation):
 
 
 class TeiPredictRequest(_TeiTruncation):
-    raw_scores: bool = False
+    raw_scores: StrictBool = False
 
 
 class SimilarityInputs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source_sentence: Text
-    sentences: Texts
+    # Embedded with the source sentence, in one request's count.
+    sentences: Annotated[list[Text], Checked(minItems=1, maxItems=Limit("max_inputs_per_request", less=1))]
 
 
 class TeiSimilarityRequest(_TeiTruncation):
@@ -104,17 +111,17 @@ class TeiAnyRequest(TeiEmbedRequest):
     (`inputs: {source_sentence, sentences}`) is answered as `/similarity` answers it."""
 
     inputs: Text | Texts | SimilarityInputs  # type: ignore[assignment]
-    raw_scores: bool = False
+    raw_scores: StrictBool = False
 
 
 class TeiTokenizeRequest(_TeiInputs):
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     prompt_name: str | None = None
 
 
 class TeiDecodeRequest(_Request):
     ids: list[TokenId] | list[list[TokenId]]
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
 
 
 class TeiRerankRequest(_Request):
@@ -124,9 +131,9 @@ class TeiRerankRequest(_Request):
     texts: Texts = Field(..., description="the documents to rank")
     top_n: NonNegative | None = Field(None, description="how many results; absent or 0 = all (the "
                                       "rerankers library's TEI provider sends it)")
-    return_text: bool = Field(False, description="each result's text with it")
-    raw_scores: bool = Field(False, description="logits instead of sigmoid scores")
-    truncate: bool = True
+    return_text: StrictBool = Field(False, description="each result's text with it")
+    raw_scores: StrictBool = Field(False, description="logits instead of sigmoid scores")
+    truncate: StrictBool = True
     truncation_direction: Direction = "right"
 
 
@@ -158,13 +165,23 @@ def check_direction(direction: str) -> None:
                                 param="truncation_direction")
 
 
+def tei_model(request: Request, name: str | None, *capabilities: Capability) -> str | None:
+    """The model a TEI request means. TEI serves one model and ignores the name, so its clients
+    send one of their own: a name that is no served model's goes to the one served model that
+    does the route's task, where exactly one does (`Engine.model`'s any_name)."""
+    if name is None:
+        return None
+    return request.app.state.engine.facts_of(name, *capabilities, any_name=True).name
+
+
 @router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
+    model = tei_model(request, body.model, Capability.EMBED)
     # TEI normalises unless told not to, whatever the model's own head does.
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
                    truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
-    result = await answer(request, "embed", body.model, len(ask.inputs),
+    result = await answer(request, "embed", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)
 
@@ -173,8 +190,9 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
 async def predict(body: TeiPredictRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
-    result = await answer(request, "classify", body.model, len(texts), engine.classify(
-        texts, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.CLASSIFY)
+    result = await answer(request, "classify", model, len(texts), engine.classify(
+        texts, model, raw_scores=body.raw_scores, truncate=body.truncate,
     ), (Capability.CLASSIFY,))
     rows = label_rows(result)
     return json_response(rows[0] if isinstance(body.inputs, str) else rows)
@@ -184,27 +202,30 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     if isinstance(body.inputs, SimilarityInputs):
         return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
-    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY)
+    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY,
+                                              any_name=True)
     body = body.model_copy(update={"model": facts.name})
     if facts.capability == Capability.CLASSIFY:
         return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
     return await embed(body, request)
 
 
-@router.post("/models/{name:path}", summary="TEI's / for the model the path names "
+# The parameter is named as GET /models/{model_id}'s: one path of the document, two methods.
+@router.post("/models/{model_id:path}", summary="TEI's / for the model the path names "
              "(huggingface_hub: InferenceClient(model=BASE + '/models/NAME'))")
-async def by_model_in_path(name: str, body: TeiAnyRequest, request: Request) -> Response:
-    return await by_model_type(body.model_copy(update={"model": name}), request)
+async def by_model_in_path(model_id: str, body: TeiAnyRequest, request: Request) -> Response:
+    return await by_model_type(body.model_copy(update={"model": model_id}), request)
 
 
 @router.post("/similarity", summary="Cosine of a source sentence to each sentence (TEI's shape)")
 async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     sentences = body.inputs.sentences
+    model = tei_model(request, body.model, Capability.EMBED)
     with in_own_terms({"sentences": "inputs.sentences"}):
-        result = await answer(request, "embed", body.model, len(sentences) + 1,
+        result = await answer(request, "embed", model, len(sentences) + 1,
                               request.app.state.engine.similarity(
-                                  body.inputs.source_sentence, sentences, body.model, truncate=body.truncate,
+                                  body.inputs.source_sentence, sentences, model, truncate=body.truncate,
                                   prompt_name=body.prompt_name,
                               ), (Capability.EMBED,))
     return json_response(result.scores.tolist())
@@ -213,9 +234,10 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
 @router.post("/embed_all", summary="Per-token embeddings of a multi-vector (ColBERT) model (TEI's shape)")
 async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.MULTI_VECTOR)
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
                    use="document", prompt_name=body.prompt_name)
-    result = await answer(request, "embed_all", body.model, len(ask.inputs),
+    result = await answer(request, "embed_all", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
@@ -223,9 +245,10 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
 @router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
 async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
+    model = tei_model(request, body.model, Capability.SPARSE)
+    ask = EmbedAsk(body.texts(), model, accepts=(Capability.SPARSE,), truncate=body.truncate,
                    prompt_name=body.prompt_name)
-    result = await answer(request, "embed_sparse", body.model, len(ask.inputs),
+    result = await answer(request, "embed_sparse", model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
@@ -283,7 +306,8 @@ async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
     try:
         check_direction(body.truncation_direction)
-        result = await ranked(request, body.model, body.query, body.texts, top_n=body.top_n,
+        model = tei_model(request, body.model, Capability.RERANK, Capability.MULTI_VECTOR)
+        result = await ranked(request, model, body.query, body.texts, top_n=body.top_n,
                               raw_scores=body.raw_scores, truncate=body.truncate)
     except InfinityCloudError as exc:  # the path is Infinity's too, so not a TeiRoute
         return in_tei_shape(error_response(exc))

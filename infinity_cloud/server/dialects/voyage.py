@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
-from pydantic import Field
+from pydantic import Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud.results import RerankResult
@@ -20,7 +20,7 @@ from infinity_cloud.server.engine_calls import in_own_terms
 
 class VoyageRerankRequest(_DocumentsRerank):
     top_k: NonNegative | None = Field(None, description="how many results; absent or 0 = all")
-    truncation: bool = Field(True, description="cut documents to the model's limit instead of a 400")
+    truncation: StrictBool = Field(True, description="cut documents to the model's limit instead of a 400")
 
 
 def rerank_body(result: RerankResult, documents: list[str], return_documents: bool) -> dict[str, Any]:
