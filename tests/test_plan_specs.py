@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,30 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def plan(*args: str) -> tuple[int, str]:
-    result = runner.invoke(build_cli(), ["plan", *args])
+    # wide enough that the table of offers prints whole
+    result = runner.invoke(build_cli(), ["plan", *args], env={"COLUMNS": "250"})
     return result.exit_code, result.output
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "").replace("$", ""))
+
+
+def figures(output: str) -> dict[str, object]:
+    """The plan's figures as printed: the headline, the 'why' lines' results, the chosen row."""
+    head = {
+        k: m.group(1)
+        for k in ("hardware", "replicas", "expected p95", "monthly cost")
+        if (m := re.search(rf"^  {k}: (\S+)", output, re.M))
+    }
+    why = {
+        k: m.group(1)
+        for k in ("replicas", "p95", "cost")
+        if (m := re.search(rf"^  why {k}: .*?([$\d,.]+)(?: ms| a month)?(?: \(|,? by use|$)", output, re.M))
+    }
+    row = next(line for line in output.splitlines() if line.startswith(f"│ {head['hardware']} "))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    return {"head": head, "why": why, "row": cells}
 
 
 @pytest.mark.parametrize("target", ["modal", "sagemaker", "kubernetes", "aws_lambda"])
@@ -217,3 +240,98 @@ def test_the_lambda_plan_deploys_with_its_memory(
             "Configuration"
         ]
     assert config["MemorySize"] == chosen["memory_mb"]
+
+
+@pytest.mark.parametrize("target", ["modal", "sagemaker", "kubernetes", "aws-lambda", "local"])
+@pytest.mark.parametrize(
+    "load",
+    [
+        ["--qps", "1"],
+        ["--qps", "50"],
+        ["--qps", "500", "--p95-ms", "300"],
+        ["--qps", "20", "--tokens-per-request", "2048"],
+    ],
+)
+def test_the_printed_figures_agree_with_one_another(model: Path, target: str, load: list[str]) -> None:
+    """Issue 51: `--target aws-lambda --qps 50` printed `replicas: 16` and `why replicas: ... so 22`,
+    and a cost of 16 instances beside a 'why' of 22. The headline, each 'why' line and the
+    chosen offer's row of the table are one computation: they agree, for every target and load."""
+    code, output = plan("--model-id", str(model), "--target", target, *load)
+    assert code == 0, output
+    found = figures(output)
+    head, why, row = found["head"], found["why"], found["row"]
+    replicas, p95, cost = head["replicas"], head["expected p95"], head["monthly cost"]  # type: ignore[index]
+    assert why["replicas"] == replicas, output  # type: ignore[index]
+    assert _number(why["cost"]) == _number(cost), output  # type: ignore[index]
+    assert why.get("p95") == p95 or p95 == "unbounded", output  # type: ignore[index]
+    assert row[3] == replicas and row[5] == p95 and _number(row[6]) == _number(cost), output  # type: ignore[index]
+    expected_p95 = float(load[load.index("--p95-ms") + 1]) if "--p95-ms" in load else 1000.0
+    meets = p95 != "unbounded" and _number(p95) <= expected_p95  # type: ignore[arg-type]
+    assert row[7] == ("yes" if meets else "no"), output  # type: ignore[index]
+    if "--p95-ms" not in load:
+        assert "p95 within 1,000 ms (the default: no --p95-ms given)" in output
+
+
+def test_local_sizes_this_host_and_errors_spell_targets_as_deploy(model: Path) -> None:
+    code, output = plan("--model-id", str(model), "--target", "local", "--qps", "5")
+    assert code == 0, output
+    assert "hardware: this host" in output and "replicas: 1" in output
+    for word in ("batch_tokens:", "expected p95:", "one server process", "memory budget"):
+        assert word in output, word
+    code, output = plan("--model-id", str(model), "--target", "aws_nowhere", "--qps", "1")
+    assert code == 2 and "aws-lambda" in output and "aws_lambda" not in output and "local" in output
+
+
+def test_a_profile_of_a_class_no_offer_has_is_refused(model: Path, tmp_path: Path) -> None:
+    profile = {
+        "created": "2026-12-04T00:00:00+00:00",
+        "package_version": "0",
+        "url": "http://x",
+        "model": "m",
+        "corpus": "built-in",
+        "hardware": {
+            "device": "cpu",
+            "cpu": "AMD EPYC",
+            "cores": 2,
+            "kernel_flags": ["avx2", "avx512f", "avx512_bf16"],
+        },
+        "tokens_per_text": {"passage": 150.0},
+        "points": [
+            {"kind": "passage", "per_request": 32, "concurrency": 4, "tokens_per_s": 9000, "requests": 40}
+        ],
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    code, output = plan("--model-id", str(model), "--target", "modal", "--qps", "5", "--profile", str(path))
+    assert code == 2 and "cpu/avx512_bf16" in output and "cpu/avx2" in output, output
+    path.write_text(json.dumps({**profile, "contended": True, "conditions": {"load_avg_before": 11.0}}))
+    code, output = plan(
+        "--model-id", str(model), "--target", "kubernetes", "--qps", "5", "--profile", str(path)
+    )
+    assert code == 2 and "--accept-contended" in output, output
+    code, output = plan(
+        "--model-id",
+        str(model),
+        "--target",
+        "kubernetes",
+        "--qps",
+        "5",
+        "--profile",
+        str(path),
+        "--accept-contended",
+    )
+    assert code == 0 and "measured" in output, output
+
+
+def test_a_replica_is_bounded_by_its_own_tokenizer_timed_by_plan(tiny_embedder: Path, tmp_path: Path) -> None:
+    """plan times the model's own tokenizer (its tokenizer.json) and shows the bound; a spec
+    for this host is served, not deployed."""
+    assert (tiny_embedder / "tokenizer.json").is_file()
+    written = tmp_path / "spec.yaml"
+    code, output = plan(
+        "--model-id", str(tiny_embedder), "--target", "local", "--qps", "2", "--write", str(written)
+    )
+    assert code == 0, output
+    assert re.search(r"tokenizer [\d,]+ \(measured on this model's tokenizer here\)", output), output
+    assert f"infinity-cloud serve --config {written}" in output
+    load_spec(written)

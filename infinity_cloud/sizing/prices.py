@@ -1,12 +1,13 @@
 """Refresh the AWS prices of the price table (`infinity_cloud/data/offers.json`) from AWS's Price
-List API: SageMaker real-time inference (`platoinstancetype` Hosting) for the SageMaker offers,
-EC2 Linux on-demand for the nodes of the Kubernetes offers. A maintainer runs it, with any AWS
-credentials (the API is free); `plan` itself never fetches a price.
+List API: SageMaker real-time inference (`platoinstancetype` Hosting) for the SageMaker instance
+offers, EC2 Linux on-demand for the nodes of the Kubernetes offers, and Lambda's x86 price per
+GB-second and per request for the Lambda offers. A maintainer runs it, with any AWS credentials
+(the API is free); `plan` itself never fetches a price.
 
     python -m infinity_cloud.sizing.prices --refresh [--region us-east-1]
 
-Modal's and Lambda's prices have no such API here: edit them by hand from their pages, with
-the date."""
+Modal's prices and SageMaker serverless's have no such refresh here: edit them by hand from
+their pages, with the date."""
 
 from __future__ import annotations
 
@@ -42,15 +43,41 @@ def table_path() -> Path:
     return Path(str(resources.files("infinity_cloud").joinpath("data/offers.json")))
 
 
-def on_demand_usd(price_list: list[str]) -> float | None:
-    """The hourly on-demand price in a get_products answer (its items are JSON strings)."""
+def on_demand_usd(price_list: list[str], unit: str = "hr") -> float | None:
+    """The on-demand price per `unit` (a prefix of the API's unit, lower case: "hr" hourly,
+    "lambda-gb-second", "request") in a get_products answer (its items are JSON strings); the
+    first tier where the price is tiered."""
     for item in price_list:
         for term in json.loads(item).get("terms", {}).get("OnDemand", {}).values():
             for dimension in term.get("priceDimensions", {}).values():
                 usd = float(dimension.get("pricePerUnit", {}).get("USD", 0) or 0)
-                if usd > 0 and dimension.get("unit", "Hrs").lower().startswith("hr"):
+                first_tier = dimension.get("beginRange", "0") in ("0", "0.0", "")
+                if usd > 0 and first_tier and dimension.get("unit", "Hrs").lower().startswith(unit):
                     return usd
     return None
+
+
+# Lambda's x86 prices: (the offer's field, the product group, the unit, the factor to the field).
+_LAMBDA = (
+    ("usd_per_gb_s", "AWS-Lambda-Duration", "lambda-gb-second", 1.0),
+    ("usd_per_million_requests", "AWS-Lambda-Requests", "request", 1e6),
+)
+
+
+def _lambda_prices(client: Any, region: str) -> dict[str, float]:
+    found = {}
+    for key, group, unit, factor in _LAMBDA:
+        filters = [
+            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
+            {"Type": "TERM_MATCH", "Field": "group", "Value": group},
+        ]
+        answer = client.get_products(
+            ServiceCode="AWSLambda", Filters=filters, FormatVersion="aws_v1", MaxResults=100
+        )
+        usd = on_demand_usd(answer.get("PriceList", []), unit)
+        if usd is not None:
+            found[key] = round(usd * factor, 10)
+    return found
 
 
 def _filters(field: str, name: str, region: str, fixed: dict[str, str]) -> list[dict[str, str]]:
@@ -61,7 +88,7 @@ def _filters(field: str, name: str, region: str, fixed: dict[str, str]) -> list[
 def fetched(client: Any, offers: list[dict[str, Any]], region: str) -> Iterator[tuple[dict[str, Any], float]]:
     """Each AWS offer with the price the API now gives for it (those it gives none for are left)."""
     for offer in offers:
-        if offer["target"] not in _SERVICES:
+        if offer["target"] not in _SERVICES or offer.get("billing", "hourly") != "hourly":
             continue
         service, field, fixed = _SERVICES[offer["target"]]
         answer = client.get_products(
@@ -90,8 +117,28 @@ def refresh(
             as_of=day,
             source=f"AWS Price List API ({_SERVICES[offer['target']][0]}, {region}, on-demand)",
         )
-    path.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+    lambdas = [o for o in table["offers"] if o["target"] == "aws_lambda"]
+    found = _lambda_prices(client, region) if lambdas else {}
+    for offer in lambdas:
+        for key, usd in found.items():
+            if usd != offer.get(key):
+                changed.append(f"aws_lambda {offer['name']} {key}: {offer.get(key)} -> {usd}")
+            offer[key] = usd
+        if found:
+            gb_s = offer.get("usd_per_gb_s") or 0
+            offer.update(
+                usd_per_hour=round(gb_s * offer["memory_gib"] * 3600, 4),
+                as_of=day,
+                source=f"AWS Price List API (AWSLambda, {region}, x86, first tier)",
+            )
+    path.write_text(_dumped(table), encoding="utf-8")
     return changed
+
+
+def _dumped(table: dict[str, Any]) -> str:
+    """The table as it is kept: one offer a line, so a refresh's diff is one line an offer."""
+    rows = ",\n".join(f"    {json.dumps(offer)}" for offer in table["offers"])
+    return f'{{\n  "about": {json.dumps(table["about"])},\n  "offers": [\n{rows}\n  ]\n}}\n'
 
 
 def main() -> None:

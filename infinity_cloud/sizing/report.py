@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from infinity_cloud.install_hint import install_command
-from infinity_cloud.sizing.plan import Choice, Load
+from infinity_cloud.sizing.plan import Choice
 from infinity_cloud.sizing.profile import Point, Profile, shape_label
 
 log = logging.getLogger(__name__)
@@ -131,44 +131,61 @@ def plot(profile: Profile, path: Path) -> bool:
     return True
 
 
+def _p95(choice: Choice) -> str:
+    return "unbounded" if choice.p95_ms == float("inf") else f"{choice.p95_ms:,.0f}"
+
+
 def show_plan(
-    model: str, target: str, load: Load, best: Choice, every: list[Choice], console: Console | None = None
+    target: str, model: str, best: Choice, every: list[Choice], console: Console | None = None
 ) -> None:
-    """The plan chosen, a line of reason per choice, and every offer it was chosen from."""
+    """The plan chosen, a line of reason per figure, and every offer it was chosen from: all
+    formatted from the Choices `plan` computed, nothing computed here."""
     console = console or Console()
-    asked = f"{load.qps:g} requests/s of {load.tokens_per_request} tokens" + (
-        f", p95 within {load.p95_ms:g} ms" if load.p95_ms is not None else ""
+    load = best.load
+    kept = (
+        f"p95 within {load.p95_ms:,g} ms"
+        if load.p95_ms is not None
+        else f"p95 within {load.slo_ms:,g} ms (the default: no --p95-ms given)"
     )
+    asked = f"{load.qps:g} requests/s of {load.tokens_per_request} tokens, {kept}"
     console.print(escape(f"{model} on {target}, for {asked}:"), soft_wrap=True)
+    spread = best.capacity.spread
     lines = [
-        ("hardware", f"{best.offer.name}"),
-        (
-            "replicas",
-            f"{best.replicas}"
-            + (" (min 0: scales to zero)" if best.scales_to_zero else ""),
-        ),
+        ("hardware", best.offer.name),
+        ("replicas", f"{best.replicas}" + (" (min 0: scales to zero)" if best.scales_to_zero else "")),
         ("batch_tokens", f"{best.batch_tokens:,}"),
         ("deadline_s", "the server's default" if best.deadline_s is None else f"{best.deadline_s:g}"),
         (
             "expected p95",
-            f"{best.p95_ms:,.0f} ms" + ("" if best.meets_p95 else " (misses the p95 asked for)"),
+            f"{_p95(best)} ms" + ("" if best.meets_p95 else f" (misses the {load.slo_ms:,g} ms kept)"),
         ),
         ("monthly cost", f"${best.monthly_usd:,.0f}"),
     ]
+    if spread is not None:
+        lines.append(
+            (
+                "uncertainty",
+                f"unmeasured class {best.offer.hardware_class}: x{spread[0]:g}-x{spread[1]:g} on the "
+                "capacity, so on the replicas and cost: bench it there (--profile) for a measured figure",
+            )
+        )
     for name, value in lines:
         console.print(escape(f"  {name}: {value}"), soft_wrap=True)
     for name, reason in best.reasons.items():
         console.print(escape(f"  why {name}: {reason}"), soft_wrap=True)
-    others = Table(title=f"every {target} offer in the price table")
-    for header in ("offer", "tokens/s a replica", "replicas", "batch", "p95 ms", "$/month", "meets p95"):
-        others.add_column(header, justify="left" if header == "offer" else "right", no_wrap=True)
+    others = Table(title=f"every {target} offer")
+    headers = ("offer", "class", "tokens/s a replica", "replicas", "batch", "p95 ms", "$/month", "meets p95")
+    for header in headers:
+        others.add_column(header, justify="left" if header in ("offer", "class") else "right", no_wrap=True)
     for choice in sorted(every, key=lambda c: c.monthly_usd):
+        range_ = choice.capacity.spread
         others.add_row(
             choice.offer.name,
-            f"{choice.capacity:,.0f}",
+            choice.offer.hardware_class + (" (unmeasured)" if choice.capacity.compute.spread else ""),
+            f"{choice.rate:,.0f}" + (f" x{range_[0]:g}-x{range_[1]:g}" if range_ else ""),
             str(choice.replicas),
             f"{choice.batch_tokens:,}",
-            f"{choice.p95_ms:,.0f}",
+            _p95(choice),
             f"{choice.monthly_usd:,.0f}",
             "yes" if choice.meets_p95 else "no",
         )

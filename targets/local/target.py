@@ -99,6 +99,7 @@ class LocalTarget(Target[LocalSpec]):
     name = "local"
     spec_class = LocalSpec
     verbs = ("build", "invoke", "status", "smoke")
+    planner = "infinity_cloud.targets.local.plan:PLANNER"
 
     def describe(self, spec: DeploymentSpec) -> str:
         return f"the server at {self.endpoint(spec, None).url}"
