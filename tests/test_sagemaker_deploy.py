@@ -683,7 +683,9 @@ def test_a_plans_spec_deploys_with_its_instances_and_autoscaling(tmp_path: Path,
     assert variant["InitialInstanceCount"] == chosen["instance_count"]
     scaling = boto3.client("application-autoscaling", region_name=REGION)
     (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
-    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, chosen["instance_count"])
+    floor = int(chosen["autoscale"].split(":")[0])  # the plan's floor: 2 for a production plan
+    assert floor == 2
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (floor, chosen["instance_count"])
     (policy,) = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
     tracking = policy["TargetTrackingScalingPolicyConfiguration"]
     assert tracking["TargetValue"] == float(chosen["target_invocations"])
