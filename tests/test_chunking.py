@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-from infinity_cloud.text.chunking import SNAP_SHARE, Chunk, cut
+from infinity_cloud.text.chunking import SNAP_SHARE, Chunk, cut, windows
 from infinity_cloud.text.tokenization import TextTokenizer
 from tests.model_factory import _train_byte_level_bpe
 
@@ -144,3 +144,21 @@ def test_the_served_tokenizer_cuts_whole_documents_to_its_room(minilm_dir: Path)
     for text, cuts in zip(texts, chunks, strict=True):
         ids = served.encode([text[c.start:c.end] for c in cuts], truncate=False)
         assert all(len(e) <= 256 for e in ids), "each chunk, read alone, fits the window"
+
+
+@pytest.mark.parametrize(
+    ("count", "room", "overlap"),
+    [(0, 8, 2), (5, 8, 2), (8, 8, 0), (100, 8, 0), (100, 8, 4), (8193, 510, 128), (33, 7, 6)],
+)
+def test_windows_read_every_token_once_with_context(count: int, room: int, overlap: int) -> None:
+    read = windows(count, room, overlap)
+    assert (read == []) == (count == 0)
+    kept = [t for w in read for t in range(w.keep_first, w.keep_stop)]
+    assert kept == list(range(count)), "each token's state is kept from exactly one window, in order"
+    for w in read:
+        assert w.stop - w.first <= room and w.first <= w.keep_first <= w.keep_stop <= w.stop
+    for before, after in itertools.pairwise(read):
+        assert before.stop - after.first == overlap
+        # A kept token sits at least overlap // 2 tokens from the edge its window shares.
+        assert before.stop - before.keep_stop >= overlap // 2
+        assert after.keep_first - after.first >= overlap // 2

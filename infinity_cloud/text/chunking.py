@@ -82,3 +82,38 @@ def cut(
             break
         first = stop - overlap_tokens
     return chunks
+
+
+@dataclass(frozen=True)
+class Window:
+    """Tokens [first, stop) of a document read by the model at once; the states of tokens
+    [keep_first, keep_stop) are taken from this reading (late chunking's context)."""
+
+    first: int
+    stop: int
+    keep_first: int
+    keep_stop: int
+
+
+def windows(count: int, room: int, overlap: int) -> list[Window]:
+    """A document of `count` tokens read in windows of at most `room` tokens, consecutive ones
+    sharing `overlap`. Each token's state is kept from the window where it sits farthest from
+    an edge it shares: the shared tokens are split at their middle, so no token is read with
+    less than `overlap // 2` tokens of context on a cut side."""
+    if room < 1:
+        raise ValueError(f"room must be at least 1, not {room}")
+    if not 0 <= overlap < room:
+        raise ValueError(f"overlap ({overlap}) must be at least 0 and below the window ({room})")
+    spans, first = [], 0
+    while count:
+        stop = min(first + room, count)
+        spans.append((first, stop))
+        if stop >= count:
+            break
+        first = stop - overlap
+    out = []
+    for i, (first, stop) in enumerate(spans):
+        keep_first = first if i == 0 else first + overlap // 2
+        keep_stop = stop if i == len(spans) - 1 else spans[i + 1][0] + overlap // 2
+        out.append(Window(first, stop, keep_first, keep_stop))
+    return out
