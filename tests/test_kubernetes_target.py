@@ -538,7 +538,8 @@ def test_scale_from_zero_wakes_behind_its_own_network_policy(built: dict) -> Non
     policy = by_kind(rendered)["NetworkPolicy"]
     replicas = by_kind(rendered)["Deployment"]["spec"]["selector"]["matchLabels"]
     assert policy["spec"]["podSelector"]["matchLabels"] == replicas
-    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8080}]
+    (port,) = server_container(rendered)["ports"]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}]
     # The interceptor's route and the ScaledObject's trigger are there, the scaler in KEDA's namespace.
     route = by_kind(rendered)["InterceptorRoute"]
     assert route["spec"]["target"] == {"service": "infinity-cloud", "port": 80}
@@ -663,7 +664,7 @@ def test_the_cuda_build_picks_the_gpu_images_torch(built: dict, tiny_embedder: P
     assert "whl/cu1" not in cpu
     for flags, said in ((["--cuda", "12"], "give --gpu (or --gpu-resource)"),
                         (["--gpu", "B200", "--cuda", "12"], "use --cuda 13"),
-                        (["--gpu", "L4", "--cuda", "11"], "--cuda")):
+                        (["--gpu", "L4", "--cuda", "11"], "kubernetes.cuda: Input should be '12' or '13'")):
         result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "x"),
                                      "--model-id", str(tiny_embedder), *flags])
         assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
