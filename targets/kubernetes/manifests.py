@@ -428,8 +428,7 @@ def admitted_namespaces(settings: KubernetesSpec) -> list[str]:
     """The namespaces besides its own whose pods reach the server: the Prometheus that scrapes
     it (--prometheus-url's, or --prometheus-namespace), KEDA's, whose HTTP add-on interceptor is
     the only way in at zero replicas, and each --ingress-from."""
-    scraped = settings.service_monitor or settings.autoscaler in ("keda", "hpa")
-    wanted = [settings.scrape_namespace] if scraped else []
+    wanted = [settings.scrape_namespace] if settings.scraped else []
     if settings.min_replicas == 0:
         wanted.append(settings.keda_namespace)
     wanted += settings.ingress_from

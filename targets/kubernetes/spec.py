@@ -276,7 +276,7 @@ class KubernetesSpec(BaseModel):
             raise ValueError("--ingress-from names namespaces the NetworkPolicy admits: add --network-policy")
         if self.monitor_labels and not self.service_monitor:
             raise ValueError("--monitor-label labels the ServiceMonitor, and --no-service-monitor drops it")
-        if self.network_policy and self.scrape_namespace is None and self.prometheus_namespace is None:
+        if self.network_policy and self.scraped and self.scrape_namespace is None:
             raise ValueError(f"--network-policy admits the namespace Prometheus runs in, which cannot be "
                              f"read from --prometheus-url {self.prometheus_url} (not NAME.NAMESPACE.svc): "
                              "give --prometheus-namespace NAMESPACE")
@@ -310,6 +310,12 @@ class KubernetesSpec(BaseModel):
     @property
     def monitor_label_pairs(self) -> dict[str, str]:
         return dict(item.partition("=")[::2] for item in self.monitor_labels)
+
+    @property
+    def scraped(self) -> bool:
+        """Whether a Prometheus reaches the replicas: for the ServiceMonitor, or the metric the
+        autoscaler reads."""
+        return self.service_monitor or self.autoscaler in ("keda", "hpa")
 
     @property
     def scrape_namespace(self) -> str | None:
