@@ -355,6 +355,14 @@ def test_weights_on_a_volume_are_written_once_by_a_job_and_mounted_read_only(bui
     assert mounted in pod["containers"][0]["volumeMounts"]
     for container in pod["containers"] + pod["initContainers"]:  # no replica writes the claim
         assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] == "weights")
+    # On a CPU the Job runs in the replicas' pool (it builds their exports); on a GPU it fetches
+    # files only, anywhere: the GPU pool's taint would keep out a pod that asks for no GPU.
+    from infinity_cloud.targets.kubernetes.manifests import weights_job
+    from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+
+    for gpu, placed in ((None, {"pool": "batch"}), ("L4", None)):
+        settings = KubernetesSpec(gpu=gpu, weights="volume", node_selector=["pool=batch"])
+        assert weights_job(settings, "models: []")["spec"]["template"]["spec"].get("nodeSelector") == placed
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in pod["containers"][0]["env"]
     dockerfile = (folder / "image" / "Dockerfile").read_text()
     assert "RUN python -m infinity_cloud download" not in dockerfile

@@ -291,7 +291,9 @@ def weights_job(settings: KubernetesSpec, served_spec: str) -> dict[str, Any]:
                     {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size}},
                     {"name": "weights", "persistentVolumeClaim": {"claimName": f"{settings.name}-weights"}}],
     }
-    if settings.selector:  # the replicas' node pool (on a CPU, exports are built for its CPU)
+    # On a CPU, the replicas' node pool: the exports are built there. On a GPU it fetches files
+    # only, on any node: the GPU pool's taint would keep a pod that asks for no GPU out.
+    if settings.selector and settings.device != "cuda":
         pod["nodeSelector"] = settings.selector
     return {
         "apiVersion": "batch/v1", "kind": "Job",
