@@ -17,6 +17,7 @@ import pytest
 from conftest import FAKE, fake, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.config import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -379,10 +380,10 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
         reads.clear()  # the first model's, at start
         await load(engine)
         assert reads == [tiny_embedder.resolve()]
-        first = await engine.embed(["x"], "hot", output_dtype="int8")
+        first = await engine.embeddings(EmbedAsk(["x"], "hot", dtype="int8"))
         await engine.remove_model("hot")
         await load(engine)
-        again = await engine.embed(["x"], "hot", output_dtype="int8")
+        again = await engine.embeddings(EmbedAsk(["x"], "hot", dtype="int8"))
     np.testing.assert_array_equal(first.embeddings, again.embeddings)
 
 

@@ -22,6 +22,11 @@ CALIBRATED_TYPES = ("int8", "uint8")
 EMBEDDING_TYPES = ("float", *CALIBRATED_TYPES, *PACKED_TYPES)
 CALIBRATION_SIZE = 512
 
+
+def named(kind: str) -> str:
+    """An embedding type by our name: "float" (Cohere's) is float32."""
+    return "float32" if kind == "float" else kind
+
 # Standard-library modules written in Python, whose source the calibration reads.
 _MODULES = (
     "argparse", "asyncio.events", "calendar", "collections", "configparser", "contextlib", "csv",
