@@ -11,6 +11,7 @@ Knows nothing of HTTP; the HTTP app, the bulk job and every target drive it thro
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,7 +21,6 @@ import numpy as np
 
 from infinity_cloud.admission.memory import MB, MemoryBudget
 from infinity_cloud.admission.validation import (
-    check_embedding_types,
     check_max_tokens_per_doc,
     check_texts,
     check_top_n,
@@ -84,23 +84,33 @@ class Engine:
         limits = limits or spec.server.limits
         # One list shared down to every batch worker, so observers added later see all batches.
         self.observers: list[Observer] = list(observers)
-        self.memory = MemoryBudget.declared(limits.memory_budget_mb)
+        memory = MemoryBudget.declared(limits.memory_budget_mb)
         server = spec.server
-        self.cache = ResultCache(self._cache_bytes(server.cache_mb * MB), server.cache_url,
+        self.cache = ResultCache(self._cache_bytes(server.cache_mb * MB, memory), server.cache_url,
                                  server.cache_ttl_s, server.cache_timeout_ms / 1000, server.cache_secret)
-        self.pipeline = Pipeline(limits, self.memory, self.cache)
-        self.fleet = Fleet(spec, self.observers, self.memory, self.cache, self._embed_in_background)
+        self.pipeline = Pipeline(limits, memory, self.cache)
+        self.fleet = Fleet(spec, self.observers, memory, self.cache, self._embed_in_background)
 
-    def _cache_bytes(self, asked: int) -> int:
+    @staticmethod
+    def _cache_bytes(asked: int, memory: MemoryBudget) -> int:
         """The in-process cache's bound, inside the memory budget: its rows are resident memory,
         which the budget counts as it fills, so it may take at most a quarter of it."""
-        limit = self.memory.limit_bytes
+        limit = memory.limit_bytes
         if not asked or limit is None or asked <= limit // 4:
             return asked
         log.warning("the result cache is held to %d MB, a quarter of the memory budget (%d MB), not the "
                     "%d MB asked: raise --memory-budget-mb or lower --cache-mb",
                     limit // 4 // MB, limit // MB, asked // MB)
         return limit // 4
+
+    @property
+    def memory(self) -> MemoryBudget:
+        """The memory budget every call and every model's load is admitted by."""
+        return self.pipeline.memory
+
+    @memory.setter
+    def memory(self, memory: MemoryBudget) -> None:  # one budget, which the fleet and pipeline share
+        self.pipeline.memory = self.fleet.memory = memory
 
     @property
     def limits(self) -> LimitsSpec:
@@ -320,8 +330,8 @@ class Engine:
         the model's Normalize module (TEI's normalize=false); None, as the model does."""
         kind = quantization.named(ask.dtype or served.spec.embedding_dtype)  # type: ignore[arg-type]
         if kind != "float32":
-            check_embedding_types([kind], quantization.EMBEDDING_TYPES)  # before any work
-            await self._calibrated_before_work(served, [kind], ask.dimensions, ask.wait)
+            await quantization.ready_before_work([kind], ask.dimensions, ask.wait,
+                                                 functools.partial(self.fleet.ranges, served))
         call = EmbedCall(ask.inputs, ask.dimensions, ask.truncate, ask.modality, ask.openai_sender,
                          ask.prompt_name, ask.packed or kind != "float32", ask.normalize is not False)
         result = await self.pipeline.run(TASKS[Capability.EMBED], call, served)
@@ -338,30 +348,18 @@ class Engine:
         """One embedding of the inputs in each type `ask.dtype` names: the floats made once,
         each type made from them."""
         types = ask.dtype or ()
-        check_embedding_types(types, quantization.EMBEDDING_TYPES)
-        await self._calibrated_before_work(served, types, ask.dimensions, ask.wait)
+        await quantization.ready_before_work(types, ask.dimensions, ask.wait,
+                                             functools.partial(self.fleet.ranges, served))
         floats = await self._embed(served, replace(ask, prompt_name=prompt, dtype="float32", normalize=None,
                                                    openai_sender=False, packed=False, wait=True))
         by_type = {kind: await self._quantize(served, floats, kind, ask.dimensions, True) for kind in types}
         return EmbeddingsByType(floats.model, by_type, floats.prompt_tokens)
 
-    async def _calibrated_before_work(
-        self, served: ServedModel, types: Sequence[str], dimensions: int | None, wait: bool
-    ) -> None:
-        """Without `wait`, the 503 while int8/uint8 ranges are calibrated comes before the
-        request's own work: under load that work may be refused by the deadline, and done it
-        would be thrown away."""
-        if not wait and any(kind in quantization.CALIBRATED_TYPES for kind in types):
-            await self.fleet.ranges(served, dimensions, wait=False)
-
     async def _quantize(
         self, served: ServedModel, result: EmbeddingResult, kind: str, dimensions: int | None, wait: bool
     ) -> np.ndarray:
-        check_embedding_types([kind], quantization.EMBEDDING_TYPES)
-        bounds = None
-        if kind in quantization.CALIBRATED_TYPES:
-            bounds = await self.fleet.ranges(served, dimensions, wait=wait)
-        return quantization.quantize(result.embeddings, kind, bounds)
+        ranges = functools.partial(self.fleet.ranges, served)
+        return await quantization.quantized(result.embeddings, kind, dimensions, wait, ranges)
 
     async def _embed_in_background(self, served: ServedModel, texts: list[str]) -> np.ndarray:
         """`texts` embedded as the engine's own work (a model's int8/uint8 ranges)."""

@@ -354,17 +354,17 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
     """A hot load reads the model folder's facts as it checks them, and loads from what it read;
     a model unloaded and loaded again under its name makes its own int8 ranges, as the first
     one did (they are the model's, dropped with it)."""
-    from infinity_cloud import engine as engine_module
+    from infinity_cloud.models import fleet as fleet_module
     from infinity_cloud.models import served_model
 
     reads: list[Path] = []
-    read = engine_module.read_model_info
+    read = fleet_module.read_model_info
 
     def counted(path: Path, *args: Any) -> Any:
         reads.append(path)
         return read(path, *args)
 
-    monkeypatch.setattr(engine_module, "read_model_info", counted)
+    monkeypatch.setattr(fleet_module, "read_model_info", counted)
     monkeypatch.setattr(served_model, "read_model_info", counted)
 
     async def load(engine: Engine) -> None:

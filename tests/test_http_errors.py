@@ -293,7 +293,7 @@ async def test_a_bug_is_a_500_with_a_request_id_and_the_server_lives_on(client, 
     async def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("a bug in the engine")
 
-    monkeypatch.setattr(engine, "embed", broken)
+    monkeypatch.setattr(engine, "_embed", broken)
     with caplog.at_level(logging.ERROR, logger="infinity_cloud.server.errors"):
         response = await client.post("/v1/embeddings", json=GOOD["/embeddings"])
     error = assert_error(response, 500, None, "request id")
