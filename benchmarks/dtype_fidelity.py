@@ -24,6 +24,7 @@ from engine_throughput import run
 from http_load import cosine_rows, reference_embeddings
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.errors import InfinityCloudError
 
 COMBINATIONS = (
@@ -41,7 +42,7 @@ async def measure(model: str, combination: str, probe: list[str], passages: list
         spec = ModelSpec(model_id=model, backend=backend, dtype=dtype, deadline_s=None)
         async with Engine(spec) as engine:
             facts = engine.describe()[0]
-            vectors = (await engine.embed(probe)).embeddings
+            vectors = (await engine.embeddings(EmbedAsk(probe))).embeddings
             await run(engine, passages[:64], 8, 2)  # warm-up
             rates = []
             for _ in range(rounds):

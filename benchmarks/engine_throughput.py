@@ -28,6 +28,7 @@ import numpy as np
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import DeploymentSpec, Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 
 
 async def run(engine: Engine, texts: list[str], per_request: int, concurrency: int) -> tuple[float, int]:
@@ -40,7 +41,7 @@ async def run(engine: Engine, texts: list[str], per_request: int, concurrency: i
     async def client() -> None:
         nonlocal tokens
         while not queue.empty():
-            result = await engine.embed(queue.get_nowait())
+            result = await engine.embeddings(EmbedAsk(queue.get_nowait()))
             tokens += result.prompt_tokens
 
     started = time.perf_counter()

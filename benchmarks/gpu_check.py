@@ -44,6 +44,7 @@ from engine_throughput import run
 from http_load import cosine_rows
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 
 THRESHOLD = 0.999  # what --dtype auto demands of a reduced precision (README); the goal
 BIG_CELL, QUERY_CELL, PASSAGE_CELL = "c32 x 32 passage", "c1 x 1 query", "c1 x 1 passage"
@@ -105,7 +106,7 @@ async def ours(
         row.update(served_dtype=facts.get("dtype"), served_device=facts.get("device"),
                    backend=facts.get("backend"), agreement_with_float32=facts.get("agreement_with_float32"))
         row.update(gpu_mb(device, peak=False))
-        vectors = np.asarray((await engine.embed(texts)).embeddings, dtype=np.float64)
+        vectors = np.asarray((await engine.embeddings(EmbedAsk(texts))).embeddings, dtype=np.float64)
         if throughput_texts:
             chosen = passages[:throughput_texts]
             await run(engine, chosen[:64], 8, 2)  # warm-up

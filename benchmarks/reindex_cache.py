@@ -25,6 +25,7 @@ from pathlib import Path
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.cache.result_cache import KEY_PREFIX
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.hardware import cpu_model
@@ -46,7 +47,7 @@ async def index(engine: Engine, chunks: list[str], batch: int, concurrency: int)
 
     async def one(texts: list[str]) -> None:
         async with gate:
-            await engine.embed(texts)
+            await engine.embeddings(EmbedAsk(texts))
 
     started = time.perf_counter()
     await asyncio.gather(*(one(texts) for texts in requests))

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from corpus import add_corpus_argument, load_texts
 
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.hardware import cpu_model
 
 SIZES = (1, 1, 4, 8, 16, 32, 64)  # texts per request
@@ -133,7 +134,7 @@ async def in_process(args: argparse.Namespace, inputs: Inputs) -> dict:
         sampler = Sampler(os.getpid(), args.every_s)
 
         async def embed(texts: list[str]) -> int:
-            return (await engine.embed(texts)).prompt_tokens
+            return (await engine.embeddings(EmbedAsk(texts))).prompt_tokens
 
         done = await drive(embed, inputs, args.clients, args.minutes * 60)
         load_s = time.perf_counter() - sampler.started

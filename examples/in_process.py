@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 
 
 async def main() -> None:
     async with Engine(ModelSpec()) as engine:  # all-MiniLM-L6-v2 by default
-        result = await engine.embed(["hello world", "goodbye world"], dimensions=128)
+        result = await engine.embeddings(EmbedAsk(["hello world", "goodbye world"], dimensions=128))
         print(result.embeddings.shape, "tokens:", result.prompt_tokens)
 
 

@@ -1,8 +1,12 @@
 """What a caller asks the engine, in the engine's own terms, and what it gets back. Each wire
-dialect translates its request body to one of these and hands it to one engine call
-(`Engine.embeddings`), which decides the rest: which kind of embedding the model makes, the
-prompt or role a text's use means, the output types, and what to refuse. A dialect then only
-shapes the answer."""
+dialect, the bulk job and every target translate a request to one of these and hand it to one
+engine call (`Engine.embeddings`, `rerank`, `classify`, `tokenize`, `similarity`), which decides
+the rest: which model, which kind of embedding it makes, the prompt or role a text's use means,
+the output types, and what to refuse. A caller then only shapes the answer.
+
+`any_name` on each: the name may be any (TEI's routes, whose clients send their own): one that
+is no served model's goes to the one served model that does the ask's task, where exactly one
+does (`Fleet.lookup`)."""
 
 from __future__ import annotations
 
@@ -57,6 +61,80 @@ class EmbedAsk:
     openai_sender: bool = False
     packed: bool = False
     wait: bool = True
+    any_name: bool = False
 
 
-__all__ = ["ANY_EMBEDDING", "EmbedAsk", "Embeddings"]
+@dataclass(frozen=True)
+class RerankAsk:
+    """A rerank request: a cross-encoder scores each pair; a multi-vector model (ColPali,
+    ColBERT) scores the query against each document by late interaction (MaxSim sums, not
+    probabilities), the documents read as `modality` (images: URLs or data URIs).
+    `max_tokens_per_doc`: each text document cut to that many tokens first (Cohere's field)."""
+
+    query: str
+    documents: Sequence[str]
+    model: str | None = None
+    top_n: int | None = None
+    raw_scores: bool = False
+    truncate: bool = True
+    modality: Modality = "text"
+    max_tokens_per_doc: int | None = None
+    any_name: bool = False
+
+
+@dataclass(frozen=True)
+class ClassifyAsk:
+    """A classify request: each input's labels, best first (`raw_scores`: logits)."""
+
+    inputs: Sequence[str]
+    model: str | None = None
+    raw_scores: bool = False
+    truncate: bool = True
+    any_name: bool = False
+
+
+@dataclass(frozen=True)
+class TokenizeAsk:
+    """Each text (behind the model's prompt `prompt_name`) as the model's tokenizer splits it,
+    with character spans."""
+
+    texts: Sequence[str]
+    model: str | None = None
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+    any_name: bool = False
+
+
+@dataclass(frozen=True)
+class SimilarityAsk:
+    """The cosine of `source`'s embedding to each of `sentences`' (sentence-transformers'
+    `cos_sim` row; TEI's /similarity), embedded in one call."""
+
+    source: str
+    sentences: Sequence[str]
+    model: str | None = None
+    truncate: bool = True
+    prompt_name: str | None = None
+    any_name: bool = False
+
+
+# Any of them: `Engine.by_model_type` answers whichever the model's task is.
+Ask = EmbedAsk | RerankAsk | ClassifyAsk | TokenizeAsk | SimilarityAsk
+
+
+def capabilities_of(ask: Ask) -> tuple[Capability, ...]:
+    """What a model must do to answer `ask`: a request that names no model gets the default of
+    the models that do one of these (any model tokenizes)."""
+    if isinstance(ask, EmbedAsk):
+        return ask.accepts
+    if isinstance(ask, RerankAsk):
+        return (Capability.RERANK, Capability.MULTI_VECTOR)
+    if isinstance(ask, ClassifyAsk):
+        return (Capability.CLASSIFY,)
+    if isinstance(ask, SimilarityAsk):
+        return (Capability.EMBED,)
+    return tuple(Capability)
+
+
+__all__ = ["ANY_EMBEDDING", "Ask", "ClassifyAsk", "EmbedAsk", "Embeddings", "RerankAsk", "SimilarityAsk",
+           "TokenizeAsk", "capabilities_of"]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
@@ -146,12 +147,13 @@ async def _local_answers(local: Any, spec: DeploymentSpec) -> dict[str, tuple[Ca
     for model in spec.models:
         capability = local.model(model.name).loaded.info.capability
         if capability is Capability.EMBED:
-            answer: Any = (await local.embed(list(PROBES), model.name)).embeddings
+            answer: Any = (await local.embeddings(EmbedAsk(list(PROBES), model.name))).embeddings
         elif capability is Capability.RERANK:
-            ranked = await local.rerank(QUERY, list(PROBES[1:]), model.name)
+            ranked = await local.rerank(RerankAsk(QUERY, list(PROBES[1:]), model.name))
             answer = [(r.index, r.score) for r in ranked.results]
         elif capability is Capability.CLASSIFY:
-            answer = [row[0][0] for row in (await local.classify(list(PROBES), model.name)).labels]
+            labels = (await local.classify(ClassifyAsk(list(PROBES), model.name))).labels
+            answer = [row[0][0] for row in labels]
         else:
             answer = None
         answers[model.name] = (capability, answer)

@@ -17,6 +17,7 @@ import pytest
 from conftest import FAKE, fake, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.config import ModelSpec
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -353,17 +354,17 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
     """A hot load reads the model folder's facts as it checks them, and loads from what it read;
     a model unloaded and loaded again under its name makes its own int8 ranges, as the first
     one did (they are the model's, dropped with it)."""
-    from infinity_cloud import engine as engine_module
+    from infinity_cloud.models import fleet as fleet_module
     from infinity_cloud.models import served_model
 
     reads: list[Path] = []
-    read = engine_module.read_model_info
+    read = fleet_module.read_model_info
 
     def counted(path: Path, *args: Any) -> Any:
         reads.append(path)
         return read(path, *args)
 
-    monkeypatch.setattr(engine_module, "read_model_info", counted)
+    monkeypatch.setattr(fleet_module, "read_model_info", counted)
     monkeypatch.setattr(served_model, "read_model_info", counted)
 
     async def load(engine: Engine) -> None:
@@ -379,10 +380,10 @@ async def test_a_load_reads_the_folder_once_and_a_name_loaded_again_calibrates_i
         reads.clear()  # the first model's, at start
         await load(engine)
         assert reads == [tiny_embedder.resolve()]
-        first = await engine.embed(["x"], "hot", output_dtype="int8")
+        first = await engine.embeddings(EmbedAsk(["x"], "hot", dtype="int8"))
         await engine.remove_model("hot")
         await load(engine)
-        again = await engine.embed(["x"], "hot", output_dtype="int8")
+        again = await engine.embeddings(EmbedAsk(["x"], "hot", dtype="int8"))
     np.testing.assert_array_equal(first.embeddings, again.embeddings)
 
 

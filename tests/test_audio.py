@@ -14,6 +14,7 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 
 TEXTS = ["a dog barking", "rain on a tin roof", "music"]
 
@@ -74,8 +75,8 @@ async def test_both_towers_match_transformers(clap: Path, backend: str) -> None:
     clips = [encoded(*c) for c in CLIPS]
     want_text, want_audio = reference(clap, TEXTS, clips)
     async with Engine(ModelSpec(model_id=str(clap), backend=backend, dtype="float32")) as engine:
-        text = await engine.embed(TEXTS)
-        audio = await engine.embed([data_uri(c) for c in clips], modality="audio")
+        text = await engine.embeddings(EmbedAsk(TEXTS))
+        audio = await engine.embeddings(EmbedAsk([data_uri(c) for c in clips], modality="audio"))
         facts = engine.describe()[0]
     assert facts["modalities"] == ["text", "audio"] and facts["dimensions"] == 24
     assert cosines(text.embeddings, want_text).min() > 0.999

@@ -29,6 +29,7 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, XLMRobertaConfig  # noqa: E402
 
 from infinity_cloud import Engine, ModelSpec  # noqa: E402
+from infinity_cloud.asks import EmbedAsk  # noqa: E402
 from infinity_cloud.backends import exports  # noqa: E402
 from infinity_cloud.backends.ctranslate2_backend import MODEL_FILE, CTranslate2Backend  # noqa: E402
 from infinity_cloud.content_digest import file_record  # noqa: E402
@@ -140,7 +141,7 @@ async def embed(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Embeddings from the engine with backend ctranslate2, and what it reports of itself."""
     async with Engine(ModelSpec(model_id=str(path), backend="ctranslate2", device="cpu", dtype=dtype)) as e:
-        result = await e.embed(texts)
+        result = await e.embeddings(EmbedAsk(texts))
         return result.embeddings, e.describe()[0]
 
 

@@ -29,6 +29,7 @@ import pytest
 from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwaited
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
 from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
@@ -95,14 +96,14 @@ async def run(path: Path, **spec: Any) -> tuple[np.ndarray, dict[str, Any]]:
         facts = engine.describe()[0]
         capability = facts["capabilities"][0]
         if capability == "embed":
-            out = (await engine.embed(TEXTS)).embeddings
+            out = (await engine.embeddings(EmbedAsk(TEXTS))).embeddings
         elif capability == "rerank":
-            result = await engine.rerank(QUERY, DOCS, raw_scores=True)
+            result = await engine.rerank(RerankAsk(QUERY, DOCS, raw_scores=True))
             out = np.zeros((len(DOCS), 1), dtype=np.float32)
             for doc in result.results:
                 out[doc.index, 0] = doc.score
         else:
-            result = await engine.classify(TEXTS, raw_scores=True)
+            result = await engine.classify(ClassifyAsk(TEXTS, raw_scores=True))
             out = np.array([[dict(row)[label] for label in facts["labels"]] for row in result.labels])
     return out, facts
 
@@ -431,7 +432,7 @@ import asyncio, json, sys
 for name in ("torch", "transformers", "sentence_transformers"):
     sys.modules[name] = None  # `import torch` fails as if it were not installed
 
-from infinity_cloud import Engine, ModelSpec
+from infinity_cloud import EmbedAsk, Engine, ModelSpec
 
 cached, uncached, shipped, texts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
@@ -440,12 +441,12 @@ async def main():
     out = {}
     for backend in ("onnx", "openvino"):
         async with Engine(ModelSpec(model_id=cached, backend=backend, dtype="float32")) as engine:
-            out[backend] = (await engine.embed(texts)).embeddings.tolist()
+            out[backend] = (await engine.embeddings(EmbedAsk(texts))).embeddings.tolist()
             out[backend + "-facts"] = engine.describe()[0]
     async with Engine(ModelSpec(model_id=cached)) as engine:
         out["auto-facts"] = engine.describe()[0]
     async with Engine(ModelSpec(model_id=shipped, dtype="float32")) as engine:  # its own openvino/
-        out["shipped"] = (await engine.embed(texts)).embeddings.tolist()
+        out["shipped"] = (await engine.embeddings(EmbedAsk(texts))).embeddings.tolist()
         out["shipped-facts"] = engine.describe()[0]
     for backend in ("onnx", "openvino", "auto"):
         try:
@@ -917,16 +918,16 @@ async def test_openvino_meets_a_bounded_set_of_shapes_and_bounds_its_shape_cache
         assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(openvino_backend.SHAPE_CACHE_ENTRIES)
         widths = set()
         for start in range(0, len(texts), 6):
-            await engine.embed(texts[start : start + 6])
+            await engine.embeddings(EmbedAsk(texts[start : start + 6]))
             for requests in list(backend._free.queue):
                 widths.update(r.get_input_tensor(0).shape[1] for r in requests)
-        got = (await engine.embed(texts)).embeddings
+        got = (await engine.embeddings(EmbedAsk(texts))).embeddings
         max_length = served.loaded.tokenizer.max_length
     assert widths and all(w % openvino_backend.LENGTH_GRAIN == 0 or w == max_length for w in widths), widths
     tokenizer = TextTokenizer.load(models["bert"], max_length)
     assert len({len(e) for e in tokenizer.encode(texts)}) > len(widths)  # more lengths than shapes
     async with Engine(spec.model_copy(update={"backend": "torch"})) as engine:
-        want = (await engine.embed(texts)).embeddings
+        want = (await engine.embeddings(EmbedAsk(texts))).embeddings
     assert cosines(got, want).min() > 0.9999
 
 

@@ -43,10 +43,10 @@ def test_fake_backend_serves_without_torch(tiny_embedder):
 import sys, asyncio
 sys.modules['torch'] = None
 sys.modules['transformers'] = None
-from infinity_cloud import Engine, ModelSpec
+from infinity_cloud import EmbedAsk, Engine, ModelSpec
 async def main():
     async with Engine(ModelSpec(model_id={str(tiny_embedder)!r}, backend={FAKE!r})) as e:
-        r = await e.embed(['hello'])
+        r = await e.embeddings(EmbedAsk(['hello']))
         print(r.embeddings.shape)
 asyncio.run(main())
 """
@@ -59,7 +59,7 @@ def test_missing_backend_names_the_extra(tiny_embedder, tmp_path):
     code = f"""
 import sys, asyncio
 sys.modules['torch'] = None
-from infinity_cloud import Engine, ModelSpec
+from infinity_cloud import EmbedAsk, Engine, ModelSpec
 from infinity_cloud.errors import BackendUnavailableError
 try:
     Engine(ModelSpec(model_id={str(tiny_embedder)!r})).load()

@@ -19,6 +19,7 @@ import pytest
 from conftest import FAKE, cosines, serve_in_process, server_process, spec_of, wait_until
 from tokenizers import Tokenizer
 
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.numerics.inputs import ModelInputs
@@ -310,7 +311,7 @@ def test_retrying_clients_all_converge_in_a_storm(tiny_embedder: Path, tmp_path:
 
     async def alone() -> np.ndarray:  # the same deterministic model, in this process, unhurried
         async with Engine(ModelSpec(model_id=str(tiny_embedder), backend=FAKE)) as engine:
-            return (await engine.embed([t for r in requests for t in r])).embeddings
+            return (await engine.embeddings(EmbedAsk([t for r in requests for t in r]))).embeddings
 
     want = asyncio.run(alone())
     with server_process("--config", str(_storm_config(tiny_embedder, tmp_path))) as url:

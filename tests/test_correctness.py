@@ -26,6 +26,7 @@ from transformers import (
     pipeline,
 )
 
+from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.errors import InputTooLongError, InvalidInputError
@@ -184,7 +185,7 @@ def token_count(path: Path, texts: list[str], max_length: int | None = None) -> 
 @pytest.mark.slow
 async def test_minilm_matches_sentence_transformers(engine_for, minilm_dir: Path) -> None:
     engine = await engine_for(minilm_dir)
-    result = await engine.embed(TEXTS)
+    result = await engine.embeddings(EmbedAsk(TEXTS))
     ref = reference_embeddings(minilm_dir, TEXTS)
     assert result.embeddings.shape == (len(TEXTS), 384)
     assert_embeddings_match(result.embeddings, ref, normalized=True)
@@ -204,7 +205,7 @@ async def test_minilm_matches_sentence_transformers(engine_for, minilm_dir: Path
 async def test_tiny_embedder_matches_sentence_transformers(engine_for, embedder, name: str) -> None:
     path = embedder(name)
     engine = await engine_for(path)
-    result = await engine.embed(TEXTS)
+    result = await engine.embeddings(EmbedAsk(TEXTS))
     ref = reference_embeddings(path, TEXTS)
     assert_embeddings_match(result.embeddings, ref, normalized=name in NORMALIZED)
     assert (np.linalg.norm(ref, axis=1).round(4) == 1.0).all() == (name in NORMALIZED)
@@ -221,7 +222,7 @@ async def test_the_torch_backend_itself_matches_sentence_transformers(engine_for
     path = embedder(name)
     engine = await engine_for(path, backend="torch")
     assert engine.describe()[0]["backend"] == "torch"
-    result = await engine.embed(TEXTS)
+    result = await engine.embeddings(EmbedAsk(TEXTS))
     reference = reference_embeddings(path, TEXTS)
     assert_embeddings_match(result.embeddings, reference, normalized=name in NORMALIZED)
 
@@ -232,7 +233,7 @@ async def test_roberta_long_inputs(engine_for, embedder) -> None:
     texts = [LONG_TEXT, "short", "another beginning entirely: " + LONG_TEXT, LONG_TEXT[:150]]
     lengths = token_count(path, texts)
     assert lengths[0] > 128 and lengths[2] > 128 and lengths[1] < lengths[3] < 128
-    result = await (await engine_for(path)).embed(texts)
+    result = await (await engine_for(path)).embeddings(EmbedAsk(texts))
     assert_embeddings_match(result.embeddings, reference_embeddings(path, texts), normalized=True)
     assert result.prompt_tokens == sum(min(n, 128) for n in lengths)
 
@@ -273,7 +274,7 @@ async def test_rerank_matches_cross_encoder(
     engine_for, reranker: Path, raw_scores: bool, top_n: int | None
 ) -> None:
     engine = await engine_for(reranker)
-    result = await engine.rerank(QUERY, DOCUMENTS, top_n=top_n, raw_scores=raw_scores)
+    result = await engine.rerank(RerankAsk(QUERY, DOCUMENTS, top_n=top_n, raw_scores=raw_scores))
     ref = rerank_reference(reranker)["raw" if raw_scores else "default"]
     expected = len(DOCUMENTS) if not top_n else min(top_n, len(DOCUMENTS))
     assert len(result.results) == expected
@@ -327,7 +328,7 @@ def classify_reference(path: Path) -> dict[str, Any]:
 
 
 async def test_classify_matches_pipeline(engine_for, classifier: Path) -> None:
-    result = await (await engine_for(classifier)).classify(CLASSIFY_TEXTS)
+    result = await (await engine_for(classifier)).classify(ClassifyAsk(CLASSIFY_TEXTS))
     assert len(result.labels) == len(CLASSIFY_TEXTS)
     for ours, ref in zip(result.labels, classify_reference(classifier)["pipeline"], strict=True):
         assert [label for label, _ in ours] == [d["label"] for d in ref]  # highest first
@@ -337,7 +338,7 @@ async def test_classify_matches_pipeline(engine_for, classifier: Path) -> None:
 
 
 async def test_classify_raw_scores_are_logits(engine_for, classifier: Path) -> None:
-    result = await (await engine_for(classifier)).classify(CLASSIFY_TEXTS, raw_scores=True)
+    result = await (await engine_for(classifier)).classify(ClassifyAsk(CLASSIFY_TEXTS, raw_scores=True))
     reference = classify_reference(classifier)
     for ours, logits in zip(result.labels, reference["logits"], strict=True):
         scores = [score for _, score in ours]
@@ -365,8 +366,8 @@ async def test_token_ids_equal_text(engine_for, embedder, name: str) -> None:
     engine = await engine_for(path, token_ids="model")
     ids = tokenizer(path)(ID_TEXTS, add_special_tokens=False)["input_ids"]
     assert len(ids[2]) > 128  # the long one is truncated on both paths
-    from_ids = await engine.embed(ids)
-    from_text = await engine.embed(ID_TEXTS)
+    from_ids = await engine.embeddings(EmbedAsk(ids))
+    from_text = await engine.embeddings(EmbedAsk(ID_TEXTS))
     np.testing.assert_allclose(from_ids.embeddings, from_text.embeddings, rtol=1e-5, atol=1e-6)
     assert from_ids.prompt_tokens == from_text.prompt_tokens
 
@@ -377,9 +378,10 @@ async def test_token_id_outside_vocabulary(engine_for, tiny_embedder: Path, bad:
     vocab_size = engine.model().loaded.info.vocab_size
     bad_id = vocab_size if bad == "vocab_size" else bad
     with pytest.raises(InvalidInputError, match=rf"input 1 holds token id {bad_id}\b") as err:
-        await engine.embed([[5, 6], [7, bad_id, 8]])
+        await engine.embeddings(EmbedAsk([[5, 6], [7, bad_id, 8]]))
     assert err.value.param == "input"
-    assert (await engine.embed([[vocab_size - 1]])).embeddings.shape == (1, 32)  # the last id is fine
+    last = await engine.embeddings(EmbedAsk([[vocab_size - 1]]))
+    assert last.embeddings.shape == (1, 32)  # the last id is fine
 
 
 @pytest.mark.parametrize("name", ["mean-normalized", "roberta"])
@@ -387,8 +389,8 @@ async def test_openai_token_ids_mean_their_text(engine_for, embedder, cl100k, na
     """The default: ids are OpenAI's cl100k_base (made here by tiktoken itself), decoded and
     tokenized by the model, so they give the vectors and token counts of the text."""
     engine = await engine_for(embedder(name))
-    from_ids = await engine.embed([cl100k.encode(text) for text in ID_TEXTS])
-    from_text = await engine.embed(ID_TEXTS)
+    from_ids = await engine.embeddings(EmbedAsk([cl100k.encode(text) for text in ID_TEXTS]))
+    from_text = await engine.embeddings(EmbedAsk(ID_TEXTS))
     np.testing.assert_allclose(from_ids.embeddings, from_text.embeddings, rtol=1e-5, atol=1e-6)
     assert from_ids.prompt_tokens == from_text.prompt_tokens
 
@@ -397,18 +399,18 @@ async def test_openai_token_ids_mean_their_text(engine_for, embedder, cl100k, na
 async def test_openai_token_id_outside_cl100k(engine_for, tiny_embedder: Path, bad: int) -> None:
     engine = await engine_for(tiny_embedder)
     with pytest.raises(InvalidInputError, match=rf"input 1 holds token id {bad}, which is not in OpenAI's"):
-        await engine.embed([[15339], [15339, bad]])
+        await engine.embeddings(EmbedAsk([[15339], [15339, bad]]))
 
 
 async def test_token_ids_refused_or_read_as_the_models_own(engine_for, tiny_embedder: Path) -> None:
     refusing = await engine_for(tiny_embedder, token_ids="refuse")
     with pytest.raises(InvalidInputError, match="takes text, not token ids"):
-        await refusing.embed([[15339]])
+        await refusing.embeddings(EmbedAsk([[15339]]))
     own = await engine_for(tiny_embedder, token_ids="model")
-    assert (await own.embed([[15]])).prompt_tokens == 3  # [CLS] 15 [SEP]
+    assert (await own.embeddings(EmbedAsk([[15]]))).prompt_tokens == 3  # [CLS] 15 [SEP]
     # An OpenAI SDK client's ids are cl100k_base's whatever the setting: never read as ours.
     with pytest.raises(InvalidInputError, match=r"OpenAI's cl100k_base ids.*--token-ids openai"):
-        await own.embed([[15]], openai_sender=True)
+        await own.embeddings(EmbedAsk([[15]], openai_sender=True))
 
 
 async def test_text_too_long_without_truncation(engine_for, tiny_embedder: Path) -> None:
@@ -416,7 +418,7 @@ async def test_text_too_long_without_truncation(engine_for, tiny_embedder: Path)
     (length,) = token_count(tiny_embedder, [LONG_TEXT])
     assert length > 128
     with pytest.raises(InputTooLongError) as err:
-        await engine.embed(["short one", LONG_TEXT], truncate=False)
+        await engine.embeddings(EmbedAsk(["short one", LONG_TEXT], truncate=False))
     message = str(err.value)
     # A text far past the limit is counted only until it is surely too long.
     counted = int(re.search(r"input 1 has over (\d+) tokens", message).group(1))
@@ -427,8 +429,8 @@ async def test_text_too_long_without_truncation(engine_for, tiny_embedder: Path)
 async def test_token_ids_too_long_without_truncation(engine_for, tiny_embedder: Path) -> None:
     engine = await engine_for(tiny_embedder, token_ids="model")
     with pytest.raises(InputTooLongError, match=r"input 0 has 202 tokens.*limit of 128"):
-        await engine.embed([[10] * 200], truncate=False)  # 200 ids + [CLS] and [SEP]
-    ok = await engine.embed([[10] * 126], truncate=False)  # exactly at the limit
+        await engine.embeddings(EmbedAsk([[10] * 200], truncate=False))  # 200 ids + [CLS] and [SEP]
+    ok = await engine.embeddings(EmbedAsk([[10] * 126], truncate=False))  # exactly at the limit
     assert ok.prompt_tokens == 128
 
 
@@ -436,7 +438,7 @@ async def test_text_at_limit_without_truncation(engine_for, tiny_embedder: Path)
     engine = await engine_for(tiny_embedder)
     text = " ".join(["hello"] * 126)
     assert token_count(tiny_embedder, [text]) == [128]
-    result = await engine.embed([text], truncate=False)
+    result = await engine.embeddings(EmbedAsk([text], truncate=False))
     assert result.prompt_tokens == 128
     assert_embeddings_match(result.embeddings, reference_embeddings(tiny_embedder, [text]), normalized=True)
 
@@ -444,7 +446,7 @@ async def test_text_at_limit_without_truncation(engine_for, tiny_embedder: Path)
 async def test_rerank_too_long_without_truncation(engine_for, tiny_reranker: Path) -> None:
     engine = await engine_for(tiny_reranker)
     with pytest.raises(InputTooLongError, match="input 1 "):
-        await engine.rerank(QUERY, ["short", LONG_TEXT], truncate=False)
+        await engine.rerank(RerankAsk(QUERY, ["short", LONG_TEXT], truncate=False))
 
 
 # -- Matryoshka dimensions -----------------------------------------------------------------
@@ -455,8 +457,8 @@ async def test_rerank_too_long_without_truncation(engine_for, tiny_reranker: Pat
 async def test_dimensions(engine_for, embedder, name: str, dimensions: int) -> None:
     path = embedder(name)
     engine = await engine_for(path)
-    full = (await engine.embed(TEXTS[:6])).embeddings
-    cut = (await engine.embed(TEXTS[:6], dimensions=dimensions)).embeddings
+    full = (await engine.embeddings(EmbedAsk(TEXTS[:6]))).embeddings
+    cut = (await engine.embeddings(EmbedAsk(TEXTS[:6], dimensions=dimensions))).embeddings
     assert cut.shape == (6, dimensions) and cut.dtype == np.float32
     if name in NORMALIZED:
         expected = full[:, :dimensions] / np.linalg.norm(full[:, :dimensions], axis=1, keepdims=True)
@@ -469,14 +471,14 @@ async def test_dimensions(engine_for, embedder, name: str, dimensions: int) -> N
 @pytest.mark.parametrize(("name", "width"), [("mean-normalized", 32), ("dense-tanh", 16)])
 async def test_dimensions_bounds(engine_for, embedder, name: str, width: int) -> None:
     engine = await engine_for(embedder(name))
-    full = (await engine.embed(TEXTS[:3])).embeddings
+    full = (await engine.embeddings(EmbedAsk(TEXTS[:3]))).embeddings
     assert full.shape == (3, width)
     for same in (None, 0, width):
-        result = await engine.embed(TEXTS[:3], dimensions=same)
+        result = await engine.embeddings(EmbedAsk(TEXTS[:3], dimensions=same))
         np.testing.assert_allclose(result.embeddings, full, atol=1e-6)
     for bad in (width + 1, -1):
         with pytest.raises(InvalidInputError) as err:
-            await engine.embed(TEXTS[:3], dimensions=bad)
+            await engine.embeddings(EmbedAsk(TEXTS[:3], dimensions=bad))
         assert err.value.param == "dimensions"
 
 
@@ -488,7 +490,7 @@ async def test_results_in_input_order_across_batches(engine_for, tiny_embedder: 
     engine = await engine_for(tiny_embedder, max_batch_size=2, batch_tokens=256)
     texts = [LONG_TEXT, "x", TEXTS[5], "hello world", LONG_TEXT[:300], "the", TEXTS[6], TEXTS[13], "a b"]
     ref = reference_embeddings(tiny_embedder, texts)
-    result = await engine.embed(texts)
+    result = await engine.embeddings(EmbedAsk(texts))
     assert_embeddings_match(result.embeddings, ref, normalized=True)
     # Each row is closest to its own reference row, so no two rows were swapped.
     assert (np.argmax(result.embeddings @ ref.T, axis=1) == np.arange(len(texts))).all()
@@ -497,7 +499,7 @@ async def test_results_in_input_order_across_batches(engine_for, tiny_embedder: 
 async def test_concurrent_requests_get_their_own_results(engine_for, tiny_embedder: Path) -> None:
     engine = await engine_for(tiny_embedder, max_batch_size=2, batch_tokens=256)
     requests = [TEXTS[i : i + 3] for i in range(0, 15, 3)]
-    results = await asyncio.gather(*(engine.embed(texts) for texts in requests))
+    results = await asyncio.gather(*(engine.embeddings(EmbedAsk(texts)) for texts in requests))
     for texts, result in zip(requests, results, strict=True):
         ref = reference_embeddings(tiny_embedder, texts)
         assert_embeddings_match(result.embeddings, ref, normalized=True)

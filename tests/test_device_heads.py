@@ -17,6 +17,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.backends.torch_backend import TorchBackend, out_of_memory_is_retryable
 from infinity_cloud.errors import DeviceMemoryError
 from infinity_cloud.families import read_model_info
@@ -93,7 +94,7 @@ async def test_the_torch_backend_pools_on_its_device_and_hands_back_rows(
         inputs = ModelInputs.collate(served.loaded.tokenizer.encode(texts), served.loaded.tokenizer.pad_id)
         out = tower.backend.forward(inputs)
         assert out.shape == (3, served.loaded.info.dimensions)  # pooled (and Dense) in the graph
-        got = (await engine.embed(texts, "m")).embeddings
+        got = (await engine.embeddings(EmbedAsk(texts, "m"))).embeddings
     want = SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_numpy=True)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -154,7 +155,7 @@ async def test_dtype_auto_serves_the_fastest_precision_that_agrees(
         facts = engine.describe()[0]
         assert facts["dtype"] == served
         assert (facts["agreement_with_float32"] is None) == (served == "float32")
-        vector = (await engine.embed(["hello"], "m")).embeddings[0]
+        vector = (await engine.embeddings(EmbedAsk(["hello"], "m"))).embeddings[0]
         assert abs(float(np.linalg.norm(vector)) - 1) < 1e-2
     assert MeasuringTorch.loads == ["float32", "bfloat16", served]  # each measured, then served
     (verdict,) = verdicts(tmp_path)

@@ -16,6 +16,7 @@ from conftest import fake, spec_of, wait_healthy
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.server.app import create_app
 from infinity_cloud.server.dialects import DIALECTS
 from infinity_cloud.server.dialects.common import Text, Texts, _Request, ranked
@@ -47,9 +48,8 @@ router = APIRouter(tags=["toy"], route_class=JsonRoute, responses=error_response
 @router.post("/toy/embed", summary="Embed sentences (the toy dialect's shape)")
 async def toy_embed(body: ToyEmbedRequest, request: Request) -> Response:
     engine = request.app.state.engine
-    result = await answer(request, "embed", body.model, len(body.sentences), engine.embed(
-        body.sentences, body.model, wait=False,
-    ))
+    result = await answer(request, "embed", body.model, len(body.sentences), engine.embeddings(EmbedAsk(
+        body.sentences, body.model, wait=False)))
     return json_response({"vectors": result.embeddings, "served_by": result.model})
 
 

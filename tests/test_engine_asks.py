@@ -9,6 +9,7 @@ import pytest
 from conftest import fake
 
 from infinity_cloud import EmbedAsk, Engine
+from infinity_cloud.asks import SimilarityAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import EmbeddingResult, EmbeddingsByType
@@ -20,12 +21,12 @@ TEXTS = ["the first text", "a second, somewhat longer text", "third"]
 async def test_an_ask_answers_as_the_engines_parts_do(tiny_embedder) -> None:
     async with Engine(fake(tiny_embedder, "emb")) as engine:
         plain = await engine.embeddings(EmbedAsk(TEXTS))
-        floats = await engine.embed(TEXTS)
+        floats = await engine.embeddings(EmbedAsk(TEXTS))
         by_type = await engine.embeddings(EmbedAsk(TEXTS, dtype=("float", "binary", "int8"), dimensions=16))
-        cut = await engine.embed(TEXTS, dimensions=16)
+        cut = await engine.embeddings(EmbedAsk(TEXTS, dimensions=16))
         ranges = await engine.calibration(dimensions=16)
-        similar = await engine.similarity(TEXTS[0], TEXTS[1:])
-        raw = await engine.embed(TEXTS, normalize=True)
+        similar = await engine.similarity(SimilarityAsk(TEXTS[0], TEXTS[1:]))
+        raw = await engine.embeddings(EmbedAsk(TEXTS, normalize=True))
     assert isinstance(plain, EmbeddingResult) and plain.dtype == "float32"
     np.testing.assert_array_equal(plain.embeddings, floats.embeddings)
     assert isinstance(by_type, EmbeddingsByType) and list(by_type.by_type) == ["float", "binary", "int8"]

@@ -17,6 +17,7 @@ import pytest
 from conftest import fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, families
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import InvalidInputError
@@ -243,10 +244,10 @@ async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
     async with Engine(fake(sensor_folder, "sensor")) as engine:
         served = engine.model("sensor")
         assert served.loaded.info.family.name == "sensor" and served.towers == ("text", "readings")
-        result = await engine.embed(READINGS, "sensor", modality="readings")  # type: ignore[arg-type]
-        text = await engine.embed(["temp=21.5, humidity=40"], "sensor")
+        result = await engine.embeddings(EmbedAsk(READINGS, "sensor", modality="readings"))  # type: ignore[arg-type]
+        text = await engine.embeddings(EmbedAsk(["temp=21.5, humidity=40"], "sensor"))
         with pytest.raises(InvalidInputError, match="list of readings"):
-            await engine.embed(["not readings"], "sensor", modality="readings")  # type: ignore[arg-type]
+            await engine.embeddings(EmbedAsk(["not readings"], "sensor", modality="readings"))  # type: ignore[arg-type]
         info = served.loaded.info
     # The fake backend's token states are rows of its table: a readings vector is the mean of
     # its readings' steps' rows, normalised, as the family's facts make them.

@@ -16,6 +16,7 @@ from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wa
 from tokenizers import Tokenizer
 
 from infinity_cloud.admission.memory import MB, MemoryBudget
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.engine import Engine
 
@@ -194,7 +195,7 @@ async def test_the_python_api_refuses_lone_surrogates(tiny_embedder):
 
     async with Engine(fake(tiny_embedder, "emb")) as engine:
         with pytest.raises(InvalidInputError, match="item 1 is not well-formed Unicode"):
-            await engine.embed(["fine", "x\ud800y"])
+            await engine.embeddings(EmbedAsk(["fine", "x\ud800y"]))
 
 
 async def test_unknown_route_and_method_use_the_error_shape(client):
@@ -292,7 +293,7 @@ async def test_a_bug_is_a_500_with_a_request_id_and_the_server_lives_on(client, 
     async def broken(*_: Any, **__: Any) -> None:
         raise RuntimeError("a bug in the engine")
 
-    monkeypatch.setattr(engine, "embed", broken)
+    monkeypatch.setattr(engine, "_embed", broken)
     with caplog.at_level(logging.ERROR, logger="infinity_cloud.server.errors"):
         response = await client.post("/v1/embeddings", json=GOOD["/embeddings"])
     error = assert_error(response, 500, None, "request id")

@@ -17,6 +17,7 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.config import LimitsSpec
 from infinity_cloud.media.fetch import AccessPolicy, is_public
 
@@ -149,8 +150,8 @@ async def test_both_towers_match_transformers(request: pytest.FixtureRequest, ki
     images = list(PICTURES.values())
     want_text, want_image = reference(path, TEXTS, images)
     async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
-        text = await engine.embed(TEXTS)
-        image = await engine.embed([data_uri(b) for b in images], modality="image")
+        text = await engine.embeddings(EmbedAsk(TEXTS))
+        image = await engine.embeddings(EmbedAsk([data_uri(b) for b in images], modality="image"))
         facts = engine.describe()[0]
     assert facts["modalities"] == ["text", "image"] and facts["dimensions"] == want_text.shape[1]
     assert cosines(text.embeddings, want_text).min() > 0.999

@@ -15,6 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.cli import app as cli
 from infinity_cloud.config import LimitsSpec
 
@@ -27,7 +28,7 @@ async def embed(path: Path, latency: bool) -> tuple[np.ndarray, str, int]:
     async with Engine(spec) as engine:
         backend = next(iter(engine.models.values()))._loaded.backend
         hint = backend.compiled.get_property("PERFORMANCE_HINT")
-        return (await engine.embed(TEXTS)).embeddings, str(hint), backend._free.qsize()
+        return (await engine.embeddings(EmbedAsk(TEXTS))).embeddings, str(hint), backend._free.qsize()
 
 
 async def test_openvino_latency_mode_uses_the_latency_hint_and_answers_the_same(tiny_embedder: Path) -> None:
@@ -48,10 +49,10 @@ async def test_a_lone_passage_runs_on_every_core_and_a_full_batch_on_the_streams
         assert backend.streams == 2 and backend.solo is not None
         assert "LATENCY" in str(backend.solo.get_property("PERFORMANCE_HINT"))
         before = backend.solo_batches
-        alone = (await engine.embed(TEXTS[:1])).embeddings
+        alone = (await engine.embeddings(EmbedAsk(TEXTS[:1]))).embeddings
         assert backend.solo_batches == before + 1
         # Sixteen inputs of one length split evenly over the two streams: no gain on one request.
-        full = (await engine.embed([TEXTS[0]] * 16)).embeddings
+        full = (await engine.embeddings(EmbedAsk([TEXTS[0]] * 16))).embeddings
         assert backend.solo_batches == before + 1
     np.testing.assert_allclose(full, np.repeat(alone, 16, axis=0), atol=1e-5)
 
@@ -73,10 +74,10 @@ async def test_a_batch_is_cut_into_four_slices_a_stream(tiny_embedder: Path) -> 
             return run(requests, slices, feed, cut, lengths, width, release)
 
         backend._run = watched
-        together = (await engine.embed(texts)).embeddings
+        together = (await engine.embeddings(EmbedAsk(texts))).embeddings
         # the batch of 16 in more slices than streams, at most eight (fewer where equal work needs fewer)
         assert backend.streams < max(len(w) for w in widths) <= backend.slots
-        alone = np.concatenate([(await engine.embed([t])).embeddings for t in texts])
+        alone = np.concatenate([(await engine.embeddings(EmbedAsk([t]))).embeddings for t in texts])
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
@@ -106,7 +107,7 @@ async def test_one_stream_compiles_once(tiny_embedder: Path) -> None:
     async with Engine(spec) as engine:
         backend = next(iter(engine.models.values()))._loaded.backend
         assert backend.solo_ready.is_set() and backend.streams == 1 and backend.solo is None
-        assert len((await engine.embed(TEXTS[:1])).embeddings) == 1
+        assert len((await engine.embeddings(EmbedAsk(TEXTS[:1]))).embeddings) == 1
 
 
 def test_the_flag_reaches_every_model() -> None:

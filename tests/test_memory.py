@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from infinity_cloud.admission import memory
 from infinity_cloud.admission.memory import MB, MemoryBudget, give_back_freed_memory, resident_bytes
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.errors import MemoryExhaustedError, PayloadTooLargeError, QueueFullError
 
 
@@ -198,7 +199,7 @@ async def test_batches_are_cut_smaller_to_fit_a_small_budget(tiny_embedder, capl
         assert full > 20 * MB  # 16,384 tokens at 128, two heads: 33 MB
         assert 15 * MB < tight.models["emb"].working_set_bytes <= 20 * MB
         assert "batches cut to" in caplog.text and "--memory-budget-mb" in caplog.text
-        result = await tight.embed(["still answers"] * 3)
+        result = await tight.embeddings(EmbedAsk(["still answers"] * 3))
         assert result.embeddings.shape[0] == 3
 
 

@@ -15,6 +15,8 @@ import pytest
 from conftest import fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk, RerankAsk
+from infinity_cloud.capability import Capability
 from infinity_cloud.tasks.scores import maxsim
 
 QUERIES = ["what was the revenue in the last quarter?", "a fox"]
@@ -78,8 +80,9 @@ async def test_queries_and_pages_match_transformers(request: pytest.FixtureReque
     images = pages()
     want_queries, want_pages, want_scores = reference(path, QUERIES, images)
     async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
-        asked = await engine.embed_multi_vector(QUERIES)
-        read = await engine.embed_multi_vector([data_uri(b) for b in images], modality="image")
+        asked = await engine.embeddings(EmbedAsk(QUERIES, accepts=(Capability.MULTI_VECTOR,)))
+        read = await engine.embeddings(EmbedAsk([data_uri(b) for b in images], modality="image",
+                                                accepts=(Capability.MULTI_VECTOR,)))
         facts = engine.describe()[0]
     assert facts["capabilities"] == ["multi_vector"] and facts["modalities"] == ["text", "image"]
     assert facts["dimensions"] == 16
@@ -159,9 +162,10 @@ async def test_colbert_matches_sentence_transformers(
     want = [t.numpy() for t in reference.encode_query(COLBERT_QUERIES)]
     want += [t.numpy() for t in reference.encode_document(COLBERT_DOCUMENTS)]
     async with Engine(ModelSpec(model_id=str(path), backend=backend, dtype="float32")) as engine:
-        asked = await engine.embed_multi_vector(COLBERT_QUERIES, role="query")
-        read = await engine.embed_multi_vector(COLBERT_DOCUMENTS, role="document")
-        ranked = await engine.rerank(COLBERT_QUERIES[0], COLBERT_DOCUMENTS)
+        per_token = (Capability.MULTI_VECTOR,)
+        asked = await engine.embeddings(EmbedAsk(COLBERT_QUERIES, use="query", accepts=per_token))
+        read = await engine.embeddings(EmbedAsk(COLBERT_DOCUMENTS, use="document", accepts=per_token))
+        ranked = await engine.rerank(RerankAsk(COLBERT_QUERIES[0], COLBERT_DOCUMENTS))
     for got, expected in zip([*asked.embeddings, *read.embeddings], want, strict=True):
         assert got.shape == expected.shape
         np.testing.assert_allclose(got, expected, atol=1e-5)

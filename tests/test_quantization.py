@@ -16,6 +16,7 @@ import pytest
 from conftest import FAKE, ROOT, fake, post_through_calibration, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.tasks import quantization
 
 
@@ -52,9 +53,9 @@ async def test_a_model_served_as_int8_answers_int8(tiny_embedder: Path) -> None:
     texts = ["hello world", "a somewhat longer text about the weather", "x"]
     float_spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32")
     async with Engine(float_spec) as engine:
-        full = await engine.embed(texts)
+        full = await engine.embeddings(EmbedAsk(texts))
         want = await engine.quantize(full, "int8")
-        short = await engine.embed(texts, dimensions=16)
+        short = await engine.embeddings(EmbedAsk(texts, dimensions=16))
         want_short = await engine.quantize(short, "int8", 16)
     spec = spec_of(
         float_spec.model_copy(update={"embedding_dtype": "int8", "served_model_name": "q"}),
@@ -92,8 +93,8 @@ async def test_the_models_embedding_dtype_holds_on_every_route_and_the_python_ap
     texts = ["hello world", "a somewhat longer text about the weather", "x"]
     spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32", embedding_dtype="ubinary")
     async with Engine(spec) as engine:
-        python = await engine.embed(texts)
-        floats = await engine.embed(texts, output_dtype="float32")
+        python = await engine.embeddings(EmbedAsk(texts))
+        floats = await engine.embeddings(EmbedAsk(texts, dtype="float32"))
     signs = np.packbits(floats.embeddings > 0, axis=-1)
     assert python.dtype == "ubinary" and np.array_equal(python.embeddings, signs)
     async with serve_in_process(spec_of(spec.model_copy(update={"served_model_name": "bits"}))) as client:
@@ -178,7 +179,7 @@ async def test_at_float32_the_quantised_outputs_are_sentence_transformers_own(ti
     spec = ModelSpec(model_id=str(tiny_embedder), dtype="float32", served_model_name="q")
     async with Engine(spec) as engine:
         bounds = await engine.calibration("q")
-        got = {kind: (await engine.embed(texts, output_dtype=kind)).embeddings
+        got = {kind: (await engine.embeddings(EmbedAsk(texts, dtype=kind))).embeddings
                for kind in ("int8", "uint8", "binary", "ubinary")}
     own = SentenceTransformer(str(tiny_embedder), device="cpu").encode(texts)
     for kind, vectors in got.items():

@@ -15,6 +15,8 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.capability import Capability
 from infinity_cloud.errors import ModelLoadError
 from infinity_cloud.families import read_model_info
 
@@ -81,8 +83,9 @@ def test_splade_folders_are_sparse_models(splade: Path, bare_splade: Path, tiny_
 async def test_terms_and_weights_match_sentence_transformers(splade: Path, backend: str) -> None:
     want = reference(splade, TEXTS)
     async with Engine(ModelSpec(model_id=str(splade), backend=backend, dtype="float32")) as engine:
-        result = await engine.embed_sparse(TEXTS)
-        alone = await engine.embed_sparse(TEXTS[2:3])  # no padding in its batch
+        result = await engine.embeddings(EmbedAsk(TEXTS, accepts=(Capability.SPARSE,)))
+        # no padding in its batch
+        alone = await engine.embeddings(EmbedAsk(TEXTS[2:3], accepts=(Capability.SPARSE,)))
     assert result.dimensions == want.shape[1]
     assert all(np.all(np.diff(v.indices) > 0) for v in result.embeddings)  # ids ascending
     assert_same_terms(dense(result), want)
@@ -94,7 +97,7 @@ async def test_a_bare_masked_lm_is_served_as_splade_when_told(bare_splade: Path)
     want = reference(bare_splade, TEXTS)  # SparseEncoder's own default for such a folder
     spec = ModelSpec(model_id=str(bare_splade), pooling="splade", dtype="float32")
     async with Engine(spec) as engine:
-        got = dense(await engine.embed_sparse(TEXTS))
+        got = dense(await engine.embeddings(EmbedAsk(TEXTS, accepts=(Capability.SPARSE,))))
     assert_same_terms(got, want)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.backends.torch_backend import TorchBackend
 from infinity_cloud.config import build_spec
 from infinity_cloud.errors import ConfigError
@@ -18,7 +19,7 @@ TEXTS = ["short", "a somewhat longer sentence about nothing much at all", "x " *
 
 async def embed(path: Path, **options: object) -> np.ndarray:
     async with Engine(ModelSpec(model_id=str(path), backend="torch", dtype="float32", **options)) as engine:
-        return (await engine.embed(TEXTS)).embeddings
+        return (await engine.embeddings(EmbedAsk(TEXTS))).embeddings
 
 
 async def test_bucketed_batches_have_static_shapes_and_the_same_results(
@@ -41,7 +42,7 @@ async def test_bucketed_batches_have_static_shapes_and_the_same_results(
 
 async def test_inputs_are_truncated_to_the_largest_length_bucket(tiny_embedder: Path) -> None:
     async with Engine(ModelSpec(model_id=str(tiny_embedder), backend="torch", length_buckets=(8,))) as engine:
-        result = await engine.embed(["word " * 50])
+        result = await engine.embeddings(EmbedAsk(["word " * 50]))
         assert result.prompt_tokens == 8
 
 
@@ -78,7 +79,7 @@ async def test_under_concurrent_load_only_the_declared_shapes_reach_the_backend(
     spec = ModelSpec(model_id=str(tiny_embedder), backend="torch", dtype="float32",
                      length_buckets=(16, 64, 128), batch_buckets=(1, 4, 16))
     async with Engine(spec) as engine:
-        results = await asyncio.gather(*(engine.embed(texts) for texts in requests))
+        results = await asyncio.gather(*(engine.embeddings(EmbedAsk(texts)) for texts in requests))
     assert [r.embeddings.shape[0] for r in results] == [len(texts) for texts in requests]
     allowed = {(rows, length) for rows in (1, 4, 16) for length in (16, 64, 128)}
     assert shapes and shapes <= allowed, shapes - allowed

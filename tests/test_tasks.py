@@ -13,7 +13,7 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
 
     from conftest import fake
 
-    from infinity_cloud import Engine
+    from infinity_cloud import EmbedAsk, Engine
     from infinity_cloud.capability import Capability
     from infinity_cloud.tasks.base import Task
     from infinity_cloud.tasks.embed import EmbedTask
@@ -35,7 +35,7 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
     texts = ["hello world", "a somewhat longer text than that"]
     async with Engine(fake(tiny_embedder, "emb", normalize=False)) as engine:
         got = await engine.run_task(Norms(), NormsCall(texts))
-        want = (await engine.embed(texts)).embeddings
+        want = (await engine.embeddings(EmbedAsk(texts))).embeddings
         lengths = [len(e) for e in engine.model().loaded.tokenizer.encode(texts)]
     assert [n for n, _ in got] == lengths
     np.testing.assert_allclose([norm for _, norm in got], np.linalg.norm(want, axis=1), rtol=1e-6)

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from infinity_cloud import __version__
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.bulk.sources import Row, media_url
+from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.per_input import setting_aside
@@ -109,8 +111,8 @@ async def embed_shard(
     errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
     good = [r for r in rows if r.text is not None]
     inputs = [r.text for r in good]
-    served = engine.model(model)
-    capability, dimensions = served.capability, served.facts.dimensions  # type: ignore[union-attr]
+    facts = engine.facts_of(model)  # the table's kind and width, even for a shard of refused rows
+    capability, dimensions = facts.capability, facts.dimensions
     if job.modality != "text":
         if capability == "sparse":  # before any file is read
             raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
@@ -123,7 +125,7 @@ async def embed_shard(
     # The engine checks each text as it checks the server's (an empty one is refused, one of
     # spaces is a text); the reason names the row by its place in the input, not in the call.
     result, kept, refused = await setting_aside(
-        lambda texts: _embed(engine, capability, texts, job, model), inputs,
+        lambda texts: engine.embeddings(embed_ask(texts, job, model)), inputs,
         name=lambda i: f"row {good[i].number}",
     )
     errors += [{"row": good[i].number, "id": good[i].id, "error": reason} for i, reason in refused.items()]
@@ -132,21 +134,12 @@ async def embed_shard(
     return shard_outcome(rows, table, errors, result.prompt_tokens if result else 0)
 
 
-async def _embed(engine: Engine, capability: str, texts: list[str], job: EmbedJob, model: str | None) -> Any:
-    if capability == "sparse":
-        return await engine.embed_sparse(texts, model, truncate=job.truncate, prompt_name=job.prompt_name)
-    if capability == "multi_vector":  # ColPali reads page images as documents
-        return await engine.embed_multi_vector(texts, model, modality=job.modality,  # type: ignore[arg-type]
-                                               truncate=job.truncate, role="document")
-    return await engine.embed(
-        texts,
-        model,
-        truncate=job.truncate,
-        modality=job.modality,  # type: ignore[arg-type]
-        prompt_name=job.prompt_name,
-        output_dtype=job.output_dtype,
-        wait=True,
-    )
+def embed_ask(texts: list[str], job: EmbedJob, model: str | None) -> EmbedAsk:
+    """The job's rows as the engine's ask: whatever kind of embedding the model makes (a
+    multi-vector model reads texts as documents, ColPali page images)."""
+    return EmbedAsk(texts, model, accepts=(Capability.EMBED, Capability.SPARSE, Capability.MULTI_VECTOR),
+                    truncate=job.truncate, modality=job.modality,  # type: ignore[arg-type]
+                    prompt_name=job.prompt_name, dtype=job.output_dtype)
 
 
 def _table(rows: list[Row], result: Any, capability: str, dimensions: int, job: EmbedJob) -> Any:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the served model imports nothing of this module
 log = logging.getLogger(__name__)
 
 # Texts embedded by the model as the engine's own work: ahead of the requests in its queue
-# and never refused for load (`Engine.run_task(background=True)`).
+# and never refused for load (`Pipeline.run(background=True)`).
 EmbedInBackground = Callable[[list[str]], Awaitable[np.ndarray]]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -70,34 +70,38 @@ async def _cancelled(task: asyncio.Future[Any]) -> None:
     await asyncio.wait({task})
 
 
-def _label(engine: Any, model: str | None, serves: Sequence[Capability]) -> str:
+def _label(engine: Any, model: str | None, serves: Sequence[Capability], any_name: bool) -> str:
     """The name a failed call's metrics go under: the model the call means (its name or alias,
     else the one that does what the route `serves`), else "unknown"."""
     try:
-        return engine.model(model, *serves).name
+        return engine.model(model, *serves, any_name=any_name).name
     except InfinityCloudError:
         return "unknown"
 
 
 async def answer(
     request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
-    serves: Sequence[Capability] = (),
+    serves: Sequence[Capability] = (), *, any_name: bool = False, route_by: Callable[[T], str] | None = None,
 ) -> T:
     """Run an engine call for a route and record its metrics (`serves`: what the route's
-    models do, which names the model of a failed call that named none)."""
+    models do, which names the model of a failed call that named none; `any_name`: the
+    route takes any name, as its ask does; `route_by`: for a route that answers each kind of
+    model (TEI's `/`), its name by the answer, `route` that of a failure)."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)
     except ClientDisconnected:
-        metrics.errors.labels(_label(engine, model, serves), "client_disconnected").inc()
+        metrics.errors.labels(_label(engine, model, serves, any_name), "client_disconnected").inc()
         raise
     except InfinityCloudError as exc:  # the model's name looked up for a failure only
-        label = _label(engine, model, serves)
+        label = _label(engine, model, serves, any_name)
         metrics.errors.labels(label, type(exc).__name__).inc()
         metrics.requests.labels(label, route, str(status_of(exc)[0])).inc()
         raise
+    if route_by is not None:
+        route = route_by(result)
     metrics.requests.labels(result.model, route, "200").inc()
     metrics.inputs.labels(result.model).inc(inputs)
     metrics.tokens.labels(result.model).inc(result.prompt_tokens)

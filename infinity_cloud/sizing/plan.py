@@ -38,7 +38,7 @@ SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
 DEFAULT_P95_MS = 1000.0
 # Replicas a production plan keeps at least: one lost or restarting leaves one serving.
 MIN_REPLICAS = 2
-# The engine's tokenizer threads at most (infinity_cloud/engine.py's pool).
+# The engine's tokenizer threads at most (infinity_cloud/pipeline.py's pool).
 TOKENIZER_THREADS = 4
 # Modal stops a container idle this long (its default scaledown_window): traffic that comes
 # more often keeps one up all the time.

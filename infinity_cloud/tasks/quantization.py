@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from infinity_cloud.admission.validation import check_embedding_types
 
 PACKED_TYPES = ("binary", "ubinary")
 CALIBRATED_TYPES = ("int8", "uint8")
 EMBEDDING_TYPES = ("float", *CALIBRATED_TYPES, *PACKED_TYPES)
 CALIBRATION_SIZE = 512
+
+
+def named(kind: str) -> str:
+    """An embedding type by our name: "float" (Cohere's) is float32."""
+    return "float32" if kind == "float" else kind
 
 # Standard-library modules written in Python, whose source the calibration reads.
 _MODULES = (
@@ -105,3 +112,28 @@ def quantize(vectors: np.ndarray, kind: str, bounds: np.ndarray | None = None) -
         calibrated: Callable[[np.ndarray, np.ndarray], np.ndarray] = int8 if kind == "int8" else uint8
         return calibrated(vectors, bounds)
     return binary(vectors) if kind == "binary" else ubinary(vectors)
+
+
+# A model's int8/uint8 ranges for a truncation (`dimensions`), made or awaited; `wait` False:
+# a 503 with Retry-After while they are calibrated (`Fleet.ranges`, for one served model).
+RangesOf = Callable[..., Awaitable[np.ndarray]]
+
+
+async def ready_before_work(
+    types: Sequence[str], dimensions: int | None, wait: bool, ranges: RangesOf
+) -> None:
+    """The policy of a request for int8/uint8 that does not wait: the 503 while the ranges are
+    calibrated comes before its own work (under load that work may be refused by the
+    deadline, and done it would be thrown away)."""
+    check_embedding_types(types, EMBEDDING_TYPES)  # before any work
+    if not wait and any(kind in CALIBRATED_TYPES for kind in types):
+        await ranges(dimensions, wait=False)
+
+
+async def quantized(vectors: np.ndarray, kind: str, dimensions: int | None, wait: bool, ranges: RangesOf
+                    ) -> np.ndarray:
+    """`vectors` as `kind`; int8/uint8 with the model's calibrated ranges (`dimensions`: the
+    truncation they were made with)."""
+    check_embedding_types([kind], EMBEDDING_TYPES)
+    bounds = await ranges(dimensions, wait=wait) if kind in CALIBRATED_TYPES else None
+    return quantize(vectors, kind, bounds)

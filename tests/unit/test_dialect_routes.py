@@ -2,7 +2,8 @@
 request, as the engine's ask, to one call; the answer shaped after), and none reaches past
 the engine's calls into a served model. Read from the source, so a route that starts to
 decide for itself (re-checking what the engine checks, computing, calling the engine per
-type or per capability) fails here, not in review."""
+type or per capability) fails here, not in review. Counted through the app per request, with
+its model lookups, for every route: tests/test_engine_calls_per_request.py (it serves models)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 DIALECTS = Path(__file__).resolve().parents[2] / "infinity_cloud" / "server" / "dialects"
 # The engine's calls a route may make; `model` (a served model itself) is not one of them.
-ENGINE_CALLS = {"embeddings", "similarity", "rerank", "classify", "embed", "tokenize", "decode", "facts",
-                "facts_of", "limits"}
+ENGINE_CALLS = {"embeddings", "similarity", "rerank", "classify", "by_model_type", "tokenize", "decode",
+                "facts", "facts_of", "limits"}
 
 
 def engine_uses(function: ast.AST) -> list[str]:

@@ -48,10 +48,11 @@ RANKS: dict[str, int] = {
     "infinity_cloud.families": 4,
     # 5 one served model, assembled from the parts below and a backend
     "infinity_cloud.models": 5,
-    # 6 the engine: the calls on served models that everything above uses, and what a caller
-    #   asks of it in its own terms (asks.py)
+    # 6 the engine: what a caller asks of it in its own terms (asks.py), one admitted call run
+    #   on a served model (pipeline.py), and the front door that answers each ask (engine.py)
     "infinity_cloud.engine": 6,
     "infinity_cloud.asks": 6,
+    "infinity_cloud.pipeline": 6,
     # 7 what runs on the engine: bulk jobs; the HTTP app's shared parts (errors, parsing, keys);
     # measuring a server over HTTP and sizing deployments from it (bench, plan)
     "infinity_cloud.bulk": 7,

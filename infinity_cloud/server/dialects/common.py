@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from infinity_cloud.asks import RerankAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.results import ClassifyResult, RerankResult
@@ -164,12 +165,15 @@ class RerankRequest(_DocumentsRerank):
 async def ranked(
     request: Request, model: str | None, query: str, documents: list[str], *, top_n: int | None,
     raw_scores: bool, truncate: bool, modality: str = "text", max_tokens_per_doc: int | None = None,
+    any_name: bool = False,
 ) -> RerankResult:
-    """Every dialect's ranking: the engine's one call, with the route's metrics."""
-    return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(
-        query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate, modality=modality,
-        max_tokens_per_doc=max_tokens_per_doc,
-    ), (Capability.RERANK, Capability.MULTI_VECTOR))
+    """Every dialect's ranking: the engine's one call, with the route's metrics (`any_name`:
+    TEI's, whose clients send a name of their own)."""
+    ask = RerankAsk(query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate,
+                    modality=modality, max_tokens_per_doc=max_tokens_per_doc,  # type: ignore[arg-type]
+                    any_name=any_name)
+    return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(ask),
+                        (Capability.RERANK, Capability.MULTI_VECTOR), any_name=any_name)
 
 
 def envelope(kind: str, model: str, tokens: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool
 from starlette.responses import Response
 
+from infinity_cloud.asks import ClassifyAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.dialects.common import (
@@ -58,9 +59,9 @@ root_router = APIRouter(tags=["rerank"], route_class=JsonRoute, responses=error_
 @router.post("/classify", tags=["classify"], summary="Classify texts: every label's score, highest first")
 async def classify(body: ClassifyRequest, request: Request) -> Response:
     inputs = body.inputs()
-    result = await answer(request, "classify", body.model, len(inputs), request.app.state.engine.classify(
-        inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
-    ), (Capability.CLASSIFY,))
+    ask = ClassifyAsk(inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate)
+    result = await answer(request, "classify", body.model, len(inputs),
+                          request.app.state.engine.classify(ask), (Capability.CLASSIFY,))
     return json_response(classify_body(result))
 
 

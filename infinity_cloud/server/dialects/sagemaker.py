@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
+from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import ROUTE_NAMES, Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.per_input import setting_aside
@@ -111,7 +112,8 @@ async def _json_lines(request: Request, body: bytes) -> Response:
         texts.append(text)
         where.append(number)
     engine = request.app.state.engine
-    result, kept, refused = await setting_aside(lambda batch: engine.embed(batch), texts)
+    result, kept, refused = await setting_aside(
+        lambda batch: engine.embeddings(EmbedAsk(batch, accepts=(Capability.EMBED,))), texts)
     for index, reason in refused.items():
         answers[where[index]] = {"error": reason}
     if result is not None:

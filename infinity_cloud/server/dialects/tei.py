@@ -16,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud import __version__
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.asks import ClassifyAsk, EmbedAsk, SimilarityAsk, TokenizeAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import (
     InfinityCloudError,
     InvalidInputError,
     ModelNotReadyError,
 )
+from infinity_cloud.results import ClassifyResult
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,
@@ -165,49 +166,60 @@ def check_direction(direction: str) -> None:
                                 param="truncation_direction")
 
 
-def tei_model(request: Request, name: str | None, *capabilities: Capability) -> str | None:
-    """The model a TEI request means. TEI serves one model and ignores the name, so its clients
-    send one of their own: a name that is no served model's goes to the one served model that
-    does the route's task, where exactly one does (`Engine.model`'s any_name)."""
-    if name is None:
-        return None
-    return request.app.state.engine.facts_of(name, *capabilities, any_name=True).name
+# TEI serves one model and ignores the name, so its clients send one of their own: each ask
+# says so (`any_name`), and a name that is no served model's goes to the one served model that
+# does the route's task, where exactly one does (`Fleet.lookup`).
+
+
+def embed_ask(body: TeiEmbedRequest) -> EmbedAsk:
+    # TEI normalises unless told not to, whatever the model's own head does.
+    return EmbedAsk(body.texts(), body.model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
+                    truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize,
+                    wait=False, any_name=True)
+
+
+def predict_ask(body: TeiPredictRequest | TeiAnyRequest) -> ClassifyAsk:
+    return ClassifyAsk(body.texts(), body.model, raw_scores=body.raw_scores, truncate=body.truncate,
+                       any_name=True)
+
+
+def predict_rows(result: ClassifyResult, inputs: str | list[str]) -> Response:
+    rows = label_rows(result)
+    return json_response(rows[0] if isinstance(inputs, str) else rows)
 
 
 @router.post("/embed", summary="Embed texts (TEI's shape: a list of vectors)")
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    model = tei_model(request, body.model, Capability.EMBED)
-    # TEI normalises unless told not to, whatever the model's own head does.
-    ask = EmbedAsk(body.texts(), model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
-                   truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
-    result = await answer(request, "embed", model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask), ask.accepts)
+    ask = embed_ask(body)
+    result = await answer(request, "embed", ask.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response(result.embeddings)
 
 
 @router.post("/predict", summary="Classify texts (TEI's shape)")
 async def predict(body: TeiPredictRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    engine, texts = request.app.state.engine, body.texts()
-    model = tei_model(request, body.model, Capability.CLASSIFY)
-    result = await answer(request, "classify", model, len(texts), engine.classify(
-        texts, model, raw_scores=body.raw_scores, truncate=body.truncate,
-    ), (Capability.CLASSIFY,))
-    rows = label_rows(result)
-    return json_response(rows[0] if isinstance(body.inputs, str) else rows)
+    ask = predict_ask(body)
+    result = await answer(request, "classify", ask.model, len(ask.inputs),
+                          request.app.state.engine.classify(ask), (Capability.CLASSIFY,), any_name=True)
+    return predict_rows(result, body.inputs)
 
 
 @router.post("/", summary="TEI's route by model type: embed for embedders, predict for classifiers")
 async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     if isinstance(body.inputs, SimilarityInputs):
         return await similarity(TeiSimilarityRequest.model_validate(body.model_dump()), request)
-    facts = request.app.state.engine.facts_of(body.model, Capability.EMBED, Capability.CLASSIFY,
-                                              any_name=True)
-    body = body.model_copy(update={"model": facts.name})
-    if facts.capability == Capability.CLASSIFY:
-        return await predict(TeiPredictRequest.model_validate(body.model_dump()), request)
-    return await embed(body, request)
+    check_direction(body.truncation_direction)
+    asks = (embed_ask(body), predict_ask(body))  # one call: the engine answers the one its model does
+    result = await answer(
+        request, "embed", body.model, len(asks[0].inputs), request.app.state.engine.by_model_type(asks),
+        (Capability.EMBED, Capability.CLASSIFY), any_name=True,
+        route_by=lambda done: "classify" if isinstance(done, ClassifyResult) else "embed",
+    )
+    if isinstance(result, ClassifyResult):
+        return predict_rows(result, body.inputs)  # type: ignore[arg-type]
+    return json_response(result.embeddings)
 
 
 # The parameter is named as GET /models/{model_id}'s: one path of the document, two methods.
@@ -220,36 +232,31 @@ async def by_model_in_path(model_id: str, body: TeiAnyRequest, request: Request)
 @router.post("/similarity", summary="Cosine of a source sentence to each sentence (TEI's shape)")
 async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    sentences = body.inputs.sentences
-    model = tei_model(request, body.model, Capability.EMBED)
+    ask = SimilarityAsk(body.inputs.source_sentence, body.inputs.sentences, body.model,
+                        truncate=body.truncate, prompt_name=body.prompt_name, any_name=True)
     with in_own_terms({"sentences": "inputs.sentences"}):
-        result = await answer(request, "embed", model, len(sentences) + 1,
-                              request.app.state.engine.similarity(
-                                  body.inputs.source_sentence, sentences, model, truncate=body.truncate,
-                                  prompt_name=body.prompt_name,
-                              ), (Capability.EMBED,))
+        result = await answer(request, "embed", ask.model, len(ask.sentences) + 1,
+                              request.app.state.engine.similarity(ask), (Capability.EMBED,), any_name=True)
     return json_response(result.scores.tolist())
 
 
 @router.post("/embed_all", summary="Per-token embeddings of a multi-vector (ColBERT) model (TEI's shape)")
 async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    model = tei_model(request, body.model, Capability.MULTI_VECTOR)
-    ask = EmbedAsk(body.texts(), model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
-                   use="document", prompt_name=body.prompt_name)
-    result = await answer(request, "embed_all", model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask), ask.accepts)
+    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
+                   use="document", prompt_name=body.prompt_name, any_name=True)
+    result = await answer(request, "embed_all", ask.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
 
 @router.post("/embed_sparse", summary="Sparse embeddings of a SPLADE model (TEI's shape)")
 async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
-    model = tei_model(request, body.model, Capability.SPARSE)
-    ask = EmbedAsk(body.texts(), model, accepts=(Capability.SPARSE,), truncate=body.truncate,
-                   prompt_name=body.prompt_name)
-    result = await answer(request, "embed_sparse", model, len(ask.inputs),
-                          request.app.state.engine.embeddings(ask), ask.accepts)
+    ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
+                   prompt_name=body.prompt_name, any_name=True)
+    result = await answer(request, "embed_sparse", ask.model, len(ask.inputs),
+                          request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
         for row in result.embeddings
@@ -258,9 +265,9 @@ async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Respons
 
 @router.post("/tokenize", summary="Tokens with character spans (TEI's shape)")
 async def tokenize(body: TeiTokenizeRequest, request: Request) -> Response:
-    rows = await request.app.state.engine.tokenize(
-        body.texts(), body.model, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name
-    )
+    rows = await request.app.state.engine.tokenize(TokenizeAsk(
+        body.texts(), body.model, add_special_tokens=body.add_special_tokens, prompt_name=body.prompt_name,
+    ))
     return json_response([[{"id": t.id, "text": t.text, "special": t.special, "start": t.start,
                             "stop": t.stop} for t in row] for row in rows])
 
@@ -306,9 +313,8 @@ async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     """TEI's list of {index, score[, text]}, best first; its errors in TEI's shape."""
     try:
         check_direction(body.truncation_direction)
-        model = tei_model(request, body.model, Capability.RERANK, Capability.MULTI_VECTOR)
-        result = await ranked(request, model, body.query, body.texts, top_n=body.top_n,
-                              raw_scores=body.raw_scores, truncate=body.truncate)
+        result = await ranked(request, body.model, body.query, body.texts, top_n=body.top_n,
+                              raw_scores=body.raw_scores, truncate=body.truncate, any_name=True)
     except InfinityCloudError as exc:  # the path is Infinity's too, so not a TeiRoute
         return in_tei_shape(error_response(exc))
     return json_response([
