@@ -297,6 +297,43 @@ async def test_batch_transform_mini_batches_are_answered_line_for_line(
     np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
 
 
+def hundred_byte_records(payload_bytes: int) -> list[str]:
+    """As many distinct 100-byte JSON Lines records (newline included) as fill `payload_bytes`."""
+    records = []
+    for i in range(payload_bytes // 100):
+        head = json.dumps({"text": f"record {i} "})
+        records.append(head[:-2] + "x" * (99 - len(head)) + head[-2:])
+    assert {len(r) for r in records} == {99}
+    return records
+
+
+async def test_a_full_mini_batch_of_small_records_is_answered_line_for_line_in_order(
+    container: Serve, three_models: list[dict[str, Any]]
+) -> None:
+    """What the agent sends for a corpus of short records: the MaxPayloadInMB the container
+    asked for (6 MB, SageMaker's default) filled with 100-byte records, 62,914 of them, far
+    over the per-request input limit (2,048): one answer line each, in order."""
+    container.wait_ready()
+    payload_mb = httpx.get(f"{container.url}/execution-parameters", timeout=30).json()["MaxPayloadInMB"]
+    assert payload_mb == 6
+    records = hundred_byte_records(payload_mb * 2**20)
+    body = "\n".join(records) + "\n"
+    assert len(body) <= payload_mb * 2**20 and len(records) > 30 * 2048
+    answer = httpx.post(f"{container.url}/invocations", content=body,
+                        headers={"Content-Type": "application/jsonlines"}, timeout=600)
+    assert answer.status_code == 200, answer.text[:500]
+    lines = answer.text.splitlines()
+    assert len(lines) == len(records)
+    sample = [0, 2047, 2048, 2049, len(records) // 2, len(records) - 1]  # across engine batches
+    spec = spec_of(*(ModelSpec(**m) for m in three_models))
+    async with serve_in_process(spec) as local:
+        texts = [json.loads(records[i])["text"] for i in sample]
+        expected = (await local.post("/embeddings", json={"model": "emb", "input": texts})).json()["data"]
+    got = [json.loads(lines[i])["embedding"] for i in sample]
+    np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
+    assert all(line.startswith('{"embedding":[') for line in lines)
+
+
 def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:
     container.wait_ready()
     big = {"input": ["x" * 1000] * (REALTIME_PAYLOAD_BYTES // 1000 + 10), "model": "emb"}
