@@ -21,8 +21,8 @@ MB = 2**20
 @pytest.mark.parametrize(("room_mb", "limit_mb", "want"), [
     (None, 16, TransformSettings(6, 4)),  # no budget: SageMaker's default payload, four at once
     (1536, 6, TransformSettings(6, 4)),  # a 2 GB container, 1.5 GB free for requests
-    (40, 6, TransformSettings(6, 2)),  # room for two 6 MB mini-batches (18 MB each)
-    (10, 6, TransformSettings(3, 1)),  # not one: a smaller mini-batch, one at a time
+    (100, 6, TransformSettings(6, 2)),  # room for two 6 MB mini-batches (42 MB each)
+    (40, 6, TransformSettings(5, 1)),  # not one: a smaller mini-batch, one at a time
     (1, 6, TransformSettings(1, 1)),  # the least SageMaker takes
     (4096, 2, TransformSettings(2, 4)),  # the body limit bounds the payload
 ])

@@ -32,9 +32,11 @@ DEFAULT_PAYLOAD_MB = 6
 # Mini-batches at once: enough to keep the batcher fed while one is parsed or sent (the engine
 # interleaves them); more only take memory.
 MOST_CONCURRENT = 4
-# What one mini-batch in flight holds, per byte of it: its body, one engine batch's records
-# as text, and that batch's answer lines not yet sent (measured: benchmarks/batch_transform_rss.py).
-HELD_PER_PAYLOAD_BYTE = 3
+# What one mini-batch in flight takes, per byte of it: its body (and the copy its reading
+# makes), two engine batches' records, vectors and answer lines, the engine's work on them.
+# Measured (benchmarks/batch_transform_rss.py): 6 MB of 100-byte records raised the server's
+# peak resident memory 42 MB over idle.
+HELD_PER_PAYLOAD_BYTE = 7
 # Lines sent a piece at a time: each piece one write to the socket, none of a batch's size.
 RECORDS_PER_PIECE = 256
 # An engine batch after the first refused for load (the 200 is sent by then): tried again
