@@ -12,13 +12,12 @@ from starlette.responses import Response
 
 from infinity_cloud.capability import ROUTE_NAMES, Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.server.dialects.batch_transform import answer_mini_batch, transform_settings
+from infinity_cloud.server.dialects.batch_transform import answer_mini_batch
 from infinity_cloud.server.dialects.common import RerankRequest
 from infinity_cloud.server.dialects.infinity import ClassifyRequest
 from infinity_cloud.server.dialects.openai import EmbeddingRequest
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.dialects.tei import TeiErrorBody
-from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import ErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 
@@ -72,14 +71,8 @@ _OPENAPI = {
 # Batch Transform sends records split by line (SplitType=Line) several at a time
 # (BatchStrategy=MultiRecord) with the job's ContentType; one of these makes a body JSON Lines.
 JSON_LINES = ("application/jsonlines", "application/jsonl", "application/x-jsonlines", "application/x-ndjson")
-
-
-@router.get("/execution-parameters", summary="SageMaker Batch Transform: the settings it does best")
-async def execution_parameters(request: Request) -> Response:
-    """The mini-batch size and how many at once, from the memory budget's room for requests."""
-    engine = request.app.state.engine
-    settings = transform_settings(engine.memory.room_for_requests(), engine.limits.max_payload_bytes)
-    return json_response(settings.as_execution_parameters())
+# (What the Batch Transform agent is told to send, GET /execution-parameters, is answered
+# beside /ping, in status_routes: it reads the memory budget, as /health does.)
 
 
 @router.post(
