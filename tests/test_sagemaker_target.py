@@ -317,6 +317,8 @@ async def test_a_full_mini_batch_of_small_records_is_answered_line_for_line_in_o
     payload_mb = httpx.get(f"{container.url}/execution-parameters", timeout=30).json()["MaxPayloadInMB"]
     assert payload_mb == 6
     records = hundred_byte_records(payload_mb * 2**20)
+    bad = 50_000  # in the 25th engine batch: its error names its line in the whole mini-batch
+    records[bad] = "{not json" + " " * 90
     body = "\n".join(records) + "\n"
     assert len(body) <= payload_mb * 2**20 and len(records) > 30 * 2048
     answer = httpx.post(f"{container.url}/invocations", content=body,
@@ -331,7 +333,8 @@ async def test_a_full_mini_batch_of_small_records_is_answered_line_for_line_in_o
         expected = (await local.post("/embeddings", json={"model": "emb", "input": texts})).json()["data"]
     got = [json.loads(lines[i])["embedding"] for i in sample]
     np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
-    assert all(line.startswith('{"embedding":[') for line in lines)
+    assert f"line {bad + 1} is not JSON" in json.loads(lines[bad])["error"]
+    assert all(line.startswith('{"embedding":[') for i, line in enumerate(lines) if i != bad)
 
 
 def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:
