@@ -337,6 +337,43 @@ async def test_a_full_mini_batch_of_small_records_is_answered_line_for_line_in_o
     assert all(line.startswith('{"embedding":[') for i, line in enumerate(lines) if i != bad)
 
 
+def test_a_mini_batch_whose_later_engine_batch_fails_is_cut_off_not_answered_short(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """Records go to the engine 128 at a time (the per-request limit, set to its least here). A
+    fault in the first batch is the request's status (500); one in a later batch, once the 200
+    is sent, cuts the answer off: the agent sees a failed invocation (and retries it), never a
+    200 with fewer lines than records."""
+    from tokenizers import Tokenizer
+
+    marker = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json")).token_to_id("paris")
+    config = tmp_path / "infinity-cloud.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [fake_model(tiny_embedder, "emb", fail_token_id=marker)],
+        "server": {"log_level": "warning", "limits": {"max_inputs_per_request": 128}},
+    }))
+    serve = Serve(config)
+    try:
+        serve.wait_ready()
+        texts = [f"record {i}" for i in range(400)]
+        headers = {"Content-Type": "application/jsonlines"}
+
+        def post(fault_at: int) -> httpx.Response:
+            records = [json.dumps({"text": "paris" if i == fault_at else t}) for i, t in enumerate(texts)]
+            return httpx.post(f"{serve.url}/invocations", content="\n".join(records) + "\n",
+                              headers=headers, timeout=120)
+
+        whole = post(-1)
+        assert whole.status_code == 200 and len(whole.text.splitlines()) == len(texts)
+        first = post(5)
+        assert first.status_code == 500 and "injected fault" in first.json()["error"]["message"]
+        with pytest.raises(httpx.RemoteProtocolError):
+            post(300)  # the third batch: the answer stops before its lines
+        assert post(-1).status_code == 200  # the server goes on
+    finally:
+        serve.stop()
+
+
 def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:
     container.wait_ready()
     big = {"input": ["x" * 1000] * (REALTIME_PAYLOAD_BYTES // 1000 + 10), "model": "emb"}
