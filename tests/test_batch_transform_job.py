@@ -12,6 +12,9 @@ moto completes the job at once and writes nothing: the stand-in runs while the j
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,48 +30,96 @@ from infinity_cloud.targets import aws
 moto = pytest.importorskip("moto")
 runner = CliRunner()
 BUCKET = "corpus-bucket"
-AGENT_PAYLOAD_BYTES = 300  # mini-batches of a few lines: several per object
+MB = 2**20
 
 
-def agent(server: str, s3: Any, params: dict[str, Any]) -> int:
-    """The Batch Transform agent's work for one job, against the container at `server`;
-    returns how many mini-batches it posted."""
-    settings = httpx.get(f"{server}/execution-parameters", timeout=30).json()
-    assert settings["BatchStrategy"] == "MULTI_RECORD" and params["BatchStrategy"] == "MultiRecord"
-    source = params["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"].removeprefix("s3://")
-    bucket, prefix = source.split("/", 1)
-    out_bucket, out_prefix = params["TransformOutput"]["S3OutputPath"].removeprefix("s3://").split("/", 1)
-    assert (
-        params["TransformInput"]["SplitType"] == "Line"
-        and params["TransformOutput"]["AssembleWith"] == "Line"
-    )
-    posted = 0
-    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
-        lines = (
-            s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read().decode().splitlines(keepends=True)
-        )
-        batches, batch = [], ""
-        for line in lines:
-            if batch and len(batch) + len(line) > min(AGENT_PAYLOAD_BYTES, params["MaxPayloadInMB"] * 2**20):
-                batches.append(batch)
-                batch = ""
-            batch += line
-        if batch:
-            batches.append(batch)
-        answered = []
-        for body in batches:
-            response = httpx.post(
-                f"{server}/invocations",
-                content=body,
-                timeout=60,
-                headers={"Content-Type": params["TransformInput"]["ContentType"]},
-            )
+@dataclass
+class Agent:
+    """The Batch Transform agent's work for one job, against the container at `server`. As
+    AWS documents it: the settings the job leaves unset (MaxPayloadInMB,
+    MaxConcurrentTransforms) come from the container's GET /execution-parameters, within
+    CreateTransformJob's bounds (MaxPayloadInMB at most 100, and times MaxConcurrentTransforms
+    at most 100: docs.aws.amazon.com/sagemaker/latest/APIReference/API_CreateTransformJob.html);
+    each input object is split into lines (SplitType=Line) and posted in mini-batches as full
+    as MaxPayloadInMB allows (BatchStrategy=MultiRecord), MaxConcurrentTransforms at once; each
+    object's answers are written whole to OUTPUT/KEY.out once it is done (AssembleWith=Line).
+    `fail_after` objects written, the job fails (an invocation failed): the objects done are in
+    S3, the others are not."""
+
+    server: str
+    s3: Any
+    fail_after: int | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, params: dict[str, Any]) -> None:
+        settings = httpx.get(f"{self.server}/execution-parameters", timeout=30).json()
+        assert settings["BatchStrategy"] == "MULTI_RECORD" and params["BatchStrategy"] == "MultiRecord"
+        payload_mb = params.get("MaxPayloadInMB") or settings["MaxPayloadInMB"]
+        concurrent = params.get("MaxConcurrentTransforms") or settings["MaxConcurrentTransforms"]
+        assert 1 <= payload_mb <= 100 and payload_mb * concurrent <= 100
+        assert params["TransformInput"]["SplitType"] == "Line"
+        assert params["TransformOutput"]["AssembleWith"] == "Line"
+        source = params["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"].removeprefix("s3://")
+        bucket, prefix = source.split("/", 1)
+        out_bucket, out_prefix = params["TransformOutput"]["S3OutputPath"].removeprefix("s3://").split("/", 1)
+        job = {**params, "payload_mb": payload_mb, "concurrent": concurrent, "objects": [], "records": 0,
+               "most_in_flight": 0, "status": "Completed"}
+        self.jobs.append(job)
+        in_flight, lock = 0, threading.Lock()
+
+        def post(body: str) -> str:
+            nonlocal in_flight
+            with lock:
+                in_flight += 1
+                job["most_in_flight"] = max(job["most_in_flight"], in_flight)
+            try:
+                response = httpx.post(f"{self.server}/invocations", content=body, timeout=600,
+                                      headers={"Content-Type": params["TransformInput"]["ContentType"]})
+            finally:
+                with lock:
+                    in_flight -= 1
             assert response.status_code == 200, response.text
-            answered.append(response.text.rstrip("\n"))
-            posted += 1
-        name = item["Key"].removeprefix(prefix)
-        s3.put_object(Bucket=out_bucket, Key=f"{out_prefix}{name}.out", Body="\n".join(answered) + "\n")
-    return posted
+            return response.text
+
+        with ThreadPoolExecutor(concurrent) as pool:
+            for item in self.s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+                if self.fail_after is not None and len(job["objects"]) == self.fail_after:
+                    job["status"] = "Failed"
+                    return
+                lines = self.s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read().decode()
+                batches = mini_batches(lines.splitlines(keepends=True), payload_mb * MB)
+                answered = "".join(pool.map(post, batches))
+                assert answered.count("\n") == lines.count("\n")
+                name = item["Key"].removeprefix(prefix)
+                job["objects"].append(name)
+                job["records"] += lines.count("\n")
+                job["mini_batches"] = job.get("mini_batches", 0) + len(batches)
+                self.s3.put_object(Bucket=out_bucket, Key=f"{out_prefix}{name}.out", Body=answered)
+
+    def hook(self, client: Any) -> None:
+        """The agent runs when the job is created (moto completes it at once and writes
+        nothing); the job then reads as the agent ended it."""
+        client.meta.events.register("provide-client-params.sagemaker.CreateTransformJob",
+                                    lambda params, **_: self.run(params))
+
+        def status(parsed: dict[str, Any], **_: Any) -> None:
+            if self.jobs and self.jobs[-1]["status"] == "Failed":
+                parsed["TransformJobStatus"] = "Failed"
+                parsed["FailureReason"] = "ClientError: See job logs for more information"
+
+        client.meta.events.register("after-call.sagemaker.DescribeTransformJob",
+                                    lambda parsed, **kw: status(parsed, **kw))
+
+
+def mini_batches(lines: list[str], payload_bytes: int) -> list[str]:
+    """Whole lines, as many as fit `payload_bytes` a mini-batch."""
+    batches, batch = [], ""
+    for line in lines:
+        if batch and len(batch) + len(line) > payload_bytes:
+            batches.append(batch)
+            batch = ""
+        batch += line
+    return [*batches, batch] if batch else batches
 
 
 @pytest.fixture
@@ -83,6 +134,7 @@ def moto_server(fake_aws_credentials: None, monkeypatch: pytest.MonkeyPatch) -> 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    httpx.post(f"http://{host}:{port}/moto-api/reset")  # moto's state is the process's: start empty
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     try:
@@ -98,94 +150,97 @@ def s3_client() -> Any:
     return boto3.client("s3", region_name="us-east-1", config=Config(s3={"addressing_style": "path"}))
 
 
-def test_a_batch_transform_job_embeds_an_s3_corpus_into_an_s3_dataset(
-    tiny_embedder: Path, tmp_path: Path, moto_server: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import boto3
-    import pyarrow.parquet as pq
+RECORDS = [{"id": f"d{i}", "text": f"passage number {i} about shards"} for i in range(45)]
+RECORDS[7]["text"] = ""
+RECORDS[30] = {"id": "no-text"}
+GOOD_ROWS = [i for i in range(45) if i not in (7, 30)]
 
-    records = [{"id": f"d{i}", "text": f"passage number {i} about shards"} for i in range(45)]
-    records[7]["text"] = ""
-    records[30] = {"id": "no-text"}
-    s3 = s3_client()
+
+def a_corpus_and_a_model(s3: Any) -> None:
+    """The corpus in two S3 objects, and the SageMaker model `deploy` would have made."""
+    import boto3
+
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(
-        Bucket=BUCKET, Key="corpus/part-1.jsonl", Body="".join(json.dumps(r) + "\n" for r in records[:25])
-    )
-    s3.put_object(
-        Bucket=BUCKET, Key="corpus/part-2.jsonl", Body="".join(json.dumps(r) + "\n" for r in records[25:])
-    )
-    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
-    sagemaker.create_model(
+    for key, part in (("corpus/part-1.jsonl", RECORDS[:25]), ("corpus/part-2.jsonl", RECORDS[25:])):
+        s3.put_object(Bucket=BUCKET, Key=key, Body="".join(json.dumps(r) + "\n" for r in part))
+    boto3.client("sagemaker", region_name="us-east-1").create_model(
         ModelName="emb-20261204-000000",
         ExecutionRoleArn="arn:aws:iam::123456789012:role/x",
         PrimaryContainer={"Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/ic:1"},
     )
-    model = ["--model-id", str(tiny_embedder), "--backend", "torch", "--dtype", "float32"]
-    made: list[dict[str, Any]] = []
-    with server_process(*model) as server:
-        real = aws.clients
 
-        def hooked(region: str | None) -> Any:
-            make = real(region)
 
-            def client(service: str) -> Any:
-                made_client = make(service)
-                if service == "sagemaker":
+def embed_with_the_agent(
+    agent: Agent, model: list[str], shard_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """`embed --runner sagemaker` with its SageMaker client's jobs run by `agent`."""
+    import infinity_cloud.targets.sagemaker.batch as batch
 
-                    def run_agent(params: dict[str, Any], **_: Any) -> None:
-                        made.append({**params, "posted": agent(server, s3, params)})
+    real = aws.clients
 
-                    made_client.meta.events.register(
-                        "provide-client-params.sagemaker.CreateTransformJob", run_agent
-                    )
-                return made_client
+    def hooked(region: str | None) -> Any:
+        make = real(region)
 
-            return client
+        def client(service: str) -> Any:
+            made = make(service)
+            if service == "sagemaker":
+                agent.hook(made)
+            return made
 
-        import infinity_cloud.targets.sagemaker.batch as batch
+        return client
 
-        monkeypatch.setattr(batch, "clients", hooked)
-        result = runner.invoke(
-            cli,
-            [
-                "embed",
-                f"s3://{BUCKET}/corpus/",
-                "--out",
-                f"s3://{BUCKET}/vectors",
-                *model,
-                "--shard-rows",
-                "20",
-                "--runner",
-                "sagemaker",
-                "--region",
-                "us-east-1",
-                "--job-model",
-                "emb-20261204-000000",
-                "--max-error-rate",  # 2 bad rows of 45
-                "0.1",
-            ],
-        )
-        assert result.exit_code == 0, result.output
-        texts = [r["text"] for i, r in enumerate(records) if i not in (7, 30)]
-        want = httpx.post(f"{server}/embeddings", json={"input": texts}, timeout=60).json()["data"]
-    (params,) = made
-    assert params["posted"] > 3  # several mini-batches to each of the three objects
-    assert params["ModelName"] == "emb-20261204-000000"
-    assert params["TransformInput"]["ContentType"] == "application/jsonlines"
-    assert params["TransformResources"] == {"InstanceType": "ml.c7i.xlarge", "InstanceCount": 1}
-    summary = json.loads(result.stdout[result.stdout.index("{") :])
-    assert summary["runner"] == "sagemaker" and summary["rows"] == 45 and summary["bad_rows"] == 2
-    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="vectors/part-")["Contents"]
+    monkeypatch.setattr(batch, "clients", hooked)
+    return runner.invoke(cli, [
+        "embed", f"s3://{BUCKET}/corpus/", "--out", f"s3://{BUCKET}/vectors", *model,
+        "--shard-rows", str(shard_rows), "--runner", "sagemaker", "--region", "us-east-1",
+        "--job-model", "emb-20261204-000000",
+        "--max-error-rate", "0.1",  # 2 bad rows of 45
+    ])
+
+
+def dataset_rows(s3: Any, tmp_path: Path) -> tuple[list[str], list[int], np.ndarray]:
+    """The dataset's shard files, its rows in file order, and their vectors."""
+    import pyarrow.parquet as pq
+
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="vectors/part-").get("Contents", [])
     keys = sorted(o["Key"] for o in listed)
-    assert keys == [f"vectors/part-{k:06d}.parquet" for k in range(3)]
     tables = []
     for key in keys:
         path = tmp_path / Path(key).name
         path.write_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
         tables.append(pq.read_table(path))
-    assert [r for t in tables for r in t["row"].to_pylist()] == [i for i in range(45) if i not in (7, 30)]
-    got = np.array([v for t in tables for v in t["embedding"].to_pylist()])
+    rows = [r for t in tables for r in t["row"].to_pylist()]
+    return keys, rows, np.array([v for t in tables for v in t["embedding"].to_pylist()])
+
+
+MODEL_ARGS = ["--backend", "torch", "--dtype", "float32"]
+
+
+def test_a_batch_transform_job_embeds_an_s3_corpus_into_an_s3_dataset(
+    tiny_embedder: Path, tmp_path: Path, moto_server: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3 = s3_client()
+    a_corpus_and_a_model(s3)
+    model = ["--model-id", str(tiny_embedder), *MODEL_ARGS]
+    with server_process(*model) as server:
+        agent = Agent(server, s3)
+        result = embed_with_the_agent(agent, model, 20, monkeypatch)
+        assert result.exit_code == 0, result.output
+        texts = [RECORDS[i]["text"] for i in GOOD_ROWS]
+        want = httpx.post(f"{server}/embeddings", json={"input": texts}, timeout=60).json()["data"]
+    (job,) = agent.jobs
+    # The job leaves the mini-batch settings to the container, whose are within AWS's bounds;
+    # a 6 MB mini-batch holds a whole object here.
+    assert "MaxPayloadInMB" not in job and "MaxConcurrentTransforms" not in job
+    assert job["payload_mb"] == 6 and job["mini_batches"] == 3 and job["most_in_flight"] <= job["concurrent"]
+    assert job["ModelName"] == "emb-20261204-000000"
+    assert job["TransformInput"]["ContentType"] == "application/jsonlines"
+    assert job["TransformResources"] == {"InstanceType": "ml.c7i.xlarge", "InstanceCount": 1}
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
+    assert summary["runner"] == "sagemaker" and summary["rows"] == 45 and summary["bad_rows"] == 2
+    keys, rows, got = dataset_rows(s3, tmp_path)
+    assert keys == [f"vectors/part-{k:06d}.parquet" for k in range(3)]
+    assert rows == GOOD_ROWS
     np.testing.assert_allclose(got, np.array([d["embedding"] for d in want]), rtol=1e-5, atol=1e-6)
     errors = s3.list_objects_v2(Bucket=BUCKET, Prefix="vectors/errors/")["Contents"]
     lines = [
@@ -193,6 +248,45 @@ def test_a_batch_transform_job_embeds_an_s3_corpus_into_an_s3_dataset(
         for o in errors
         for x in s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read().decode().splitlines()
     ]
-    # Row 7's reason is the endpoint's, for its place in the mini-batch it was sent in.
+    # Row 7's reason is the endpoint's, naming its line in the mini-batch it was sent in.
     assert [e["row"] for e in lines] == [7, 30] and lines[1]["error"] == "no 'text' field"
-    assert lines[0]["error"].startswith("'input' item ") and lines[0]["error"].endswith(" is an empty string")
+    assert lines[0]["error"].startswith("line ") and lines[0]["error"].endswith(" is an empty string")
+
+
+def test_a_job_that_fails_half_way_keeps_what_it_finished_and_its_resume_sends_only_the_rest(
+    tiny_embedder: Path, tmp_path: Path, moto_server: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five shards; the job fails after writing two of its output objects (as a real job's
+    failed invocation ends it, the objects done kept in S3). The runner writes those two
+    shards, then reports the failure; the same command again stages and sends only the other
+    three, and every row is written exactly once."""
+    s3 = s3_client()
+    a_corpus_and_a_model(s3)
+    model = ["--model-id", str(tiny_embedder), *MODEL_ARGS]
+    with server_process(*model) as server:
+        agent = Agent(server, s3, fail_after=2)
+        failed = embed_with_the_agent(agent, model, 10, monkeypatch)
+        assert failed.exit_code == 2, failed.output
+        said = " ".join(failed.output.split())
+        assert "failed: ClientError: See job logs for more information" in said
+        assert "the 2 of its 5 shards it finished are written: the same command again sends only the rest" \
+            in said
+        keys, rows, _ = dataset_rows(s3, tmp_path)
+        assert keys == ["vectors/part-000000.parquet", "vectors/part-000001.parquet"]
+        assert rows == [i for i in GOOD_ROWS if i < 20]
+        agent.fail_after = None
+        resumed = embed_with_the_agent(agent, model, 10, monkeypatch)
+        assert resumed.exit_code == 0, resumed.output
+        texts = [RECORDS[i]["text"] for i in GOOD_ROWS]
+        want = httpx.post(f"{server}/embeddings", json={"input": texts}, timeout=60).json()["data"]
+    first, second = agent.jobs
+    assert first["objects"] == ["part-000000.jsonl", "part-000001.jsonl"]
+    # The resumed job's input is only what was missing: shards 2-4, their 23 good rows.
+    assert second["objects"] == ["part-000002.jsonl", "part-000003.jsonl", "part-000004.jsonl"]
+    assert second["records"] == len([i for i in GOOD_ROWS if i >= 20])
+    summary = json.loads(resumed.stdout[resumed.stdout.index("{") :])
+    assert summary["shards_skipped"] == 2 and summary["rows_before"] == 20
+    keys, rows, got = dataset_rows(s3, tmp_path)
+    assert keys == [f"vectors/part-{k:06d}.parquet" for k in range(5)]
+    assert rows == GOOD_ROWS  # every row once, in order
+    np.testing.assert_allclose(got, np.array([d["embedding"] for d in want]), rtol=1e-5, atol=1e-6)

@@ -23,6 +23,7 @@ from modal._partial_function import _find_callables_for_obj, _PartialFunctionFla
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
+from infinity_cloud.targets.modal.target import SHARD_RETRIES, SHARD_TIMEOUT_S
 
 pytest.importorskip("moto")
 runner = CliRunner()
@@ -78,7 +79,15 @@ class FakeModal:
     """What needs Modal's servers, done here: `App.run` yields the app unhydrated, and `.map`
     calls the bound method's `.local()` for each input (one local object, entered once, for
     the whole map: a container), then the object's exit hooks, as a container's end runs them.
-    `stop_after` inputs, it raises as a lost connection would."""
+    `stop_after` inputs, it raises as a lost connection would.
+
+    `failures` makes a shard's tries fail as Modal's fail (modal.com/docs/guide/retries and
+    /guide/timeouts): each input of a `.map` is retried on its own, up to the class's
+    `retries` (SHARD_RETRIES) times after the first try; "error" raises in the worker before
+    it writes (the remote exception), "timeout" is a try cut off at the class's `timeout`
+    after the shard was written (the write is not undone); once an input's tries are spent,
+    its last failure propagates to the caller (a timeout as modal.exception.FunctionTimeoutError)
+    and the inputs not yet run are not run."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, stop_after: int | None = None) -> None:
         self.runs: list[dict[str, Any]] = []
@@ -87,6 +96,8 @@ class FakeModal:
         self.maps: list[dict[str, Any]] = []
         self.options: list[dict[str, Any]] = []
         self.stop_after = stop_after
+        self.failures: dict[int, list[str]] = {}  # shard -> how its tries fail, in order
+        self.tries: dict[int, int] = {}
         self.generators: list[Iterator[Any]] = []
         fake = self
 
@@ -106,11 +117,13 @@ class FakeModal:
                 for done, args in enumerate(plans):
                     if fake.stop_after is not None and done == fake.stop_after:
                         raise ConnectionResetError("the connection to Modal was lost")
-                    yield function.local(*args)
+                    yield fake.tried(function, args)
             finally:
                 instance = function._get_obj()._cached_user_cls_instance()
                 for hook in _find_callables_for_obj(instance, _PartialFunctionFlags.EXIT).values():
                     hook()
+
+        self.tried = self._tried
 
         def deploy(app: Any, **kwargs: Any) -> Any:
             fake.deploys.append({"app": app.name, **kwargs})
@@ -133,6 +146,24 @@ class FakeModal:
         monkeypatch.setattr(modal.App, "deploy", deploy)
         monkeypatch.setattr(modal.Function, "spawn_map", spawn_map)
         monkeypatch.setattr(modal.Cls, "with_options", with_options)
+
+
+    def _tried(self, function: Any, args: tuple[Any, ...]) -> Any:
+        """One input run as Modal runs it: tried again on failure, up to SHARD_RETRIES times."""
+        shard = json.loads(args[0])["shard"]
+        failing = self.failures.get(shard, [])
+        for attempt in range(SHARD_RETRIES + 1):
+            self.tries[shard] = self.tries.get(shard, 0) + 1
+            how = failing[attempt] if attempt < len(failing) else None
+            if how is None:
+                return function.local(*args)
+            if how == "timeout":
+                function.local(*args)  # written, then cut off before its answer came back
+                failure: Exception = modal.exception.FunctionTimeoutError(
+                    f"Function timed out after {SHARD_TIMEOUT_S} seconds")
+            else:
+                failure = OSError(f"When reading shard {shard}: AWS Error NETWORK_CONNECTION")
+        raise failure
 
 
 @pytest.fixture
@@ -349,3 +380,53 @@ def test_the_job_class_is_built_from_the_deployments_image_and_settings(
     assert "max_containers=6," in (tmp_path / "modal_app.py").read_text()
     assert module.job_app._get_default_image() is module.app._get_default_image()  # the same layers
     assert '"pyarrow==' in (tmp_path / "modal_app.py").read_text()  # the workers write Parquet
+
+
+def test_a_shard_that_fails_is_retried_on_its_own_and_every_row_lands_once(
+    tiny_embedder: Path, s3: Any, fake_modal: FakeModal
+) -> None:
+    """Shard 1's first try fails reading S3, shard 3's first try is cut off by the timeout
+    after it wrote the shard: Modal tries each again on its own; the job ends well, each
+    shard's report counted once and each row written once."""
+    fake = fake_modal
+    fake.failures = {1: ["error"], 3: ["timeout", "timeout"]}
+    result = embed_on_modal(tiny_embedder)
+    assert result.exit_code == 0, result.output
+    assert fake.tries == {0: 1, 1: 2, 2: 1, 3: 3, 4: 1}
+    summary = summary_of(result)
+    assert summary["rows"] == 70 and summary["bad_rows"] == 2 and summary["shards_skipped"] == 0
+    table, names = read_output(s3)
+    assert names == [f"part-{k:06d}.parquet" for k in range(5)]
+    assert table["row"].to_pylist() == GOOD_ROWS
+    assert errors_written(s3) == BAD
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("timeout", f"a shard ran past the job's timeout ({SHARD_TIMEOUT_S} s) on each of its "
+                f"{SHARD_RETRIES + 1} tries"),
+    ("error", "OSError: When reading shard 2: AWS Error NETWORK_CONNECTION"),
+])
+def test_a_shard_that_fails_every_try_fails_the_job_and_its_resume_does_only_the_rest(
+    how: str, said: str, tiny_embedder: Path, s3: Any, fake_modal: FakeModal
+) -> None:
+    """Shard 2 fails on each of its tries (a timeout, or an error): the job fails in one
+    line that says why and that the shards written are kept; the same command again maps
+    only the shards not written, and every row lands once."""
+    fake = fake_modal
+    fake.failures = {2: [how] * (SHARD_RETRIES + 1)}
+    failed = embed_on_modal(tiny_embedder)
+    assert failed.exit_code == 2, failed.output
+    message = " ".join(failed.output.split())
+    assert said in message and "Traceback" not in failed.output
+    assert "the shards written are kept: the same command again embeds only the rest" in message
+    assert fake.tries[2] == SHARD_RETRIES + 1 and 3 not in fake.tries  # the rest were not run
+    _, names = read_output(s3)
+    # A timed-out try had written its shard before it was cut off: it is kept too.
+    assert names == [f"part-{k:06d}.parquet" for k in ((0, 1, 2) if how == "timeout" else (0, 1))]
+    fake.failures = {}
+    again = embed_on_modal(tiny_embedder)
+    assert again.exit_code == 0, again.output
+    assert [p["shard"] for p in fake.maps[-1]["plans"]] == ([3, 4] if how == "timeout" else [2, 3, 4])
+    table, names = read_output(s3)
+    assert len(names) == 5 and table["row"].to_pylist() == GOOD_ROWS
+    assert errors_written(s3) == BAD

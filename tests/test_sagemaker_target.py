@@ -297,6 +297,83 @@ async def test_batch_transform_mini_batches_are_answered_line_for_line(
     np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
 
 
+def hundred_byte_records(payload_bytes: int) -> list[str]:
+    """As many distinct 100-byte JSON Lines records (newline included) as fill `payload_bytes`."""
+    records = []
+    for i in range(payload_bytes // 100):
+        head = json.dumps({"text": f"record {i} "})
+        records.append(head[:-2] + "x" * (99 - len(head)) + head[-2:])
+    assert {len(r) for r in records} == {99}
+    return records
+
+
+async def test_a_full_mini_batch_of_small_records_is_answered_line_for_line_in_order(
+    container: Serve, three_models: list[dict[str, Any]]
+) -> None:
+    """What the agent sends for a corpus of short records: the MaxPayloadInMB the container
+    asked for (6 MB, SageMaker's default) filled with 100-byte records, 62,914 of them, far
+    over the per-request input limit (2,048): one answer line each, in order."""
+    container.wait_ready()
+    payload_mb = httpx.get(f"{container.url}/execution-parameters", timeout=30).json()["MaxPayloadInMB"]
+    assert payload_mb == 6
+    records = hundred_byte_records(payload_mb * 2**20)
+    bad = 50_000  # in the 25th engine batch: its error names its line in the whole mini-batch
+    records[bad] = "{not json" + " " * 90
+    body = "\n".join(records) + "\n"
+    assert len(body) <= payload_mb * 2**20 and len(records) > 30 * 2048
+    answer = httpx.post(f"{container.url}/invocations", content=body,
+                        headers={"Content-Type": "application/jsonlines"}, timeout=600)
+    assert answer.status_code == 200, answer.text[:500]
+    lines = answer.text.splitlines()
+    assert len(lines) == len(records)
+    sample = [0, 2047, 2048, 2049, len(records) // 2, len(records) - 1]  # across engine batches
+    spec = spec_of(*(ModelSpec(**m) for m in three_models))
+    async with serve_in_process(spec) as local:
+        texts = [json.loads(records[i])["text"] for i in sample]
+        expected = (await local.post("/embeddings", json={"model": "emb", "input": texts})).json()["data"]
+    got = [json.loads(lines[i])["embedding"] for i in sample]
+    np.testing.assert_allclose(np.array(got), np.array([d["embedding"] for d in expected]), rtol=1e-6)
+    assert f"line {bad + 1} is not JSON" in json.loads(lines[bad])["error"]
+    assert all(line.startswith('{"embedding":[') for i, line in enumerate(lines) if i != bad)
+
+
+def test_a_mini_batch_whose_later_engine_batch_fails_is_cut_off_not_answered_short(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """Records go to the engine 128 at a time (the per-request limit, set to its least here). A
+    fault in the first batch is the request's status (500); one in a later batch, once the 200
+    is sent, cuts the answer off: the agent sees a failed invocation (and retries it), never a
+    200 with fewer lines than records."""
+    from tokenizers import Tokenizer
+
+    marker = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json")).token_to_id("paris")
+    config = tmp_path / "infinity-cloud.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [fake_model(tiny_embedder, "emb", fail_token_id=marker)],
+        "server": {"log_level": "warning", "limits": {"max_inputs_per_request": 128}},
+    }))
+    serve = Serve(config)
+    try:
+        serve.wait_ready()
+        texts = [f"record {i}" for i in range(400)]
+        headers = {"Content-Type": "application/jsonlines"}
+
+        def post(fault_at: int) -> httpx.Response:
+            records = [json.dumps({"text": "paris" if i == fault_at else t}) for i, t in enumerate(texts)]
+            return httpx.post(f"{serve.url}/invocations", content="\n".join(records) + "\n",
+                              headers=headers, timeout=120)
+
+        whole = post(-1)
+        assert whole.status_code == 200 and len(whole.text.splitlines()) == len(texts)
+        first = post(5)
+        assert first.status_code == 500 and "injected fault" in first.json()["error"]["message"]
+        with pytest.raises(httpx.RemoteProtocolError):
+            post(300)  # the third batch: the answer stops before its lines
+        assert post(-1).status_code == 200  # the server goes on
+    finally:
+        serve.stop()
+
+
 def test_a_payload_over_sagemakers_limit_is_a_413(container: Serve) -> None:
     container.wait_ready()
     big = {"input": ["x" * 1000] * (REALTIME_PAYLOAD_BYTES // 1000 + 10), "model": "emb"}

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
+from infinity_cloud.server.dialects.batch_transform import transform_settings
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_body, error_responses
 from infinity_cloud.server.parsing import JsonRoute
@@ -94,6 +95,17 @@ async def health(request: Request) -> Response:
 @health_router.get("/ping", summary="SageMaker's health check: the same as /health")
 async def ping(request: Request) -> Response:
     return _health(request)
+
+
+# Behind the API key, as the SageMaker routes are (only /health and /ping are open).
+@health_router.get("/execution-parameters", summary="SageMaker Batch Transform: the mini-batches to send",
+                   responses=error_responses(statuses=(401,)))
+async def execution_parameters(request: Request) -> Response:
+    """The mini-batch size and how many at once (`MaxPayloadInMB`, `MaxConcurrentTransforms`),
+    from what the memory budget leaves requests on the idle server and the body limit."""
+    engine = request.app.state.engine
+    settings = transform_settings(engine.memory.room_for_requests(), engine.limits.max_payload_bytes)
+    return json_response(settings.as_execution_parameters())
 
 
 # HEAD as load balancers probe: the same answer, kept out of the document (one operation a

@@ -15,6 +15,10 @@ from infinity_cloud.targets.modal.spec import ModalSpec
 
 # The class of the app's job app (`job_app`) that `embed --runner modal` maps shards over.
 JOB_CLASS = "ShardEmbedder"
+# The longest one shard may take in a job's container: a thousand long texts on a CPU take
+# minutes; more means the container is stuck, and the shard is retried (Modal's retries).
+SHARD_TIMEOUT_S = 1800
+SHARD_RETRIES = 2
 
 
 class ModalError(TargetError):

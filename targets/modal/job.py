@@ -28,7 +28,15 @@ from infinity_cloud.bulk.workers import collect, finish, job_to_json, plan_job, 
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.errors import ConfigError
 from infinity_cloud.targets.base import JobOptions, TargetError
-from infinity_cloud.targets.modal.client import JOB_CLASS, import_modal, modal_calls, require_credentials
+from infinity_cloud.targets.modal.client import (
+    JOB_CLASS,
+    SHARD_RETRIES,
+    SHARD_TIMEOUT_S,
+    ModalError,
+    import_modal,
+    modal_calls,
+    require_credentials,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -104,13 +112,23 @@ def run_modal_job(
             missing = f"Modal has no secret {options.secret!r} for --job-secret (modal secret list)"
             if options.detach:
                 return _detached(module, embedder, worker_job, plans, planned, settings, missing)
-            with (
-                modal_calls("run the job", settings, missing=missing),
-                modal.enable_output(),
-                module.job_app.run(environment_name=settings.environment),
-            ):
-                reports = embedder(job=worker_job).embed.map(plans, order_outputs=False)
-                collect(planned, reports, job)
+            try:
+                with (
+                    modal_calls("run the job", settings, missing=missing),
+                    modal.enable_output(),
+                    module.job_app.run(environment_name=settings.environment),
+                ):
+                    reports = embedder(job=worker_job).embed.map(plans, order_outputs=False)
+                    try:
+                        collect(planned, reports, job)
+                    except modal.exception.FunctionTimeoutError as exc:  # raised once its retries are spent
+                        raise ModalError(
+                            f"a shard ran past the job's timeout ({SHARD_TIMEOUT_S} s) on each of its "
+                            f"{SHARD_RETRIES + 1} tries ({exc}): give smaller --shard-rows"
+                        ) from None
+            except ModalError as exc:  # a shard failed every try, or the run was cut off
+                raise ModalError(f"{exc.message}; the shards written are kept: the same command again "
+                                 "embeds only the rest") from exc.__cause__
     return finish(planned, spec, "modal", containers, job, gpu=list(settings.gpu))
 
 

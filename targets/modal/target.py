@@ -25,6 +25,8 @@ from infinity_cloud.targets.base import (
 )
 from infinity_cloud.targets.modal.client import (
     JOB_CLASS,
+    SHARD_RETRIES,
+    SHARD_TIMEOUT_S,
     ModalError,
     import_modal,
     modal_calls,
@@ -35,10 +37,6 @@ from infinity_cloud.targets.platforms import DEBIAN_GLIBC, ImagePlatform
 
 APP_FILE = "modal_app.py"
 SERVER_NAME = "Server"
-# The longest one shard may take in a job's container: a thousand long texts on a CPU take
-# minutes; more means the container is stuck, and the shard is retried.
-SHARD_TIMEOUT_S = 1800
-SHARD_RETRIES = 2
 # Where local model folders go in the image (and the hub cache the build step fills).
 IMAGE_MODELS = "/models"
 # Modal answers a web request still running after 150 s with a 303 to poll, which most API

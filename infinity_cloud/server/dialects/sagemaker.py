@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
-from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.capability import ROUTE_NAMES, Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.per_input import setting_aside
+from infinity_cloud.server.dialects.batch_transform import answer_mini_batch
 from infinity_cloud.server.dialects.common import RerankRequest
 from infinity_cloud.server.dialects.infinity import ClassifyRequest
 from infinity_cloud.server.dialects.openai import EmbeddingRequest
 from infinity_cloud.server.dialects.registry import Dialect, Mount
 from infinity_cloud.server.dialects.tei import TeiErrorBody
-from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import ErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 
@@ -74,53 +71,8 @@ _OPENAPI = {
 # Batch Transform sends records split by line (SplitType=Line) several at a time
 # (BatchStrategy=MultiRecord) with the job's ContentType; one of these makes a body JSON Lines.
 JSON_LINES = ("application/jsonlines", "application/jsonl", "application/x-jsonlines", "application/x-ndjson")
-# What this container tells the Batch Transform agent it does best (GET /execution-parameters):
-# several mini-batches at once keep the batcher fed; 6 MB of text is thousands of records.
-BATCH_CONCURRENCY = 4
-BATCH_PAYLOAD_MB = 6
-
-
-@router.get("/execution-parameters", summary="SageMaker Batch Transform: the settings it does best")
-async def execution_parameters(request: Request) -> Response:
-    limit_mb = request.app.state.engine.limits.max_payload_bytes // 2**20
-    return json_response({"MaxConcurrentTransforms": BATCH_CONCURRENCY, "BatchStrategy": "MULTI_RECORD",
-                          "MaxPayloadInMB": max(1, min(BATCH_PAYLOAD_MB, limit_mb))})
-
-
-async def _json_lines(request: Request, body: bytes) -> Response:
-    """A Batch Transform mini-batch: one record a line ({"text": ...}, {"input": ...} or a
-    JSON string), answered one line each, in order ({"embedding": [...]}, or {"error": ...}
-    for a record the model refuses), so the agent's output lines match its input lines."""
-    lines = body.decode("utf-8").split("\n")
-    if lines and not lines[-1].strip():
-        lines.pop()  # the newline that ends the last record
-    texts: list[str] = []
-    where: list[int] = []
-    answers: list[dict[str, Any]] = [{} for _ in lines]
-    for number, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            answers[number] = {"error": f"line {number + 1} is not JSON: {exc}"}
-            continue
-        text = record if isinstance(record, str) else (
-            record.get("text", record.get("input")) if isinstance(record, dict) else None)
-        if not isinstance(text, str):
-            answers[number] = {"error": f"line {number + 1} has no text (a JSON string, or an object "
-                                        "with a \"text\" field)"}
-            continue
-        texts.append(text)
-        where.append(number)
-    engine = request.app.state.engine
-    result, kept, refused = await setting_aside(
-        lambda batch: engine.embeddings(EmbedAsk(batch, accepts=(Capability.EMBED,))), texts)
-    for index, reason in refused.items():
-        answers[where[index]] = {"error": reason}
-    if result is not None:
-        for row, index in enumerate(kept):
-            answers[where[index]] = {"embedding": result.embeddings[row].tolist()}
-    out = b"".join(orjson.dumps(answer) + b"\n" for answer in answers)
-    return Response(out, media_type="application/jsonlines")
+# (What the Batch Transform agent is told to send, GET /execution-parameters, is answered
+# beside /ping, in status_routes: it reads the memory budget, as /health does.)
 
 
 @router.post(
@@ -129,7 +81,7 @@ async def _json_lines(request: Request, body: bytes) -> Response:
 async def invocations(request: Request) -> Response:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in JSON_LINES:
-        return await _json_lines(request, await request.body())
+        return await answer_mini_batch(request.app.state.engine, await request.body())
     try:
         data = parse_json(await request.body())
     except json.JSONDecodeError as exc:
