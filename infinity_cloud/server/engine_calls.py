@@ -79,14 +79,27 @@ def _label(engine: Any, model: str | None, serves: Sequence[Capability]) -> str:
         return "unknown"
 
 
+def route_of(request: Request) -> str:
+    """The route's template (`/v1/embeddings`, `/models/{model_id}`), never the raw path: what
+    the metrics and the traces name a request's route by, so their series stay bounded."""
+    route, path = request.scope["route"], request.scope["path"]
+    # FastAPI hands over the route as its router declared it (`/embeddings`), without the
+    # prefix it is included under (`/v1`, the server's --url-prefix): put that back.
+    for at in (i for i, char in enumerate(path) if char == "/"):
+        if route.path_regex.match(path[at:]):
+            return path[:at] + route.path
+    return route.path
+
+
 async def answer(
-    request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
+    request: Request, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
     serves: Sequence[Capability] = (),
 ) -> T:
     """Run an engine call for a route and record its metrics (`serves`: what the route's
     models do, which names the model of a failed call that named none)."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
+    route = route_of(request)
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)

@@ -166,7 +166,7 @@ async def ranked(
     raw_scores: bool, truncate: bool, modality: str = "text", max_tokens_per_doc: int | None = None,
 ) -> RerankResult:
     """Every dialect's ranking: the engine's one call, with the route's metrics."""
-    return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(
+    return await answer(request, model, len(documents), request.app.state.engine.rerank(
         query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate, modality=modality,
         max_tokens_per_doc=max_tokens_per_doc,
     ), (Capability.RERANK, Capability.MULTI_VECTOR))

@@ -58,7 +58,7 @@ root_router = APIRouter(tags=["rerank"], route_class=JsonRoute, responses=error_
 @router.post("/classify", tags=["classify"], summary="Classify texts: every label's score, highest first")
 async def classify(body: ClassifyRequest, request: Request) -> Response:
     inputs = body.inputs()
-    result = await answer(request, "classify", body.model, len(inputs), request.app.state.engine.classify(
+    result = await answer(request, body.model, len(inputs), request.app.state.engine.classify(
         inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate,
     ), (Capability.CLASSIFY,))
     return json_response(classify_body(result))

@@ -181,7 +181,7 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     # TEI normalises unless told not to, whatever the model's own head does.
     ask = EmbedAsk(body.texts(), model, accepts=(Capability.EMBED,), dimensions=body.dimensions,
                    truncate=body.truncate, prompt_name=body.prompt_name, normalize=body.normalize, wait=False)
-    result = await answer(request, "embed", model, len(ask.inputs),
+    result = await answer(request, model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)
 
@@ -191,7 +191,7 @@ async def predict(body: TeiPredictRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     engine, texts = request.app.state.engine, body.texts()
     model = tei_model(request, body.model, Capability.CLASSIFY)
-    result = await answer(request, "classify", model, len(texts), engine.classify(
+    result = await answer(request, model, len(texts), engine.classify(
         texts, model, raw_scores=body.raw_scores, truncate=body.truncate,
     ), (Capability.CLASSIFY,))
     rows = label_rows(result)
@@ -223,7 +223,7 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     sentences = body.inputs.sentences
     model = tei_model(request, body.model, Capability.EMBED)
     with in_own_terms({"sentences": "inputs.sentences"}):
-        result = await answer(request, "embed", model, len(sentences) + 1,
+        result = await answer(request, model, len(sentences) + 1,
                               request.app.state.engine.similarity(
                                   body.inputs.source_sentence, sentences, model, truncate=body.truncate,
                                   prompt_name=body.prompt_name,
@@ -237,7 +237,7 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     model = tei_model(request, body.model, Capability.MULTI_VECTOR)
     ask = EmbedAsk(body.texts(), model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
                    use="document", prompt_name=body.prompt_name)
-    result = await answer(request, "embed_all", model, len(ask.inputs),
+    result = await answer(request, model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
@@ -248,7 +248,7 @@ async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Respons
     model = tei_model(request, body.model, Capability.SPARSE)
     ask = EmbedAsk(body.texts(), model, accepts=(Capability.SPARSE,), truncate=body.truncate,
                    prompt_name=body.prompt_name)
-    result = await answer(request, "embed_sparse", model, len(ask.inputs),
+    result = await answer(request, model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
