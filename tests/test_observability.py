@@ -1,17 +1,28 @@
 """What a served model tells its operators, read from a real server process over real HTTP:
-the latency histograms on /metrics (by model and route template, queue time by model)."""
+the latency histograms on /metrics (by model and route template, queue time by model), and
+the OpenTelemetry traces `--otlp-endpoint` exports, as a real OTLP/HTTP receiver decodes them."""
 
 from __future__ import annotations
 
+import gzip
 import math
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from conftest import FAKE, server_process
+from conftest import FAKE, ROOT, server_process
 from prometheus_client.parser import text_string_to_metric_families
 
+from infinity_cloud.install_hint import install_command
 from infinity_cloud.server.metrics import LATENCY_BUCKETS
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -75,3 +86,139 @@ def test_latency_histograms_count_requests_by_model_and_route_template(server: s
                     if name == f"{request}_bucket" and ("route", "/v1/embeddings") in key)
     assert bounds == [*LATENCY_BUCKETS, math.inf]
     assert bounds[0] <= 0.001 and 30 <= bounds[-2] <= 120
+
+
+# -- traces: --otlp-endpoint, against a real OTLP/HTTP receiver ---------------------------------
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP collector's traces endpoint (POST /v1/traces, a protobuf
+    ExportTraceServiceRequest), keeping every span it is sent."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        self.spans: list[Any] = []
+        self.paths: list[str] = []
+        lock = self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest.FromString(body)
+                with lock:
+                    receiver.paths.append(self.path)
+                    receiver.spans += [span for resource in request.resource_spans
+                                       for scope in resource.scope_spans for span in scope.spans]
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def traces(self, route: str) -> dict[bytes, list[Any]]:
+        """The spans of each finished trace whose request span has `route`, by trace id."""
+        with self.lock:
+            spans = list(self.spans)
+        roots = {s.trace_id for s in spans if s.name == "request" and attributes(s).get("route") == route}
+        return {trace: [s for s in spans if s.trace_id == trace] for trace in roots}
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    return {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    pytest.importorskip("opentelemetry.sdk", reason="the tracing extra: pip install -e '.[tracing]'")
+    found = OtlpReceiver()
+    yield found
+    found.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_embedder: Path, receiver: OtlpReceiver) -> Iterator[str]:
+    # The SDK's batch processor sends every 100 ms instead of every 5 s.
+    with server_process("--model-id", str(tiny_embedder), "--served-model-name", "emb", "--backend", FAKE,
+                        "--log-level", "warning", "--deadline-s", "600", "--otlp-endpoint", receiver.url,
+                        env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as url:
+        yield url
+
+
+def test_each_request_is_a_trace_of_its_queue_wait_batches_forward_passes_and_response(
+    traced: str, receiver: OtlpReceiver
+) -> None:
+    texts = [[f"text {i} of request {r}" for i in range(3)] for r in range(4)]
+
+    def post(inputs: list[str]) -> int:
+        body = {"model": "emb", "input": inputs}
+        return httpx.post(f"{traced}/v1/embeddings", json=body, timeout=60).status_code
+
+    with ThreadPoolExecutor(4) as pool:  # at once: their inputs may share batches
+        assert list(pool.map(post, texts)) == [200] * 4
+    deadline = time.monotonic() + 60
+    while len(traces := receiver.traces("/v1/embeddings")) < 4 or any(
+        {"request", "response"} - {s.name for s in spans} for spans in traces.values()
+    ):
+        assert time.monotonic() < deadline, f"4 traces not received in 60 s: {receiver.spans}"
+        time.sleep(0.1)
+    assert set(receiver.paths) == {"/v1/traces"}  # a bare endpoint gets OTLP/HTTP's path
+    assert len(traces) == 4
+    for spans in traces.values():
+        by_name: dict[str, list[Any]] = {}
+        for span in spans:
+            by_name.setdefault(span.name, []).append(span)
+        assert set(by_name) == {"request", "queue wait", "batch", "forward", "response"}, by_name.keys()
+        (request,) = by_name["request"]
+        assert request.parent_span_id == b""
+        assert request.kind == request.SPAN_KIND_SERVER
+        assert attributes(request)["http.response.status_code"] == 200
+        for span in spans:
+            assert attributes(span)["model"] == "emb" and attributes(span)["route"] == "/v1/embeddings"
+            assert request.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano
+            assert span.end_time_unix_nano <= request.end_time_unix_nano
+        for name in ("queue wait", "batch", "response"):
+            assert all(s.parent_span_id == request.span_id for s in by_name[name]), name
+        batches = {b.span_id: b for b in by_name["batch"]}
+        assert len(by_name["forward"]) == len(batches) == len(by_name["queue wait"])
+        for forward in by_name["forward"]:
+            batch = batches[forward.parent_span_id]
+            assert batch.start_time_unix_nano == forward.start_time_unix_nano
+            assert forward.end_time_unix_nano <= batch.end_time_unix_nano
+        # Every input of the request was in one of its batches, each after its wait.
+        assert sum(attributes(b)["batch.inputs_of_request"] for b in batches.values()) == 3
+        waits = sorted(w.end_time_unix_nano for w in by_name["queue wait"])
+        assert waits == sorted(b.start_time_unix_nano for b in batches.values())
+        (response,) = by_name["response"]
+        assert response.start_time_unix_nano >= max(b.end_time_unix_nano for b in batches.values())
+
+
+def test_the_otlp_endpoint_without_the_tracing_extra_fails_at_start_with_its_pip_command(
+    tiny_embedder: Path,
+) -> None:
+    # The SDK blocked as if not installed; serve stops before loading a model.
+    code = (
+        "import sys; sys.modules['opentelemetry.sdk'] = None\n"
+        "from infinity_cloud.cli import app\n"
+        f"app(['serve', '--model-id', {str(tiny_embedder)!r}, '--backend', {FAKE!r}, "
+        "'--otlp-endpoint', 'http://127.0.0.1:4318', '--port', '0'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "300"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert install_command("tracing") in done.stderr, done.stderr
+    assert "loading" not in done.stdout + done.stderr

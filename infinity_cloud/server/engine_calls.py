@@ -10,9 +10,11 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from infinity_cloud.batching import ORIGIN
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InfinityCloudError, InputTooLongError
 from infinity_cloud.server.errors import status_of
+from infinity_cloud.server.tracing import SCOPE_KEY
 
 T = TypeVar("T")
 
@@ -100,6 +102,10 @@ async def answer(
     state = request.app.state
     engine, metrics = state.engine, state.metrics
     route = route_of(request)
+    trace = request.scope.get(SCOPE_KEY)  # with --otlp-endpoint only (server/tracing.py)
+    if trace is not None:
+        trace.begin(route)
+        ORIGIN.set(trace)  # the inputs this call queues are this request's
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)
@@ -110,7 +116,11 @@ async def answer(
         label = _label(engine, model, serves)
         metrics.errors.labels(label, type(exc).__name__).inc()
         metrics.requests.labels(label, route, str(status_of(exc)[0])).inc()
+        if trace is not None:
+            trace.answered(label)
         raise
+    if trace is not None:
+        trace.answered(result.model)
     metrics.requests.labels(result.model, route, "200").inc()
     metrics.inputs.labels(result.model).inc(inputs)
     metrics.tokens.labels(result.model).inc(result.prompt_tokens)
