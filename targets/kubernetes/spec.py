@@ -106,6 +106,10 @@ class KubernetesSpec(BaseModel):
     service_monitor: bool = Field(
         True, description="A ServiceMonitor, so the Prometheus operator scrapes /metrics."
     )
+    alert_p95_ms: int = Field(
+        1000, ge=1, description="With the ServiceMonitor, its PrometheusRule alerts when a model's p95 "
+        "request latency (infinity_cloud_request_seconds) stays over this many ms for 10 minutes.",
+    )
     network_policy: bool = Field(
         False, description="A NetworkPolicy: only pods of the namespace, and Prometheus's, reach the port.",
     )
