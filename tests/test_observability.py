@@ -52,6 +52,8 @@ def test_latency_histograms_count_requests_by_model_and_route_template(server: s
             assert answered.status_code == 200
         for _ in range(2):  # TEI's route, one input each
             assert http.post("/embed", json={"inputs": "three"}).status_code == 200
+        # A route with a parameter is labelled by its template, not by the path asked.
+        assert http.post("/models/emb", json={"inputs": "four"}).status_code == 200
         # A name the server does not know is never a label of its own: the one embedder answers
         # OpenAI's model names, and a call it cannot answer goes under the model it meant.
         for i in range(2):
@@ -69,18 +71,19 @@ def test_latency_histograms_count_requests_by_model_and_route_template(server: s
     request = "infinity_cloud_request_seconds"
     assert delta(f"{request}_count", model="emb", route="/v1/embeddings") == 5
     assert delta(f"{request}_count", model="emb", route="/embed") == 2
+    assert delta(f"{request}_count", model="emb", route="/models/{model_id:path}") == 1
     assert delta(f"{request}_bucket", model="emb", route="/v1/embeddings", le="+Inf") == 5
     assert delta(f"{request}_sum", model="emb", route="/v1/embeddings") > 0
-    # Queue time is per input, by model: 3 x 2 + 2 x 1 + 2 x 1 inputs each waited once for a batch.
-    assert delta("infinity_cloud_queue_wait_seconds_count", model="emb") == 10
-    assert delta("infinity_cloud_queue_wait_seconds_bucket", model="emb", le="+Inf") == 10
+    # Queue time is per input, by model: 3 x 2 + 2 x 1 + 1 + 2 x 1 inputs each waited once for a batch.
+    assert delta("infinity_cloud_queue_wait_seconds_count", model="emb") == 11
+    assert delta("infinity_cloud_queue_wait_seconds_bucket", model="emb", le="+Inf") == 11
     assert delta("infinity_cloud_queue_wait_seconds_sum", model="emb") > 0
     assert delta("infinity_cloud_requests_total", model="emb", route="/rerank", status="400") == 2
 
     labels = {dict(key)["model"] for _, key in after if "model" in dict(key)}
     assert labels == {"emb"}
     routes = {dict(key)["route"] for _, key in after if "route" in dict(key)}
-    assert routes == {"/v1/embeddings", "/embed", "/rerank"}
+    assert routes == {"/v1/embeddings", "/embed", "/models/{model_id:path}", "/rerank"}
     # The buckets span this workload: a millisecond to a minute.
     bounds = sorted(float(dict(key)["le"]) for name, key in after
                     if name == f"{request}_bucket" and ("route", "/v1/embeddings") in key)
@@ -222,3 +225,13 @@ def test_the_otlp_endpoint_without_the_tracing_extra_fails_at_start_with_its_pip
     assert done.returncode == 2, done.stdout + done.stderr
     assert install_command("tracing") in done.stderr, done.stderr
     assert "loading" not in done.stdout + done.stderr
+
+
+def test_an_image_built_for_a_traced_spec_holds_the_tracing_extra() -> None:
+    from infinity_cloud.config import DeploymentSpec, ModelSpec
+    from infinity_cloud.targets import container
+
+    model = ModelSpec(model_id="sentence-transformers/all-MiniLM-L6-v2", backend="onnx")
+    traced = DeploymentSpec(models=(model,), server={"otlp_endpoint": "http://collector:4318"})
+    assert "tracing" in container.image_extras(traced, "cpu")
+    assert "tracing" not in container.image_extras(DeploymentSpec(models=(model,)), "cpu")

@@ -85,8 +85,10 @@ def route_of(request: Request) -> str:
     """The route's template (`/v1/embeddings`, `/models/{model_id}`), never the raw path: what
     the metrics and the traces name a request's route by, so their series stay bounded."""
     route, path = request.scope["route"], request.scope["path"]
-    # FastAPI hands over the route as its router declared it (`/embeddings`), without the
-    # prefix it is included under (`/v1`, the server's --url-prefix): put that back.
+    if not route.param_convertors:  # a path without parameters is its own template
+        return path
+    # FastAPI hands over the route as its router declared it (`/models/{model_id:path}`),
+    # without the prefix it is included under (`/v1`, the server's --url-prefix): put that back.
     for at in (i for i, char in enumerate(path) if char == "/"):
         if route.path_regex.match(path[at:]):
             return path[:at] + route.path
