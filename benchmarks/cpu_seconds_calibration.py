@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import time
 from pathlib import Path
 
 import httpx
+from http_load import print_json
 
 from infinity_cloud.config import build_spec
 from infinity_cloud.hardware import cpu_clock_ghz, cpu_model, kernel_flags, usable_cores
@@ -104,10 +104,7 @@ def main() -> None:
         "query": queries,
         "request_overhead_ms": round(queries["cpu_ms_per_request"] - compute_ms, 2),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

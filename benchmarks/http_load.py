@@ -71,6 +71,14 @@ def print_markdown(lines: Sequence[str], path: Path | None) -> None:
         path.write_text(text)
 
 
+def print_json(result: object, path: Path | None) -> None:
+    """A benchmark's result as JSON: printed, and written to `path` (its --out) when given."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

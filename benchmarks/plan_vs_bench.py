@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from http_load import print_json
+
 from infinity_cloud.hardware import cpu_clock_ghz
 from infinity_cloud.sizing.estimate import (
     FLOP_PER_CYCLE,
@@ -186,10 +188,7 @@ def main() -> None:
         profile, _, clock = profile.partition("@")
         cases.append((name, Path(folder), Path(profile), float(clock) if clock else None))
     result = compare(cases, args.unmeasured)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,12 @@ TESTED_TORCH = "2.13.0"
 # PyPI has only the newest CUDA's, which may need a newer driver than a platform's hosts run.
 TORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 TORCH_CPU_INDEX = TORCH_INDEX.format(build="cpu")
+# The CUDA builds PyTorch's index publishes for each torch release (RFC pytorch/pytorch#178665:
+# 2.12 dropped CUDA 12.8; pytorch/FBGEMM#5976 counted torch 2.13's wheels on the index: cu126
+# and cu130, no cu128). Kept here because this machine cannot reach that index to ask.
+TORCH_CUDA_BUILDS = {
+    "2.11": ("cu126", "cu128", "cu130"), "2.12": ("cu126", "cu130"), "2.13": ("cu126", "cu130"),
+}
 PACKAGE = "infinity_cloud"
 REQUIREMENTS_FILE = "requirements.txt"
 # What a CPU image's run stage installs once its exports are built: no torch (`serving_requirements`).

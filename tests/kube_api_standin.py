@@ -41,6 +41,7 @@ BUILT_IN = {
         ("secrets", "Secret"),
     ],
     ("apps", "v1"): [("deployments", "Deployment")],
+    ("batch", "v1"): [("jobs", "Job")],
     ("policy", "v1"): [("poddisruptionbudgets", "PodDisruptionBudget")],
     ("autoscaling", "v2"): [("horizontalpodautoscalers", "HorizontalPodAutoscaler")],
     ("networking.k8s.io", "v1"): [("networkpolicies", "NetworkPolicy")],

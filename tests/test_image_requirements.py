@@ -57,6 +57,10 @@ VARIANTS: dict[str, tuple[list[str], ImagePlatform | None]] = {
     "lambda-arm64-openvino": (["aws-lambda", "--architecture", "arm64", "--backend", "openvino"], None),
     # `build local`'s image beside its manifests: the GPU one is local-gpu's.
     "kubernetes-cpu": (["kubernetes"], ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
+    # --cuda 12: torch from the cu126 index (not resolvable from here), the rest as local-gpu's
+    # (the same pins are resolved once).
+    "kubernetes-gpu-cuda12": (["kubernetes", "--gpu", "L4", "--cuda", "12"],
+                              ImagePlatform("3.11", this_machine_arch(), DEBIAN_GLIBC)),
 }
 
 

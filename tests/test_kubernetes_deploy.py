@@ -147,3 +147,35 @@ def test_an_object_the_api_server_refuses_is_said_in_one_line(
     said = " ".join(result.output.split())
     assert "apply --server-side" in said and "failed" in said and "runAsNonRot" in said, said
     assert ("Deployment", "infinity-cloud") not in stored(state)
+
+
+def test_deploy_with_a_policy_volume_weights_and_a_labelled_monitor(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """Applied as the API server validates them (strictly, for the built-in kinds): the
+    NetworkPolicy with Prometheus's namespace read from --prometheus-url and an ingress
+    namespace, the weights' one writer (a Job) beside the claim, the labelled ServiceMonitor;
+    deploy then says how to check, in one command, that Prometheus scrapes the replicas; and
+    delete removes the Job too."""
+    flags = ("--network-policy", "--prometheus-url", "http://kps-prometheus.observability.svc:9090",
+             "--ingress-from", "ingress-nginx", "--weights", "volume", "--monitor-label", "release=kps")
+    state = ApiServer()
+    with Running(state, tmp_path) as api:
+        result = deploy(api, tmp_path / "out", tiny_embedder, *flags)
+        assert result.exit_code == 0, result.output
+        kinds = {kind for kind, _ in stored(state)}
+        assert {"NetworkPolicy", "Job", "PersistentVolumeClaim", "ServiceMonitor"} <= kinds
+        policy = state.objects[("networking.k8s.io", "networkpolicies", "default", "infinity-cloud")]
+        peers = {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                 for p in policy["spec"]["ingress"][0]["from"] if "namespaceSelector" in p}
+        assert peers == {"observability", "ingress-nginx"}
+        monitor = state.objects[("monitoring.coreos.com", "servicemonitors", "default", "infinity-cloud")]
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+        said = " ".join(result.output.split())
+        assert ("kubectl -n default run scrape-check --rm -i --restart=Never --image=curlimages/curl -- -sG "
+                "http://kps-prometheus.observability.svc:9090/api/v1/query --data-urlencode "
+                "'query=count(infinity_cloud_queued_tokens{namespace=\"default\",service=\"infinity-cloud\"})'"
+                ) in said, said
+        removed = invoke(api, "delete", "kubernetes", "--yes", *flags)
+        assert removed.exit_code == 0, removed.output
+    assert not {kind for kind, _ in stored(state)} & {"Job", "NetworkPolicy", "PersistentVolumeClaim"}

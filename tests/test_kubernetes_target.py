@@ -40,6 +40,14 @@ VARIANTS: dict[str, list[str]] = {
                   "--node-selector", "pool=inference"],
     "cpu-oci-weights": ["--weights", "oci", "--weights-image", "registry.example/emb-weights:1"],
     "keda-from-zero": ["--min-replicas", "0", "--zero-hosts", "embed.example.com"],
+    # Scale-from-zero behind its own NetworkPolicy, with kube-prometheus-stack's Prometheus in
+    # another namespace and two ingress controllers' namespaces admitted.
+    "zero-network-policy": ["--min-replicas", "0", "--network-policy", "--prometheus-url",
+                            "http://kps-prometheus.observability.svc.cluster.local:9090",
+                            "--ingress-from", "ingress-nginx", "--ingress-from", "gateway-system"],
+    "labelled-monitor": ["--monitor-label", "release=kps", "--monitor-label", "team=search"],
+    "gpu-family-cuda12": ["--gpu", "A100", "--cuda", "12", "--priority-class", "inference-high",
+                          "--tmp-size", "4Gi"],
 }
 # Variants whose objects need a newer Kubernetes than OLDEST: image volumes came in 1.31.
 NEWER_THAN_OLDEST = {"cpu-oci-weights": "1.31.0"}
@@ -252,7 +260,11 @@ def test_gpu_replicas_take_one_gpu_on_a_gpu_node(built: dict) -> None:
     pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
     server = server_container(objects)
     assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert "nodeSelector" not in pod  # the GPU's node affinity instead (below)
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = required["nodeSelectorTerms"]
+    assert term == {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                                          "values": ["NVIDIA-L4"]}]}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     mig = built["mig-fixed"][1]
     mig_server = server_container(mig)
@@ -260,6 +272,7 @@ def test_gpu_replicas_take_one_gpu_on_a_gpu_node(built: dict) -> None:
     assert "nvidia.com/gpu" not in mig_server["resources"]["limits"]
     assert by_kind(mig)["Deployment"]["spec"]["replicas"] == 3  # no autoscaler: the count is ours
     assert by_kind(mig)["Deployment"]["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "inference"}
+    assert "affinity" not in by_kind(mig)["Deployment"]["spec"]["template"]["spec"]
     cpu_server = server_container(built["cpu"][1])
     assert set(cpu_server["resources"]["limits"]) == {"memory"}
     assert "nodeSelector" not in by_kind(built["cpu"][1])["Deployment"]["spec"]["template"]["spec"]
@@ -295,29 +308,65 @@ def test_the_pods_run_restricted(built: dict) -> None:
     one writable temporary folder."""
     for _, objects in built.values():
         pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] >= 1000
-        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert pod["automountServiceAccountToken"] is False
-        for container in [*pod["containers"], *pod.get("initContainers", [])]:
-            context = container["securityContext"]
-            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
-            assert context["capabilities"] == {"drop": ["ALL"]}
-            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        pods = [pod, *(o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Job")]
+        for each in pods:
+            assert each["securityContext"]["runAsNonRoot"] and each["securityContext"]["runAsUser"] >= 1000
+            assert each["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert each["automountServiceAccountToken"] is False
+            for container in [*each["containers"], *each.get("initContainers", [])]:
+                context = container["securityContext"]
+                assert context["allowPrivilegeEscalation"] is False
+                assert context["readOnlyRootFilesystem"] is True
+                assert context["capabilities"] == {"drop": ["ALL"]}
+                if container["name"] != "wait-for-weights":  # it only reads: no file of its own
+                    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
         memory = pod["containers"][0]["resources"]
         assert memory["requests"]["memory"] == memory["limits"]["memory"]  # the server budgets 90 % of it
 
 
-def test_weights_on_a_volume_are_fetched_once_and_mounted_read_only(built: dict) -> None:
+def test_weights_on_a_volume_are_written_once_by_a_job_and_mounted_read_only(built: dict) -> None:
+    """--weights volume: one writer, a Job (named for the served spec: a Job's template cannot
+    change), fetches the weights into the claim and marks them complete for that spec; every
+    replica mounts the claim read-only and its init container only waits for that mark, so
+    replicas starting together never write the volume at once."""
     folder, objects = built["gpu-volume-keys-cache"]
     claim = by_kind(objects)["PersistentVolumeClaim"]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and claim["spec"]["storageClassName"] == "efs-sc"
     pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
-    (fetch,) = pod["initContainers"]
+    digest = by_kind(objects)["Deployment"]["spec"]["template"]["metadata"]["annotations"][
+        "infinity-cloud/spec-sha256"]
+    ready = f"/models/hub/.infinity-cloud-weights-ready-{digest}"
+    writers = [o for o in objects if o["kind"] == "Job"]
+    (job,) = writers
+    assert job["metadata"]["name"] == f"infinity-cloud-weights-{digest[:10]}"
+    job_pod = job["spec"]["template"]["spec"]
+    (fetch,) = job_pod["containers"]
     # On a GPU the precision check needs the GPU: it runs at the server's start.
-    assert fetch["command"] == ["python", "-m", "infinity_cloud", "download", "--files-only"]
-    assert {"name": "weights", "mountPath": "/models/hub"} in fetch["volumeMounts"]
+    download = "python -m infinity_cloud download --files-only"
+    assert fetch["command"] == ["sh", "-c", f"{download} && touch {ready}"]
+    assert {"name": "weights", "mountPath": "/models/hub"} in fetch["volumeMounts"]  # the one writer
+    claimed = {"name": "weights", "persistentVolumeClaim": {"claimName": "infinity-cloud-weights"}}
+    assert claimed in job_pod["volumes"]
+    # Its pod is no replica: the Deployment's (and Service's, PDB's) selector does not match it.
+    selector = by_kind(objects)["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    (wait,) = pod["initContainers"]
+    assert wait["command"][:2] == ["sh", "-c"] and f"until [ -e {ready} ]" in wait["command"][2]
+    assert wait["volumeMounts"] == [{"name": "weights", "mountPath": "/models/hub", "readOnly": True}]
+    assert {"name": "weights", "persistentVolumeClaim": {"claimName": "infinity-cloud-weights",
+                                                         "readOnly": True}} in pod["volumes"]
     mounted = {"name": "weights", "mountPath": "/models/hub", "readOnly": True}
     assert mounted in pod["containers"][0]["volumeMounts"]
+    for container in pod["containers"] + pod["initContainers"]:  # no replica writes the claim
+        assert all(m.get("readOnly") for m in container["volumeMounts"] if m["name"] == "weights")
+    # On a CPU the Job runs in the replicas' pool (it builds their exports); on a GPU it fetches
+    # files only, anywhere: the GPU pool's taint would keep out a pod that asks for no GPU.
+    from infinity_cloud.targets.kubernetes.manifests import weights_job
+    from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+
+    for gpu, placed in ((None, {"pool": "batch"}), ("L4", None)):
+        settings = KubernetesSpec(gpu=gpu, weights="volume", node_selector=["pool=batch"])
+        assert weights_job(settings, "models: []")["spec"]["template"]["spec"].get("nodeSelector") == placed
     assert {"name": "HF_HUB_OFFLINE", "value": "1"} in pod["containers"][0]["env"]
     dockerfile = (folder / "image" / "Dockerfile").read_text()
     assert "RUN python -m infinity_cloud download" not in dockerfile
@@ -472,6 +521,228 @@ def test_unknown_gpus_and_bad_names_are_refused_before_anything_is_written(
     assert not (tmp_path / "x").exists()
 
 
+
+
+# -- issue 52: first contact with a real cluster's platform --------------------------------------
+
+
+def policy_peers(objects: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[str]]:
+    """The NetworkPolicy's peers, and the namespaces they admit by name."""
+    (rule,) = by_kind(objects)["NetworkPolicy"]["spec"]["ingress"]
+    names = {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+             for p in rule["from"] if "namespaceSelector" in p}
+    return rule["from"], names
+
+
+def test_scale_from_zero_wakes_behind_its_own_network_policy(built: dict) -> None:
+    """--min-replicas 0 --network-policy: the policy admits KEDA's namespace (its HTTP add-on's
+    interceptor is the only way in at zero), the namespace of the Prometheus --prometheus-url
+    names (observability here, read from the service's DNS name: no hard-coded `monitoring`),
+    each --ingress-from namespace, and the namespace's own pods; nothing else. Rendered by
+    Kustomize and validated with the other variants above (kubernetes-validate, the KEDA and
+    Prometheus operator models, the add-on's CRD schema)."""
+    folder, objects = built["zero-network-policy"]
+    rendered = kustomize(folder)
+    assert sorted(rendered, key=key) == sorted(objects, key=key)
+    peers, names = policy_peers(rendered)
+    assert {"podSelector": {}} in peers and len(peers) == 1 + len(names)
+    assert names == {"keda", "observability", "ingress-nginx", "gateway-system"}
+    policy = by_kind(rendered)["NetworkPolicy"]
+    replicas = by_kind(rendered)["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == replicas
+    (port,) = server_container(rendered)["ports"]
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": port["containerPort"]}]
+    # The interceptor's route and the ScaledObject's trigger are there, the scaler in KEDA's namespace.
+    route = by_kind(rendered)["InterceptorRoute"]
+    assert route["spec"]["target"] == {"service": "infinity-cloud", "port": 80}
+    triggers = by_kind(rendered)["ScaledObject"]["spec"]["triggers"]
+    assert triggers[1]["metadata"]["scalerAddress"] == "keda-add-ons-http-external-scaler.keda:9090"
+    assert triggers[0]["metadata"]["serverAddress"] == "http://kps-prometheus.observability.svc.cluster.local:9090"
+    # Without scaling to zero KEDA's namespace is not admitted; Prometheus's, by default, is `monitoring`'s.
+    _, hpa_names = policy_peers(built["hpa-network-policy"][1])
+    assert hpa_names == {"monitoring"}
+
+
+@pytest.mark.parametrize(("url", "namespace"), [
+    ("http://prometheus-operated.monitoring.svc:9090", "monitoring"),
+    ("http://kps-prometheus.observability.svc.cluster.local:9090", "observability"),
+    ("http://prometheus.metrics.svc.corp.internal:9090/", "metrics"),
+    ("http://prometheus.metrics:9090", "metrics"),
+    ("http://10.0.0.7:9090", None),
+    ("http://prometheus:9090", None),
+    ("https://prometheus.example.com", None),
+])
+def test_the_prometheus_namespace_is_read_from_its_service_name(url: str, namespace: str | None) -> None:
+    from infinity_cloud.targets.kubernetes.spec import prometheus_namespace
+
+    assert prometheus_namespace(url) == namespace
+
+
+def test_a_prometheus_whose_namespace_cannot_be_read_is_refused_not_guessed(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """A NetworkPolicy that admits the wrong namespace starves the autoscaler silently: a URL
+    that names no namespace is refused, asking for --prometheus-namespace, which then wins."""
+    base = ["build", "kubernetes", "--model-id", str(tiny_embedder), "--network-policy",
+            "--prometheus-url", "http://10.0.0.7:9090"]
+    refused = runner.invoke(cli, [*base, "--out", str(tmp_path / "a")])
+    said = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and "give --prometheus-namespace NAMESPACE" in said, refused.output
+    assert not (tmp_path / "a" / "base").exists()
+    objects, _ = dry_run(tmp_path / "b", tiny_embedder, "--network-policy", "--prometheus-url",
+                         "http://10.0.0.7:9090", "--prometheus-namespace", "telemetry")
+    assert policy_peers(objects)[1] == {"telemetry"}
+
+
+def test_the_service_monitor_carries_the_labels_prometheus_selects(built: dict) -> None:
+    """--monitor-label: kube-prometheus-stack's Prometheus selects ServiceMonitors by
+    `release: <its release name>` (prometheus-community/helm-charts,
+    charts/kube-prometheus-stack/templates/prometheus/prometheus.yaml: with
+    serviceMonitorSelectorNilUsesHelmValues, true by default, `serviceMonitorSelector:
+    matchLabels: release: {{ $.Release.Name }}`); an unlabelled monitor is never scraped."""
+    folder, objects = built["labelled-monitor"]
+    rendered = kustomize(folder)
+    assert sorted(rendered, key=key) == sorted(objects, key=key)
+    monitor = by_kind(rendered)["ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["metadata"]["labels"]["team"] == "search"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/instance"] == "infinity-cloud"  # delete finds it
+    # It still selects the Service it scrapes, whose labels are the deployment's own.
+    service = by_kind(rendered)["Service"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    # Its PrometheusRule too: the chart's ruleSelector matches the release label the same way.
+    assert by_kind(rendered)["PrometheusRule"]["metadata"]["labels"] == monitor["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("bad", ["release", "=kps", "release=k p s"])
+def test_a_monitor_label_must_be_a_label(tiny_embedder: Path, tmp_path: Path, bad: str) -> None:
+    result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "o"), "--model-id",
+                                 str(tiny_embedder), "--monitor-label", bad])
+    assert result.exit_code == 2 and "is not KEY=VALUE" in " ".join(result.output.split()), result.output
+
+
+def test_no_data_is_an_error_and_the_hpa_paces_the_scaling(built: dict) -> None:
+    """KEDA's Prometheus scaler reads an empty result as 0 unless `ignoreNullValues` is "false"
+    (keda.sh/docs/latest/scalers/prometheus: "Default is `true` ... Set to `false` the scaler
+    will return error when Prometheus target is lost"): a fleet nobody scrapes must fail loudly,
+    not sit at its minimum. KEDA's cooldownPeriod only governs 1 -> 0; the HPA's behavior paces
+    every other step, so it is set explicitly, the same for KEDA's HPA and ours."""
+    scaled = by_kind(built["cpu"][1])["ScaledObject"]["spec"]
+    (trigger,) = scaled["triggers"]
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
+    assert all(p["periodSeconds"] > 0 and p["value"] > 0 for d in behavior.values() for p in d["policies"])
+    hpa = by_kind(built["hpa-network-policy"][1])["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["behavior"] == behavior
+
+
+def test_gpu_replicas_match_every_product_of_their_family(built: dict) -> None:
+    """--gpu A100 lands on any A100 node, PCIe or SXM4, 40 or 80 GB: a required node affinity
+    over every `nvidia.com/gpu.product` label GPU feature discovery gives that family (the
+    NVML name with '-' for spaces), not one SKU's label in a nodeSelector."""
+    from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+
+    folder, objects = built["gpu-family-cuda12"]
+    rendered = kustomize(folder)
+    assert sorted(rendered, key=key) == sorted(objects, key=key)
+    pod = by_kind(rendered)["Deployment"]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    (term,) = required["nodeSelectorTerms"]
+    (expression,) = term["matchExpressions"]
+    assert expression["key"] == "nvidia.com/gpu.product" and expression["operator"] == "In"
+    assert set(expression["values"]) == {"NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe",
+                                         "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"}
+    h100 = set(KubernetesSpec(gpu="H100").gpu_products)
+    assert {"NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe", "NVIDIA-H100-NVL"} <= h100
+    forty = {"NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"}
+    assert set(KubernetesSpec(gpu="A100-40GB").gpu_products) == forty
+    assert "Tesla-T4-SHARED" in KubernetesSpec(gpu="T4", gpu_resource="nvidia.com/gpu.shared").gpu_products
+    # A product label given with --node-selector is the user's choice: no affinity beside it.
+    pinned = KubernetesSpec(gpu="A100", node_selector=["nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB"])
+    assert pinned.gpu_products == ()
+    assert pinned.selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+def test_the_cuda_build_picks_the_gpu_images_torch(built: dict, tiny_embedder: Path, tmp_path: Path) -> None:
+    """--cuda 12 installs torch's cu126 wheels (NVIDIA driver 525 and newer, CUDA 12's minor
+    version compatibility); the default, 13, the cu130 ones (driver 580 and newer), from
+    PyTorch's index rather than whatever CUDA PyPI's torch was built for."""
+    twelve = (built["gpu-family-cuda12"][0] / "image" / "Dockerfile").read_text()
+    thirteen = (built["gpu-volume-keys-cache"][0] / "image" / "Dockerfile").read_text()
+    assert "--index-url https://download.pytorch.org/whl/cu126" in twelve and "whl/cu130" not in twelve
+    assert "--index-url https://download.pytorch.org/whl/cu130" in thirteen
+    cpu = (built["cpu"][0] / "image" / "Dockerfile").read_text()
+    assert "whl/cu1" not in cpu
+    for flags, said in ((["--cuda", "12"], "give --gpu (or --gpu-resource)"),
+                        (["--gpu", "B200", "--cuda", "12"], "use --cuda 13"),
+                        (["--gpu", "L4", "--cuda", "11"], "kubernetes.cuda: Input should be '12' or '13'")):
+        result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "x"),
+                                     "--model-id", str(tiny_embedder), *flags])
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_replicas_spread_over_nodes_and_zones_with_a_bounded_tmp(built: dict) -> None:
+    """Replicas spread over nodes and zones as far as the cluster allows (ScheduleAnyway: a
+    single-zone cluster still schedules them), take --priority-class, and their writable /tmp
+    has a size limit, so a runaway cache evicts one replica rather than filling the node."""
+    for name, (_, objects) in built.items():
+        pod = by_kind(objects)["Deployment"]["spec"]["template"]["spec"]
+        spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+        assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}, name
+        for constraint in spread.values():
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway" and constraint["maxSkew"] == 1
+            assert constraint["labelSelector"]["matchLabels"] == by_kind(objects)["Deployment"]["spec"][
+                "selector"]["matchLabels"]
+        tmp = {v["name"]: v for v in pod["volumes"]}["tmp"]
+        size = "4Gi" if name == "gpu-family-cuda12" else "2Gi"
+        assert tmp["emptyDir"] == {"sizeLimit": size}, name
+        assert pod.get("priorityClassName") == ("inference-high" if name == "gpu-family-cuda12" else None)
+
+
+def test_the_http_add_ons_route_matches_its_published_schema(built: dict) -> None:
+    """The InterceptorRoute against the add-on's own CRD schema (vendored in tests/crd_schemas,
+    with where it came from), as strictly as a server-side apply with fieldValidation=Strict:
+    no unknown field anywhere, and the two CEL rules that apply to what we set."""
+    import jsonschema
+
+    schema = yaml.safe_load((Path(__file__).parent / "crd_schemas" /
+                             "interceptorroutes.http.keda.sh-v1beta1.yaml").read_text())
+
+    def strict(node: dict[str, Any]) -> dict[str, Any]:
+        node = dict(node)
+        if "properties" in node and node is not schema.get("properties", {}).get("metadata"):
+            node["properties"] = {k: strict(v) for k, v in node["properties"].items()}
+            node.setdefault("additionalProperties", False)
+        if "items" in node:
+            node["items"] = strict(node["items"])
+        return node
+
+    checker = jsonschema.Draft7Validator(strict(schema))
+
+    def errors(route: dict[str, Any]) -> list[str]:
+        found = [e.message for e in checker.iter_errors(route)]
+        spec = route.get("spec", {})
+        if ("port" in spec.get("target", {})) == ("portName" in spec.get("target", {})):
+            found.append("exactly one of 'port' or 'portName' must be set")
+        if not {"concurrency", "requestRate"} & set(spec.get("scalingMetric", {})):
+            found.append("at least one of 'concurrency' or 'requestRate' must be set")
+        return found
+
+    routes = [o for _, objects in built.values() for o in objects if o["kind"] == "InterceptorRoute"]
+    for folder, _ in built.values():  # every folder holds every component, chosen or not
+        files = (folder / "components").glob("*/interceptorroute.yaml")
+        routes += [yaml.safe_load(p.read_text()) for p in files]
+    assert len(routes) > len(built)
+    for route in routes:
+        assert errors(route) == [], route
+    broken = json.loads(json.dumps(routes[0]))
+    broken["spec"]["target"]["portName"] = "http"  # both port and portName
+    broken["spec"]["timeout"] = {}  # an unknown field
+    assert len(errors(broken)) == 2
 
 
 # -- the promises, against a real server process ----------------------------------------------

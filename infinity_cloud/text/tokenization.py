@@ -18,6 +18,7 @@ from infinity_cloud.install_hint import install_command
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.results import Token
 from infinity_cloud.text import pool_cancellation
+from infinity_cloud.text.chunking import Chunk, cut
 
 
 def _load_fast_tokenizer(path: Path) -> Tokenizer:
@@ -233,6 +234,17 @@ class TextTokenizer:
             for text, enc in zip(texts, encodings, strict=True)
         ]
 
+    @property
+    def room(self) -> int:
+        """Tokens of a text that fit the window beside the special ones the model adds."""
+        return self.max_length - len(self._prefix) - len(self._suffix)
+
+    def chunks(self, texts: Sequence[str], chunk_tokens: int, overlap_tokens: int) -> list[list[Chunk]]:
+        """Each text cut into chunks of at most `chunk_tokens` of its own tokens (`chunking.cut`)."""
+        encodings = self._full.encode_batch(list(texts), add_special_tokens=False)
+        pairs = zip(texts, encodings, strict=True)
+        return [cut(text, enc.offsets, chunk_tokens, overlap_tokens) for text, enc in pairs]
+
     def decode(self, inputs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         self._check_vocabulary(inputs, "ids")
         return self._full.decode_batch([list(ids) for ids in inputs], skip_special_tokens=skip_special_tokens)
@@ -249,7 +261,7 @@ class TextTokenizer:
 
     def from_token_ids(self, inputs: Sequence[Sequence[int]], truncate: bool = True) -> list[Encoded]:
         """Pre-tokenized inputs (ids without special tokens), checked and wrapped."""
-        room = self.max_length - len(self._prefix) - len(self._suffix)
+        room = self.room
         self._check_vocabulary(inputs, "input")
         out = []
         for index, ids in enumerate(inputs):

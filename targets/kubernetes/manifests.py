@@ -16,7 +16,7 @@ from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
 from infinity_cloud.targets.kubernetes import alerts
-from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+from infinity_cloud.targets.kubernetes.spec import PRODUCT_LABEL, KubernetesSpec
 from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR
 
 # The server's own metric (server/metrics.py) that the autoscalers divide by a replica's
@@ -24,8 +24,9 @@ from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR
 SCALE_METRIC = "infinity_cloud_queued_tokens"
 # KEDA's HTTP add-on (0.14+, https://keda.sh/http-add-on/): its external scaler, which wakes a
 # deployment scaled to zero when its interceptor holds a request for it, and that interceptor.
-HTTP_ADDON_SCALER = "keda-add-ons-http-external-scaler.keda:9090"
-HTTP_ADDON_PROXY = "keda-add-ons-http-interceptor-proxy.keda:8080"
+# Both in KEDA's namespace (--keda-namespace).
+HTTP_ADDON_SCALER = "keda-add-ons-http-external-scaler.{namespace}:9090"
+HTTP_ADDON_PROXY = "keda-add-ons-http-interceptor-proxy.{namespace}:8080"
 # In-flight requests per replica the add-on's own metric aims for (the queued-tokens trigger
 # does the scaling once a replica runs; this one only has to be met from zero).
 ZERO_CONCURRENCY = 100
@@ -43,6 +44,11 @@ PROBE_PERIOD_S = 5
 # The one writable folder of the container (an emptyDir): what OpenVINO compiles for this
 # CPU where the exports are read-only, and Python's temporary files.
 TEMP_DIR = "/tmp"
+# The label of a node's name and of its zone (well-known labels): replicas spread over both.
+SPREAD_OVER = ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+# With --weights volume, the weights Job writes this file last, per served spec: replicas
+# wait for it, so none reads a half-written volume and none writes it.
+WEIGHTS_READY = ".infinity-cloud-weights-ready-{digest}"
 
 
 def labels(settings: KubernetesSpec) -> dict[str, str]:
@@ -60,6 +66,10 @@ def selector(settings: KubernetesSpec) -> dict[str, str]:
 
 def _meta(settings: KubernetesSpec, name: str | None = None) -> dict[str, Any]:
     return {"name": name or settings.name, "namespace": settings.namespace, "labels": labels(settings)}
+
+
+def spec_digest(served_spec: str) -> str:
+    return hashlib.sha256(served_spec.encode()).hexdigest()[:16]
 
 
 def default_target_tokens(spec: DeploymentSpec) -> int:
@@ -92,6 +102,7 @@ def base_objects(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: st
             claim["storageClassName"] = settings.storage_class
         objects.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                         "metadata": _meta(settings, f"{settings.name}-weights"), "spec": claim})
+        objects.append(weights_job(settings, served_spec))
     return objects
 
 
@@ -126,7 +137,7 @@ def _volumes(settings: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[
     (the root filesystem is read-only), the secrets as files, the weights."""
     volumes: list[dict[str, Any]] = [
         {"name": "spec", "configMap": {"name": f"{settings.name}-spec"}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -137,7 +148,7 @@ def _volumes(settings: KubernetesSpec) -> tuple[list[dict[str, Any]], list[dict[
             volumes.append({"name": f"{name}-keys", "secret": {"secretName": secret}})
             mounts.append({"name": f"{name}-keys", "mountPath": f"{SECRETS_DIR}/{name}", "readOnly": True})
     if settings.weights == "volume":
-        claim = {"claimName": f"{settings.name}-weights"}
+        claim = {"claimName": f"{settings.name}-weights", "readOnly": True}
         volumes.append({"name": "weights", "persistentVolumeClaim": claim})
         mounts.append({"name": "weights", "mountPath": IMAGE_HF_HOME, "readOnly": True})
     elif settings.weights == "oci":  # the kubelet pulls it as it pulls the server's image
@@ -184,22 +195,16 @@ def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str)
         "livenessProbe": _probe(health, 10, 6, timeout=5),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_S)]}}},
     }
+    digest = spec_digest(served_spec)
     pod: dict[str, Any] = {
-        "serviceAccountName": settings.name,
-        "automountServiceAccountToken": False,
+        **_pod_identity(settings),
         "terminationGracePeriodSeconds": grace_period_s(settings),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
-                            "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [server],
         "volumes": volumes,
     }
     if settings.weights == "volume":
-        pod["initContainers"] = [_fetch_weights(settings)]
-    if settings.selector:
-        pod["nodeSelector"] = settings.selector
-    if settings.device == "cuda":  # GPU nodes are commonly tainted so that only GPU work lands there
-        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    digest = hashlib.sha256(served_spec.encode()).hexdigest()[:16]
+        pod["initContainers"] = [_wait_for_weights(settings, digest)]
+    _place(settings, pod)
     body: dict[str, Any] = {
         "selector": {"matchLabels": selector(settings)},
         "revisionHistoryLimit": 3,
@@ -216,17 +221,61 @@ def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str)
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(settings), "spec": body}
 
 
-def _fetch_weights(settings: KubernetesSpec) -> dict[str, Any]:
-    """The init container that fetches the hub models (and, on CPU, builds their exports)
-    into the shared claim; a replica finding them there moves on in seconds."""
-    command = ["python", "-m", "infinity_cloud", "download"]
-    if settings.device == "cuda":  # the GPU's precision check needs the GPU: at the server's start
-        command.append("--files-only")
+def _pod_identity(settings: KubernetesSpec) -> dict[str, Any]:
+    """Who a pod of ours runs as: its service account without a token, the restricted
+    profile's non-root user and seccomp."""
     return {
+        "serviceAccountName": settings.name,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+
+
+def _place(settings: KubernetesSpec, pod: dict[str, Any]) -> None:
+    """Where a replica runs: the --node-selector labels; on a node of the GPU family (any of
+    its product labels); spread over nodes and zones, as far as they allow (a replica is never
+    left Pending for the spread); at the --priority-class."""
+    if settings.selector:
+        pod["nodeSelector"] = settings.selector
+    if settings.gpu_products:
+        term = {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In",
+                                      "values": list(settings.gpu_products)}]}
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
+    if settings.device == "cuda":  # GPU nodes are commonly tainted so that only GPU work lands there
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # pod-template-hash: the spread counts the replicas of one revision, so a rollout's new
+    # replicas spread among themselves rather than around the old ones.
+    pod["topologySpreadConstraints"] = [
+        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": {"matchLabels": selector(settings)}, "matchLabelKeys": ["pod-template-hash"]}
+        for key in SPREAD_OVER
+    ]
+    if settings.priority_class:
+        pod["priorityClassName"] = settings.priority_class
+
+
+def weights_job_name(settings: KubernetesSpec, served_spec: str) -> str:
+    """One Job per served spec (a Job's pod template cannot be changed once applied); at most
+    63 characters, as a Job's name must be."""
+    return f"{settings.name[:42]}-weights-{spec_digest(served_spec)[:10]}"
+
+
+def weights_job(settings: KubernetesSpec, served_spec: str) -> dict[str, Any]:
+    """With --weights volume: the one writer of the shared claim. It fetches the hub models
+    (and, on CPU, builds their exports) and then marks them complete for this spec; replicas
+    mount the claim read-only and wait for the mark (`_wait_for_weights`), so however many
+    start at once, the volume is written once."""
+    digest = spec_digest(served_spec)
+    command = "python -m infinity_cloud download"
+    if settings.device == "cuda":  # the GPU's precision check needs the GPU: at the server's start
+        command += " --files-only"
+    fetch = {
         "name": "fetch-weights",
         "image": settings.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": command,
+        "command": ["sh", "-c", f"{command} && touch {IMAGE_HF_HOME}/{WEIGHTS_READY.format(digest=digest)}"],
         "env": [{"name": "INFINITY_CLOUD_CONFIG", "value": f"{CONFIG_DIR}/{SPEC_KEY}"},
                 {"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "TMPDIR", "value": TEMP_DIR}],
         "resources": {"requests": {"cpu": _cores(settings.cpu), "memory": f"{settings.memory_mib}Mi"},
@@ -235,6 +284,41 @@ def _fetch_weights(settings: KubernetesSpec) -> dict[str, Any]:
         "volumeMounts": [{"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": TEMP_DIR},
                          {"name": "weights", "mountPath": IMAGE_HF_HOME}],
+    }
+    pod: dict[str, Any] = {
+        **_pod_identity(settings),
+        "restartPolicy": "OnFailure",
+        "containers": [fetch],
+        "volumes": [{"name": "spec", "configMap": {"name": f"{settings.name}-spec"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size}},
+                    {"name": "weights", "persistentVolumeClaim": {"claimName": f"{settings.name}-weights"}}],
+    }
+    # On a CPU, the replicas' node pool: the exports are built there. On a GPU it fetches files
+    # only, on any node: the GPU pool's taint would keep a pod that asks for no GPU out.
+    if settings.selector and settings.device != "cuda":
+        pod["nodeSelector"] = settings.selector
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _meta(settings, weights_job_name(settings, served_spec)),
+        # Its pod's labels are not the replicas' (no Service, PDB or spread counts it).
+        "spec": {"backoffLimit": 4, "template": {"metadata": {"labels": {
+            **labels(settings), "app.kubernetes.io/name": "infinity-cloud-weights"}}, "spec": pod}},
+    }
+
+
+def _wait_for_weights(settings: KubernetesSpec, digest: str) -> dict[str, Any]:
+    """A replica's init container: it waits, reading nothing, until the weights Job has marked
+    the volume complete for this spec (seconds when it already has)."""
+    ready = f"{IMAGE_HF_HOME}/{WEIGHTS_READY.format(digest=digest)}"
+    return {
+        "name": "wait-for-weights",
+        "image": settings.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", f"until [ -e {ready} ]; do echo waiting for the weights Job to finish; "
+                                "sleep 5; done"],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "32Mi"}},
+        "securityContext": _security(),
+        "volumeMounts": [{"name": "weights", "mountPath": IMAGE_HF_HOME, "readOnly": True}],
     }
 
 
@@ -260,16 +344,22 @@ def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dic
                 "minReplicaCount": settings.min_replicas,
                 "maxReplicaCount": settings.max_replicas,
                 "pollingInterval": 15,
+                # How long idle before scaling 1 -> 0 (with --min-replicas 0) and nothing else:
+                # the HPA's behavior below paces every other step.
                 "cooldownPeriod": 300,
+                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": scaling_behavior()}},
                 # desired = ceil(query / threshold): each replica holds about `threshold` tokens.
                 "triggers": [{"type": "prometheus", "metadata": {
                     "serverAddress": settings.prometheus_url,
                     "query": scale_query(settings),
                     "threshold": str(target),
+                    # No series (nothing scrapes the replicas) is an error on the ScaledObject
+                    # and its HPA, not a 0 that keeps the fleet at its minimum unnoticed.
+                    "ignoreNullValues": "false",
                 }}, *_from_zero(settings)],
             },
         }
-    behavior = {"scaleDown": {"stabilizationWindowSeconds": 300}}
+    behavior = scaling_behavior()
     if kind == "hpa":  # prometheus-adapter serves the metric per pod (docs/targets/kubernetes.md)
         metric = {"type": "Pods", "pods": {"metric": {"name": SCALE_METRIC},
                                            "target": {"type": "AverageValue", "averageValue": str(target)}}}
@@ -283,12 +373,27 @@ def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dic
     }
 
 
+def scaling_behavior() -> dict[str, Any]:
+    """The HPA's pacing (KEDA's HPA or ours), explicit rather than the defaults: up at once, by
+    up to double or 4 replicas per 15 s; down only to the highest count wanted over the last
+    5 minutes, by at most half per minute, so a queue that drains between bursts does not
+    shrink the fleet the next burst needs."""
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max", "policies": [
+            {"type": "Percent", "value": 100, "periodSeconds": 15},
+            {"type": "Pods", "value": 4, "periodSeconds": 15}]},
+        "scaleDown": {"stabilizationWindowSeconds": 300, "selectPolicy": "Max", "policies": [
+            {"type": "Percent", "value": 50, "periodSeconds": 60}]},
+    }
+
+
 def _from_zero(settings: KubernetesSpec) -> list[dict[str, Any]]:
     """At zero replicas no server queues anything, so the queued-tokens query cannot wake the
     fleet: the HTTP add-on's scaler does, from the requests its interceptor holds."""
     if settings.min_replicas != 0:
         return []
-    return [{"type": "external-push", "metadata": {"scalerAddress": HTTP_ADDON_SCALER,
+    scaler = HTTP_ADDON_SCALER.format(namespace=settings.keda_namespace)
+    return [{"type": "external-push", "metadata": {"scalerAddress": scaler,
                                                    "interceptorRoute": settings.name}}]
 
 
@@ -307,6 +412,15 @@ def interceptor_route(settings: KubernetesSpec) -> dict[str, Any]:
     }
 
 
+def monitoring_meta(settings: KubernetesSpec) -> dict[str, Any]:
+    """The metadata of the objects the Prometheus operator selects (the ServiceMonitor, the
+    PrometheusRule): with --monitor-label's labels, which its serviceMonitorSelector and
+    ruleSelector match (kube-prometheus-stack: its release)."""
+    meta = _meta(settings)
+    meta["labels"] = {**meta["labels"], **settings.monitor_label_pairs}
+    return meta
+
+
 def service_monitor(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
     path = f"{spec.server.url_prefix}/metrics"
     endpoint: dict[str, Any] = {"port": "http", "path": path, "interval": "15s"}
@@ -314,25 +428,40 @@ def service_monitor(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str,
         endpoint["authorization"] = {"type": "Bearer",
                                      "credentials": {"name": settings.api_key_secret, "key": "metrics-key"}}
     return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(settings),
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": monitoring_meta(settings),
         "spec": {"selector": {"matchLabels": selector(settings)}, "endpoints": [endpoint],
                  "namespaceSelector": {"matchNames": [settings.namespace]}},
     }
 
 
+def admitted_namespaces(settings: KubernetesSpec) -> list[str]:
+    """The namespaces besides its own whose pods reach the server: the Prometheus that scrapes
+    it (--prometheus-url's, or --prometheus-namespace), KEDA's, whose HTTP add-on interceptor is
+    the only way in at zero replicas, and each --ingress-from."""
+    wanted = [settings.scrape_namespace] if settings.scraped else []
+    if settings.min_replicas == 0:
+        wanted.append(settings.keda_namespace)
+    wanted += settings.ingress_from
+    found: list[str] = []
+    for namespace in wanted:  # None: a Prometheus outside the cluster (refused when the policy is chosen)
+        if namespace and namespace != settings.namespace and namespace not in found:
+            found.append(namespace)
+    return found
+
+
 def network_policy(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
-    """Only the namespace's own pods and the `monitoring` namespace (Prometheus) reach the port."""
-    port = [{"protocol": "TCP", "port": spec.server.port}]
+    """Only the namespace's own pods and those of `admitted_namespaces` reach the port (by
+    the namespace's own name label, which the API server sets)."""
+    peers: list[dict[str, Any]] = [{"podSelector": {}}]
+    peers += [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+              for namespace in admitted_namespaces(settings)]
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(settings),
         "spec": {
             "podSelector": {"matchLabels": selector(settings)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {}}], "ports": port},
-                {"from": [{"namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": "monitoring"}}}], "ports": port},
-            ],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.server.port}]}],
         },
     }
 
@@ -347,7 +476,7 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
         "service-monitor": service_monitor(spec, settings),
         # What the monitor's series alert on (targets/kubernetes/alerts.py).
         "alerts": alerts.prometheus_rule(
-            settings, settings.target_queued_tokens or default_target_tokens(spec), _meta(settings)
+            settings, settings.target_queued_tokens or default_target_tokens(spec), monitoring_meta(settings)
         ),
         "network-policy": network_policy(spec, settings),
         "scale-from-zero": interceptor_route(settings),

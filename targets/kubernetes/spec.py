@@ -7,23 +7,36 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-# GPU types and the `nvidia.com/gpu.product` label NVIDIA's GPU feature discovery (part of the
-# GPU operator) puts on a node that has one: a replica is scheduled onto such a node.
-GPU_PRODUCTS = {
-    "T4": "Tesla-T4",
-    "L4": "NVIDIA-L4",
-    "A10G": "NVIDIA-A10G",
-    "A10": "NVIDIA-A10",
-    "L40S": "NVIDIA-L40S",
-    "A100": "NVIDIA-A100-SXM4-80GB",
-    "A100-40GB": "NVIDIA-A100-SXM4-40GB",
-    "H100": "NVIDIA-H100-80GB-HBM3",
-    "H200": "NVIDIA-H200",
-    "B200": "NVIDIA-B200",
+# GPU types, each a family, and every `nvidia.com/gpu.product` label NVIDIA's GPU feature
+# discovery (part of the GPU operator) puts on a node with one of that family: the NVML
+# device name with spaces as '-' (NVIDIA/gpu-feature-discovery#54, internal/lm/resource.go), so
+# "NVIDIA A100 80GB PCIe" is NVIDIA-A100-80GB-PCIe. A replica may land on any of them.
+_A100_40GB = ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")
+_A100_80GB = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe")
+GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "T4": ("Tesla-T4",),
+    "L4": ("NVIDIA-L4",),
+    "A10G": ("NVIDIA-A10G",),
+    "A10": ("NVIDIA-A10",),
+    "L40S": ("NVIDIA-L40S",),
+    "A100": _A100_80GB + _A100_40GB,
+    "A100-80GB": _A100_80GB,
+    "A100-40GB": _A100_40GB,
+    # SXM5 reports itself as "H100 80GB HBM3" (some boards "H100 SXM5 80GB"); PCIe; NVL (94 GB).
+    "H100": ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-SXM5-80GB", "NVIDIA-H100-SXM5-64GB", "NVIDIA-H100-PCIe",
+             "NVIDIA-H100-NVL"),
+    "H200": ("NVIDIA-H200", "NVIDIA-H200-NVL"),
+    "B200": ("NVIDIA-B200",),
 }
+# Blackwell: no CUDA 12.6 build of torch has its kernels (sm_100), so it needs --cuda 13.
+NEEDS_CUDA_13 = frozenset({"B200"})
+# Time-sliced GPUs shared without renaming their resource carry the product label with this
+# suffix (the device plugin's sharing configuration).
+SHARED_SUFFIX = "-SHARED"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 # What a replica asks the device plugin for: a whole GPU; a MIG slice (nvidia.com/mig-1g.10gb,
 # the plugin's "mixed" strategy); or a time-sliced share (nvidia.com/gpu.shared, its
@@ -32,6 +45,23 @@ GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-\d+g\.\d+gb)$")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+# A label's key (an optional DNS-subdomain prefix and '/', then a name) and its value.
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def prometheus_namespace(url: str) -> str | None:
+    """The namespace of the in-cluster Service a Prometheus URL names: NAME.NAMESPACE,
+    NAME.NAMESPACE.svc, or NAME.NAMESPACE.svc.CLUSTER-DOMAIN; None for any other host (an IP,
+    one label, a name outside the cluster)."""
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    parts = host.split(".")
+    if len(parts) < 2 or not all(_DNS_LABEL.match(p) for p in parts[:2]):
+        return None
+    if len(parts) == 2 or parts[2] == "svc":
+        return parts[1]
+    return None
 
 
 class KubernetesSpec(BaseModel):
@@ -57,8 +87,20 @@ class KubernetesSpec(BaseModel):
         description="The device plugin's resource a replica takes one of: nvidia.com/gpu, a MIG slice "
         "(nvidia.com/mig-1g.10gb) or a time-sliced share (nvidia.com/gpu.shared).",
     )
+    cuda: Literal["12", "13"] | None = Field(
+        None, description="The CUDA build of torch a GPU image installs: 13 (the default) needs NVIDIA "
+        "driver 580 or newer, 12 (torch's cu126 wheels) runs on driver 525 and newer.",
+    )
     node_selector: tuple[str, ...] = Field(
-        (), description="KEY=VALUE labels a node must have (repeatable); with --gpu, its product label too.",
+        (), description="KEY=VALUE labels a node must have (repeatable); --gpu adds a node affinity for "
+        "every product label of its family.",
+    )
+    priority_class: str | None = Field(
+        None, description="PriorityClass of the replicas (priorityClassName), so they preempt batch work.",
+    )
+    tmp_size: str = Field(
+        "2Gi", description="Size limit of the writable /tmp (an emptyDir): OpenVINO's compiled cache and "
+        "Python's temporary files; a replica that outgrows it is evicted.",
     )
     cpu: float = Field(2.0, gt=0, description="CPU cores a replica requests (and is limited to).")
     memory_mib: int = Field(
@@ -89,6 +131,14 @@ class KubernetesSpec(BaseModel):
         "http://prometheus-operated.monitoring.svc:9090",
         description="Where KEDA queries Prometheus (the Prometheus operator's service by default).",
     )
+    prometheus_namespace: str | None = Field(
+        None, description="Namespace Prometheus runs in, which --network-policy admits (default: read from "
+        "--prometheus-url's service name, NAME.NAMESPACE.svc).",
+    )
+    keda_namespace: str = Field(
+        "keda", description="Namespace of KEDA and its HTTP add-on, whose interceptor --network-policy "
+        "admits with --min-replicas 0.",
+    )
     weights: Literal["image", "volume", "oci"] = Field(
         "image",
         description="image: weights and exports built into the image; volume: fetched once by an "
@@ -106,12 +156,22 @@ class KubernetesSpec(BaseModel):
     service_monitor: bool = Field(
         True, description="A ServiceMonitor, so the Prometheus operator scrapes /metrics."
     )
+    monitor_labels: tuple[str, ...] = Field(
+        (), description="KEY=VALUE labels of the ServiceMonitor (repeatable), which the Prometheus's "
+        "serviceMonitorSelector must match: kube-prometheus-stack's selects release=<its release name>.",
+        json_schema_extra={"flag": "--monitor-label"},
+    )
     alert_p95_ms: int = Field(
         1000, ge=1, description="With the ServiceMonitor, its PrometheusRule alerts when a model's p95 "
         "request latency (infinity_cloud_request_seconds) stays over this many ms for 10 minutes.",
     )
     network_policy: bool = Field(
-        False, description="A NetworkPolicy: only pods of the namespace, and Prometheus's, reach the port.",
+        False, description="A NetworkPolicy: only pods of the namespace, Prometheus's, KEDA's interceptor "
+        "(with --min-replicas 0) and --ingress-from namespaces reach the port.",
+    )
+    ingress_from: tuple[str, ...] = Field(
+        (), description="With --network-policy: a namespace whose pods may call the server, such as the "
+        "ingress controller's (repeatable).",
     )
     api_key_secret: str | None = Field(
         None, description="Secret whose key `api-keys` (one key a line) the server requires as bearer keys.",
@@ -131,15 +191,30 @@ class KubernetesSpec(BaseModel):
         "weights in the image, 20 min when fetched and exported at start).",
     )
 
-    @field_validator("name", "namespace")
+    @field_validator("name", "namespace", "keda_namespace", "prometheus_namespace")
     @classmethod
-    def _dns_label(cls, value: str) -> str:
-        if not _DNS_LABEL.match(value):
+    def _dns_label(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_LABEL.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits, '-', "
                              "at most 63, starting with a letter)")
         return value
 
-    @field_validator("api_key_secret", "admin_key_secret", "cache_url_secret", "storage_class")
+    @field_validator("ingress_from", mode="before")
+    @classmethod
+    def _namespaces(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else list(value or ())
+        for item in items:
+            if not _DNS_LABEL.match(str(item)):
+                raise ValueError(f"--ingress-from {item!r} is not a namespace name")
+        return items
+
+    @field_validator("cuda", mode="before")
+    @classmethod
+    def _cuda_major(cls, value: Any) -> Any:
+        return None if value is None else str(value)  # 12 in a YAML spec is a number
+
+    @field_validator("api_key_secret", "admin_key_secret", "cache_url_secret", "storage_class",
+                     "priority_class")
     @classmethod
     def _object_name(cls, value: str | None) -> str | None:
         if value is not None and not _SECRET_NAME.match(value):
@@ -165,21 +240,22 @@ class KubernetesSpec(BaseModel):
                              "nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb, ...)")
         return value
 
-    @field_validator("volume_size")
+    @field_validator("volume_size", "tmp_size")
     @classmethod
     def _quantity(cls, value: str) -> str:
         if not _QUANTITY.match(value):
             raise ValueError(f"{value!r} is not a Kubernetes quantity (20Gi, 500Mi)")
         return value
 
-    @field_validator("node_selector", mode="before")
+    @field_validator("node_selector", "monitor_labels", mode="before")
     @classmethod
-    def _pairs(cls, value: Any) -> Any:
+    def _pairs(cls, value: Any, info: ValidationInfo) -> Any:
+        what = {"node_selector": "node selector", "monitor_labels": "monitor label"}[info.field_name or ""]
         items = [value] if isinstance(value, str) else list(value or ())
         for item in items:
-            key, sep, _ = str(item).partition("=")
-            if not sep or not key:
-                raise ValueError(f"node selector {item!r} is not KEY=VALUE")
+            key, sep, label = str(item).partition("=")
+            if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(label):
+                raise ValueError(f"{what} {item!r} is not KEY=VALUE (a Kubernetes label)")
         return items
 
     @model_validator(mode="after")
@@ -195,6 +271,19 @@ class KubernetesSpec(BaseModel):
         if (self.weights == "oci") != (self.weights_image is not None):
             raise ValueError("--weights oci mounts the image named by --weights-image, and only it does: "
                              "give both, or neither")
+        if self.cuda is not None and self.device != "cuda":
+            raise ValueError("--cuda picks the torch build of a GPU image: give --gpu (or --gpu-resource)")
+        if self.cuda == "12" and self.gpu in NEEDS_CUDA_13:
+            raise ValueError(f"--gpu {self.gpu} is Blackwell, whose kernels no CUDA 12.6 build of torch has: "
+                             "use --cuda 13 (NVIDIA driver 580 or newer)")
+        if self.ingress_from and not self.network_policy:
+            raise ValueError("--ingress-from names namespaces the NetworkPolicy admits: add --network-policy")
+        if self.monitor_labels and not self.service_monitor:
+            raise ValueError("--monitor-label labels the ServiceMonitor, and --no-service-monitor drops it")
+        if self.network_policy and self.scraped and self.scrape_namespace is None:
+            raise ValueError(f"--network-policy admits the namespace Prometheus runs in, which cannot be "
+                             f"read from --prometheus-url {self.prometheus_url} (not NAME.NAMESPACE.svc): "
+                             "give --prometheus-namespace NAMESPACE")
         return self
 
     @property
@@ -203,10 +292,39 @@ class KubernetesSpec(BaseModel):
 
     @property
     def selector(self) -> dict[str, str]:
-        pairs = dict(item.partition("=")[::2] for item in self.node_selector)
-        if self.gpu:
-            pairs.setdefault(PRODUCT_LABEL, GPU_PRODUCTS[self.gpu])
-        return pairs
+        """The node labels given with --node-selector."""
+        return dict(item.partition("=")[::2] for item in self.node_selector)
+
+    @property
+    def gpu_products(self) -> tuple[str, ...]:
+        """The product labels a replica's node may have: every one of the --gpu family (none when
+        --node-selector names the product label itself)."""
+        if not self.gpu or PRODUCT_LABEL in self.selector:
+            return ()
+        products = GPU_PRODUCTS[self.gpu]
+        if self.gpu_resource == "nvidia.com/gpu.shared":
+            products += tuple(p + SHARED_SUFFIX for p in products)
+        return products
+
+    @property
+    def torch_cuda(self) -> str:
+        """The CUDA build of torch a GPU image installs, as PyTorch's index names it."""
+        return {"12": "cu126", "13": "cu130"}[self.cuda or "13"]
+
+    @property
+    def monitor_label_pairs(self) -> dict[str, str]:
+        return dict(item.partition("=")[::2] for item in self.monitor_labels)
+
+    @property
+    def scraped(self) -> bool:
+        """Whether a Prometheus reaches the replicas: for the ServiceMonitor, or the metric the
+        autoscaler reads."""
+        return self.service_monitor or self.autoscaler in ("keda", "hpa")
+
+    @property
+    def scrape_namespace(self) -> str | None:
+        """The namespace of the Prometheus that scrapes the replicas and that KEDA asks."""
+        return self.prometheus_namespace or prometheus_namespace(self.prometheus_url)
 
     @property
     def routed_hosts(self) -> tuple[str, ...]:

@@ -27,12 +27,12 @@ IMAGE_DIR = "image"
 _FILE_OF = {
     "ServiceAccount": "serviceaccount.yaml", "ConfigMap": "configmap.yaml", "Deployment": "deployment.yaml",
     "Service": "service.yaml", "PodDisruptionBudget": "poddisruptionbudget.yaml",
-    "PersistentVolumeClaim": "persistentvolumeclaim.yaml",
+    "PersistentVolumeClaim": "persistentvolumeclaim.yaml", "Job": "job.yaml",
 }
 _PLURAL = {
     "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Deployment": "deployments.apps",
     "Service": "services", "PodDisruptionBudget": "poddisruptionbudgets.policy",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "PersistentVolumeClaim": "persistentvolumeclaims", "Job": "jobs.batch",
     "ScaledObject": "scaledobjects.keda.sh",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers.autoscaling",
     "ServiceMonitor": "servicemonitors.monitoring.coreos.com",
@@ -92,7 +92,7 @@ class KubernetesTarget(Target[KubernetesSpec]):
         written = server_image(
             spec, out_dir / IMAGE_DIR, BASE_IMAGE, settings.device == "cuda",
             bake_models=settings.weights == "image", user=manifests.RUN_AS, rendered_by=self.name,
-            weights_image=settings.weights == "oci",
+            weights_image=settings.weights == "oci", extra=_torch_build(settings),
         )
         base, parts = self.objects(spec, (out_dir / IMAGE_DIR / SPEC_FILE).read_text(encoding="utf-8"))
 
@@ -149,9 +149,13 @@ class KubernetesTarget(Target[KubernetesSpec]):
                  f"{spec.server.url_prefix}"]
         if settings.min_replicas == 0:  # only what goes through the interceptor wakes it
             notes.append(f"it scales to zero when idle: call it through KEDA's interceptor, "
-                         f"http://{manifests.HTTP_ADDON_PROXY}{spec.server.url_prefix} with the header "
+                         f"http://{manifests.HTTP_ADDON_PROXY.format(namespace=settings.keda_namespace)}"
+                         f"{spec.server.url_prefix} with the header "
                          f"'Host: {settings.routed_hosts[0]}' (or route your Ingress there); a call straight "
                          "to the Service finds no replica while it is at zero")
+        if settings.service_monitor and settings.autoscaler != "none":
+            notes.append(f"check that Prometheus scrapes it (an empty result: it does not, and the "
+                         f"autoscaler reports its query as failing): {scrape_check(settings)}")
         return Deployment(self.name, settings.name, inside, api_key=settings.api_key_secret is not None,
                           notes=tuple(notes))
 
@@ -173,7 +177,8 @@ class KubernetesTarget(Target[KubernetesSpec]):
                                   f"with {instead}")
 
     def _kinds(self, settings: KubernetesSpec) -> list[str]:
-        kinds = [_PLURAL[k] for k in _FILE_OF if k != "PersistentVolumeClaim" or settings.weights == "volume"]
+        volume = ("PersistentVolumeClaim", "Job")  # the weights' claim and its writer
+        kinds = [_PLURAL[k] for k in _FILE_OF if k not in volume or settings.weights == "volume"]
         chosen = manifests.chosen_components(settings)
         kinds += [_PLURAL[manifests.COMPONENT_KINDS[name]] for name in chosen]
         return kinds
@@ -240,6 +245,29 @@ class KubernetesTarget(Target[KubernetesSpec]):
         key = api_key or os.environ.get(CLIENT_KEY_ENV)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return Endpoint(f"http://127.0.0.1:{port.group(1)}{spec.server.url_prefix}", headers)
+
+
+def _torch_build(settings: KubernetesSpec) -> dict[str, Any]:
+    """A GPU image's torch from PyTorch's index for the chosen CUDA build (--cuda), which must
+    publish one for the torch release the image pins."""
+    if settings.device != "cuda":
+        return {}
+    release = ".".join(container.torch_version().split(".")[:2])
+    builds = container.TORCH_CUDA_BUILDS.get(release)
+    if builds is not None and settings.torch_cuda not in builds:
+        raise ConfigError(f"PyTorch publishes no {settings.torch_cuda} build of torch {release} (only "
+                          f"{', '.join(builds)}): choose another --cuda")
+    return {"torch_index": container.TORCH_INDEX.format(build=settings.torch_cuda)}
+
+
+def scrape_check(settings: KubernetesSpec) -> str:
+    """One command that asks the Prometheus the autoscaler queries for the series it reads,
+    from a throwaway pod in the deployment's namespace: a count, or an empty result."""
+    series = f'{{namespace="{settings.namespace}",service="{settings.name}"}}'
+    query = f"count({manifests.SCALE_METRIC}{series})"
+    return (f"kubectl -n {settings.namespace} run scrape-check --rm -i --restart=Never "
+            f"--image=curlimages/curl -- -sG {settings.prometheus_url.rstrip('/')}/api/v1/query "
+            f"--data-urlencode 'query={query}'")
 
 
 def _refuse_secrets_in_spec(spec: DeploymentSpec) -> None:

@@ -10,17 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# The CUDA builds PyTorch's index publishes for each torch release (kept with the other images' needs).
+from infinity_cloud.targets.container import TORCH_CUDA_BUILDS  # noqa: F401
+
 # Modal's GPU types (https://modal.com/docs/guide/gpu), upper-cased as its client sends them.
 MODAL_GPUS = (
     "T4", "L4", "A10", "A10G", "L40S", "A100", "A100-40GB", "A100-80GB", "RTX-PRO-6000",
     "H100", "H100!", "H200", "B200", "B200+",
 )
-# The CUDA builds PyTorch's index publishes for each torch release (RFC pytorch/pytorch#178665:
-# 2.12 dropped CUDA 12.8; pytorch/FBGEMM#5976 counted torch 2.13's wheels on the index: cu126
-# and cu130, no cu128). Kept here because this machine cannot reach that index to ask.
-TORCH_CUDA_BUILDS = {
-    "2.11": ("cu126", "cu128", "cu130"), "2.12": ("cu126", "cu130"), "2.13": ("cu126", "cu130"),
-}
 # The torch build GPU images install. Modal's GPUs run from the T4 (Turing, sm_75) to the
 # B200 and RTX PRO 6000 (Blackwell), whose kernels CUDA 12.6 lacks; CUDA 13.0 builds all of
 # them, and Modal's hosts run driver R580 (13.0's floor). A GPU with no usable driver or
