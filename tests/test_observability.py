@@ -210,6 +210,22 @@ def test_each_request_is_a_trace_of_its_queue_wait_batches_forward_passes_and_re
         assert response.start_time_unix_nano >= max(b.end_time_unix_nano for b in batches.values())
 
 
+def test_a_refused_request_is_a_trace_with_its_status_and_no_batch(
+    traced: str, receiver: OtlpReceiver
+) -> None:
+    refused = httpx.post(f"{traced}/rerank", json={"query": "q", "documents": ["d"]}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    deadline = time.monotonic() + 60
+    while not (traces := receiver.traces("/rerank")):
+        assert time.monotonic() < deadline, "no trace of the refused request in 60 s"
+        time.sleep(0.1)
+    (spans,) = traces.values()
+    assert sorted(s.name for s in spans) == ["request", "response"]
+    request = next(s for s in spans if s.name == "request")
+    assert attributes(request)["http.response.status_code"] == 400
+    assert attributes(request)["model"] == "emb"  # the model the call meant
+
+
 def test_the_otlp_endpoint_without_the_tracing_extra_fails_at_start_with_its_pip_command(
     tiny_embedder: Path,
 ) -> None:
