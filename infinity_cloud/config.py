@@ -318,6 +318,12 @@ class ServerSpec(_Frozen):
         50.0, gt=0, le=10_000, description="The longest one Redis call may take; past it its rows are "
         "computed instead.",
     )
+    otlp_endpoint: str | None = Field(
+        None, description="Export OpenTelemetry traces over OTLP/HTTP to this collector (http://HOST:4318; "
+        "/v1/traces is added to a URL without a path): a span per request, its queue wait, each batch "
+        "and forward pass that held its inputs, and its response, with model and route attributes. "
+        "Needs the tracing extra. Off: nothing is traced and the SDK is not imported.",
+    )
     limits: LimitsSpec = LimitsSpec()
 
     @field_validator("url_prefix")

@@ -111,6 +111,8 @@ def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
     extras = {backend_extra(name, device) for name in backends} | {converter_extra(name) for name in backends}
     if spec.server.cache_url:  # the shared result cache's client
         extras.add("cache")
+    if spec.server.otlp_endpoint:  # traces' SDK (server/tracing.py)
+        extras.add("tracing")
     return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))
 
 

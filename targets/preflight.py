@@ -1,7 +1,8 @@
 """What would otherwise fail after minutes of loading, checked before the first model loads:
 each model's device, backend and media extras (read from its files where they are here; a
-model still to be downloaded is checked when it loads), the export cache's writability, and
-the server's port. Every problem is one line with its fix, and all are reported at once.
+model still to be downloaded is checked when it loads), the export cache's writability, the
+server's port, and the tracing extra where --otlp-endpoint asks for traces. Every problem is
+one line with its fix, and all are reported at once.
 Cheap: nothing here imports torch or a backend."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from infinity_cloud.families import read_model_info
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
 from infinity_cloud.install_hint import install_command
 from infinity_cloud.models.model_source import already_here
+from infinity_cloud.server.tracing import sdk_problem
 
 # A tower that reads media -> the modules it needs, the extra that installs them, their names.
 MEDIA_NEEDS = {
@@ -33,6 +35,8 @@ def check(spec: DeploymentSpec, *, port: bool = True) -> None:
     found = [line for model in spec.models for line in model_problems(model)]
     if port:
         found += port_problems(spec.server.host, spec.server.port)
+    if spec.server.otlp_endpoint and (problem := sdk_problem()):
+        found.append(problem)
     if found:
         raise ConfigError("cannot start:\n" + "\n".join(f"  - {line}" for line in found))
 

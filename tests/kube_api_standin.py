@@ -48,7 +48,9 @@ BUILT_IN = {
 }
 CUSTOM = {
     ("keda.sh", "v1alpha1"): [("scaledobjects", "ScaledObject")],
-    ("monitoring.coreos.com", "v1"): [("servicemonitors", "ServiceMonitor")],
+    ("monitoring.coreos.com", "v1"): [
+        ("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule"),
+    ],
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -67,6 +69,75 @@ def process(argv: list[str], log: Path, ready: str, env: dict[str, str] | None =
                 proc.kill()
 
 
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def _meta_name(label: str) -> str:
+    """A Kubernetes label as service discovery names it in a meta label."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def operator_scrape_job(objects: list[dict[str, Any]], ports: list[int], interval_s: int) -> dict[str, Any]:
+    """The scrape job the Prometheus operator makes of the rendered ServiceMonitor, for the rendered
+    Service's endpoints: here one replica per port on 127.0.0.1. Each target carries the meta
+    labels Kubernetes service discovery gives an endpoint (`role: endpoints`: the Service's
+    namespace, name and labels, the port's name, the pod and its container), and the job
+    relabels them as the operator writes it (prometheus-operator, pkg/prometheus/promcfg.go:
+    keep the Service the monitor selects and the port it names; namespace, service, pod,
+    container, job and endpoint labels), then applies the endpoint's own relabelings. A
+    monitor that selects no Service, or names another port, leaves nothing scraped."""
+    kinds = {o["kind"]: o for o in objects}
+    monitor, service = kinds["ServiceMonitor"], kinds["Service"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    assert namespace in monitor["spec"]["namespaceSelector"]["matchNames"]
+    container = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    (port,) = service["spec"]["ports"]
+    relabel: list[dict[str, Any]] = [
+        {"source_labels": [f"__meta_kubernetes_service_label_{_meta_name(k)}",
+                           f"__meta_kubernetes_service_labelpresent_{_meta_name(k)}"],
+         "regex": f"({re.escape(v)});true", "action": "keep"}
+        for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+    ]
+    relabel += [
+        {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": endpoint["port"],
+         "action": "keep"},
+        {"source_labels": ["__meta_kubernetes_endpoint_address_target_kind",
+                           "__meta_kubernetes_endpoint_address_target_name"],
+         "regex": "Pod;(.*)", "target_label": "pod", "replacement": "${1}"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+        {"target_label": "endpoint", "replacement": endpoint["port"]},
+    ]
+    relabel += [{_snake(k): v for k, v in r.items()} for r in endpoint.get("relabelings", [])]
+    service_labels = {}
+    for key, value in service["metadata"]["labels"].items():
+        service_labels[f"__meta_kubernetes_service_label_{_meta_name(key)}"] = value
+        service_labels[f"__meta_kubernetes_service_labelpresent_{_meta_name(key)}"] = "true"
+    targets = [{"targets": [f"127.0.0.1:{p}"], "labels": {
+        **service_labels,
+        "__meta_kubernetes_namespace": namespace, "__meta_kubernetes_service_name": name,
+        "__meta_kubernetes_endpoint_port_name": port["name"],
+        "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+        "__meta_kubernetes_endpoint_address_target_name": f"{name}-{i}",
+        "__meta_kubernetes_pod_name": f"{name}-{i}",
+        "__meta_kubernetes_pod_container_name": container["name"],
+    }} for i, p in enumerate(ports)]
+    return {
+        "job_name": f"serviceMonitor/{namespace}/{monitor['metadata']['name']}/0",
+        "metrics_path": endpoint["path"],
+        "scrape_interval": f"{interval_s}s",  # the monitor's own is 15s: too slow for a test
+        "static_configs": targets,
+        "relabel_configs": relabel,
+        "metric_relabel_configs": [{_snake(k): v for k, v in r.items()}
+                                   for r in endpoint.get("metricRelabelings", [])],
+    }
+
+
 def query(prometheus: str, promql: str) -> float:
     """What Prometheus answers to the query now: a scalar sum (0 when it has no series)."""
     answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}, timeout=5).json()
@@ -110,13 +181,12 @@ def test_the_scaled_object_query_rises_under_load_and_falls_when_idle(
     replicas = [free_port(), free_port()]
     prometheus_port = free_port()
     scrape = tmp_path / "prometheus.yml"
-    # The labels the Prometheus operator gives a ServiceMonitor's targets: namespace, service.
+    # Scraped as the Prometheus operator scrapes the rendered ServiceMonitor: its relabelling
+    # gives the series the namespace and service labels the query selects.
+    objects = [*manifests.base_objects(spec, settings, ""), manifests.service_monitor(spec, settings)]
     scrape.write_text(yaml.safe_dump({
         "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-        "scrape_configs": [{"job_name": "infinity-cloud", "metrics_path": "/metrics", "static_configs": [{
-            "targets": [f"127.0.0.1:{p}" for p in replicas],
-            "labels": {"namespace": settings.namespace, "service": settings.name},
-        }]}],
+        "scrape_configs": [operator_scrape_job(objects, replicas, SCRAPE_S)],
     }))
     prometheus = f"http://127.0.0.1:{prometheus_port}"
     serve = [sys.executable, "-m", "infinity_cloud", "serve", "--config", str(config), "--host", "127.0.0.1"]

@@ -13,7 +13,9 @@ from conftest import FAKE, ROOT
 
 from infinity_cloud.install_hint import install_command
 
-HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub"]
+HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub",
+         # tracing's SDK: only with --otlp-endpoint (server/tracing.py)
+         "opentelemetry.sdk", "opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http"]
 
 
 def _imported_after(code: str) -> set[str]:

@@ -48,7 +48,7 @@ router = APIRouter(tags=["toy"], route_class=JsonRoute, responses=error_response
 @router.post("/toy/embed", summary="Embed sentences (the toy dialect's shape)")
 async def toy_embed(body: ToyEmbedRequest, request: Request) -> Response:
     engine = request.app.state.engine
-    result = await answer(request, "embed", body.model, len(body.sentences), engine.embeddings(EmbedAsk(
+    result = await answer(request, body.model, len(body.sentences), engine.embeddings(EmbedAsk(
         body.sentences, body.model, wait=False)))
     return json_response({"vectors": result.embeddings, "served_by": result.model})
 

@@ -295,8 +295,8 @@ async def test_metrics_per_model_series(client):
         assert key in after, f"no {name}{labels} in /metrics"
         return after[key] - before.get(key, 0.0)
 
-    assert delta("infinity_cloud_requests_total", model="emb", route="embeddings", status="200") == 1
-    assert delta("infinity_cloud_requests_total", model="emb", route="embeddings", status="400") == 1
+    assert delta("infinity_cloud_requests_total", model="emb", route="/embeddings", status="200") == 1
+    assert delta("infinity_cloud_requests_total", model="emb", route="/embeddings", status="400") == 1
     assert delta("infinity_cloud_inputs_total", model="emb") == 3
     assert delta("infinity_cloud_tokens_total", model="emb") == answer["usage"]["total_tokens"]
     assert delta("infinity_cloud_errors_total", model="emb", kind="InvalidInputError") == 1
@@ -308,7 +308,7 @@ async def test_metrics_per_model_series(client):
     assert after[("process_resident_memory_bytes", frozenset())] > 0
     for histogram in ("batch_size", "batch_tokens", "queue_wait_seconds", "inference_seconds"):
         assert delta(f"infinity_cloud_{histogram}_count", model="emb") >= 1
-    assert delta("infinity_cloud_request_seconds_count", model="emb", route="embeddings") == 1
+    assert delta("infinity_cloud_request_seconds_count", model="emb", route="/embeddings") == 1
     assert any(
         name == "infinity_cloud_batch_size_bucket" and ("model", "emb") in labels for name, labels in after
     )

@@ -48,10 +48,11 @@ def test_deploy_applies_server_side_waits_and_says_how_to_reach_it(
         ("PodDisruptionBudget", "infinity-cloud"),
         ("ScaledObject", "infinity-cloud"),
         ("ServiceMonitor", "infinity-cloud"),
+        ("PrometheusRule", "infinity-cloud"),
         ("HorizontalPodAutoscaler", "keda-hpa-infinity-cloud"),
     }
     patches = [(path, query) for method, path, query in state.requests if method == "PATCH"]
-    assert len(patches) == 7 and all("/namespaces/search/" in path for path, _ in patches)
+    assert len(patches) == 8 and all("/namespaces/search/" in path for path, _ in patches)
     for _, query in patches:  # server-side apply, ours, strictly validated, never forced
         assert query["fieldManager"] == ["infinity-cloud"] and query["fieldValidation"] == ["Strict"]
         assert query["force"] == ["false"]

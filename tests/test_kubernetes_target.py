@@ -141,6 +141,8 @@ CRD_MODELS = {
                      "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject"),
     "ServiceMonitor": ("@kubernetes-models/prometheus-operator@6.0.0",
                        "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor"),
+    "PrometheusRule": ("@kubernetes-models/prometheus-operator@6.0.0",
+                       "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule"),
 }
 VALIDATE_JS = """
 const [kind, module, file] = process.argv.slice(2);
@@ -193,6 +195,8 @@ def test_custom_resources_match_their_projects_schemas(built: dict, crd_models: 
     broken = json.loads(json.dumps(found[0]))
     if kind == "ScaledObject":
         broken["spec"]["minReplicaCount"] = "one"
+    elif kind == "PrometheusRule":
+        broken["spec"]["groups"][0]["rules"][0]["for"] = "five minutes"  # not a Prometheus duration
     else:
         broken["spec"]["endpoints"][0]["interval"] = 15  # a duration is a string
     assert validate_custom(crd_models, kind, [broken]).returncode != 0
@@ -606,6 +610,8 @@ def test_the_service_monitor_carries_the_labels_prometheus_selects(built: dict) 
     # It still selects the Service it scrapes, whose labels are the deployment's own.
     service = by_kind(rendered)["Service"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    # Its PrometheusRule too: the chart's ruleSelector matches the release label the same way.
+    assert by_kind(rendered)["PrometheusRule"]["metadata"]["labels"] == monitor["metadata"]["labels"]
 
 
 @pytest.mark.parametrize("bad", ["release", "=kps", "release=k p s"])

@@ -2,6 +2,6 @@
 threads that run and finish batches. Knows costs and futures, nothing of models or HTTP."""
 
 from infinity_cloud.batching.queue import BatchQueue, WorkItem
-from infinity_cloud.batching.worker import BatchReport, BatchWorker
+from infinity_cloud.batching.worker import ORIGIN, BatchReport, BatchWorker
 
-__all__ = ["BatchQueue", "BatchReport", "BatchWorker", "WorkItem"]
+__all__ = ["ORIGIN", "BatchQueue", "BatchReport", "BatchWorker", "WorkItem"]

@@ -25,6 +25,8 @@ class WorkItem:
     enqueued_at: float = field(default_factory=time.perf_counter)
     # Set on the event loop when the caller gave up (disconnect, cancel); read by the cutter.
     cancelled: bool = False
+    # What the submitter said the input is for (`worker.ORIGIN`), handed back in its batch's report.
+    origin: Any = None
 
 
 class Batch(list[WorkItem]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
@@ -19,17 +20,26 @@ from infinity_cloud.errors import BatchFailedError, InfinityCloudError, ModelNot
 log = logging.getLogger(__name__)
 
 
+# Who submits work may say what it is for (the server: a request's trace, when tracing is on);
+# each input keeps what was set when it was queued, and its batch's report hands it back.
+ORIGIN: contextvars.ContextVar[Any] = contextvars.ContextVar("infinity_cloud_batch_origin", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchReport:
-    """What one finished batch cost; handed to observers (metrics, stats)."""
+    """What one finished batch cost; handed to observers (metrics, stats, traces). Times are
+    `time.perf_counter()` seconds."""
 
     model: str
     size: int
     real_tokens: int
     padded_tokens: int
     queue_wait_s: tuple[float, ...]
-    forward_s: float
+    forward_s: float  # the forward pass and its postprocessing
     failed: bool
+    started_at: float = 0.0  # the forward pass's start
+    ran_s: float = 0.0  # the forward pass alone
+    origins: tuple[Any, ...] = ()  # each input's ORIGIN, as queue_wait_s
 
 
 Observer = Callable[[BatchReport], None]
@@ -95,7 +105,9 @@ class BatchWorker:
         if not self.alive:
             raise ModelNotReadyError(f"model {self.name!r} is not serving: {self.death or 'worker stopped'}")
         loop = asyncio.get_running_loop()
-        items = [WorkItem(p, n, loop.create_future()) for p, n in zip(payloads, lengths, strict=True)]
+        origin = ORIGIN.get()
+        items = [WorkItem(p, n, loop.create_future(), origin=origin)
+                 for p, n in zip(payloads, lengths, strict=True)]
         self.queue.put(items, urgent)
         try:
             return await asyncio.gather(*(item.future for item in items))
@@ -155,25 +167,25 @@ class BatchWorker:
             except BaseException as exc:  # kills this thread (see _guard)
                 self._die(exc, items)
                 raise
-            self._handoff.put((items, output, started))
+            self._handoff.put((items, output, started, time.perf_counter() - started))
 
     def _finish_loop(self) -> None:
         while True:
             job = self._handoff.get()
             if job is _STOP:
                 return
-            items, output, started = job
+            items, output, started, ran_s = job
             try:
                 results = self._finish(output, [item.payload for item in items])
             except Exception as exc:
                 log.exception("model %s: postprocessing a batch failed", self.name)
-                self._report(items, started, failed=True)
+                self._report(items, started, failed=True, ran_s=ran_s)
                 self._fail(items, _batch_error(exc, "inference or postprocessing"))
                 continue
             except BaseException as exc:
                 self._die(exc, items)
                 raise
-            self._report(items, started, failed=False)
+            self._report(items, started, failed=False, ran_s=ran_s)
             self._observe_throughput(items, started)
             _on_loops(items, _resolve, results)
 
@@ -186,7 +198,9 @@ class BatchWorker:
             self.queue.observe(sum(item.length for item in items), now - max(started, self._last_finish))
         self._last_finish = now
 
-    def _report(self, items: list[WorkItem], started: float, failed: bool) -> None:
+    def _report(
+        self, items: list[WorkItem], started: float, failed: bool, ran_s: float | None = None
+    ) -> None:
         if failed:
             self.batches_failed += 1
         else:
@@ -195,14 +209,18 @@ class BatchWorker:
         if not self._observers:
             return
         lengths = [item.length for item in items]
+        elapsed = time.perf_counter() - started
         report = BatchReport(
             model=self.name,
             size=len(items),
             real_tokens=sum(lengths),
             padded_tokens=max(lengths) * len(items),
             queue_wait_s=tuple(started - item.enqueued_at for item in items),
-            forward_s=time.perf_counter() - started,
+            forward_s=elapsed,
             failed=failed,
+            started_at=started,
+            ran_s=elapsed if ran_s is None else ran_s,
+            origins=tuple(item.origin for item in items),
         )
         for observer in self._observers:
             try:

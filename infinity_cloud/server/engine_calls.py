@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
 
+from infinity_cloud.batching import ORIGIN
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import InfinityCloudError, InputTooLongError
 from infinity_cloud.server.errors import status_of
+from infinity_cloud.server.tracing import SCOPE_KEY
 
 T = TypeVar("T")
 
@@ -79,16 +81,34 @@ def _label(engine: Any, model: str | None, serves: Sequence[Capability], any_nam
         return "unknown"
 
 
+def route_of(request: Request) -> str:
+    """The route's template (`/v1/embeddings`, `/models/{model_id}`), never the raw path: what
+    the metrics and the traces name a request's route by, so their series stay bounded."""
+    route, path = request.scope["route"], request.scope["path"]
+    if not route.param_convertors:  # a path without parameters is its own template
+        return path
+    # FastAPI hands over the route as its router declared it (`/models/{model_id:path}`),
+    # without the prefix it is included under (`/v1`, the server's --url-prefix): put that back.
+    for at in (i for i, char in enumerate(path) if char == "/"):
+        if route.path_regex.match(path[at:]):
+            return path[:at] + route.path
+    return route.path
+
+
 async def answer(
-    request: Request, route: str, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
-    serves: Sequence[Capability] = (), *, any_name: bool = False, route_by: Callable[[T], str] | None = None,
+    request: Request, model: str | None, inputs: int, work: Coroutine[Any, Any, T],
+    serves: Sequence[Capability] = (), *, any_name: bool = False,
 ) -> T:
     """Run an engine call for a route and record its metrics (`serves`: what the route's
     models do, which names the model of a failed call that named none; `any_name`: the
-    route takes any name, as its ask does; `route_by`: for a route that answers each kind of
-    model (TEI's `/`), its name by the answer, `route` that of a failure)."""
+    route takes any name, as its ask does)."""
     state = request.app.state
     engine, metrics = state.engine, state.metrics
+    route = route_of(request)
+    trace = request.scope.get(SCOPE_KEY)  # with --otlp-endpoint only (server/tracing.py)
+    if trace is not None:
+        trace.begin(route)
+        ORIGIN.set(trace)  # the inputs this call queues are this request's
     started = time.perf_counter()
     try:
         result = await until_disconnected(request, work)
@@ -99,9 +119,11 @@ async def answer(
         label = _label(engine, model, serves, any_name)
         metrics.errors.labels(label, type(exc).__name__).inc()
         metrics.requests.labels(label, route, str(status_of(exc)[0])).inc()
+        if trace is not None:
+            trace.answered(label)
         raise
-    if route_by is not None:
-        route = route_by(result)
+    if trace is not None:
+        trace.answered(result.model)
     metrics.requests.labels(result.model, route, "200").inc()
     metrics.inputs.labels(result.model).inc(inputs)
     metrics.tokens.labels(result.model).inc(result.prompt_tokens)

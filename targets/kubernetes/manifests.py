@@ -1,7 +1,8 @@
 """The Kubernetes objects of a deployment, as plain dicts, from the spec: the base every
 deployment has (ServiceAccount, ConfigMap with the served spec, Deployment, Service,
 PodDisruptionBudget, and the weights' claim) and the optional parts (autoscaler,
-ServiceMonitor, NetworkPolicy), each a Kustomize component in the rendered folder.
+ServiceMonitor and its PrometheusRule, NetworkPolicy), each a Kustomize component in the
+rendered folder.
 
 The probes and the drain follow the server: `/health` is 503 while a model loads and when a
 worker died; on SIGTERM the server stops taking connections (a probe then fails at once)
@@ -14,6 +15,7 @@ import hashlib
 from typing import Any
 
 from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.targets.kubernetes import alerts
 from infinity_cloud.targets.kubernetes.spec import PRODUCT_LABEL, KubernetesSpec
 from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR
 
@@ -410,17 +412,24 @@ def interceptor_route(settings: KubernetesSpec) -> dict[str, Any]:
     }
 
 
+def monitoring_meta(settings: KubernetesSpec) -> dict[str, Any]:
+    """The metadata of the objects the Prometheus operator selects (the ServiceMonitor, the
+    PrometheusRule): with --monitor-label's labels, which its serviceMonitorSelector and
+    ruleSelector match (kube-prometheus-stack: its release)."""
+    meta = _meta(settings)
+    meta["labels"] = {**meta["labels"], **settings.monitor_label_pairs}
+    return meta
+
+
 def service_monitor(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, Any]:
     path = f"{spec.server.url_prefix}/metrics"
     endpoint: dict[str, Any] = {"port": "http", "path": path, "interval": "15s"}
     if settings.api_key_secret:  # /metrics asks for a key like every other route
         endpoint["authorization"] = {"type": "Bearer",
                                      "credentials": {"name": settings.api_key_secret, "key": "metrics-key"}}
-    meta = _meta(settings)
-    # What the Prometheus's serviceMonitorSelector matches (kube-prometheus-stack: its release).
-    meta["labels"] = {**meta["labels"], **settings.monitor_label_pairs}
     return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": meta,
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": monitoring_meta(settings),
         "spec": {"selector": {"matchLabels": selector(settings)}, "endpoints": [endpoint],
                  "namespaceSelector": {"matchNames": [settings.namespace]}},
     }
@@ -465,6 +474,10 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
         "hpa": autoscaler(spec, settings, "hpa"),
         "hpa-cpu": autoscaler(spec, settings, "hpa-cpu"),
         "service-monitor": service_monitor(spec, settings),
+        # What the monitor's series alert on (targets/kubernetes/alerts.py).
+        "alerts": alerts.prometheus_rule(
+            settings, settings.target_queued_tokens or default_target_tokens(spec), monitoring_meta(settings)
+        ),
         "network-policy": network_policy(spec, settings),
         "scale-from-zero": interceptor_route(settings),
     }
@@ -473,7 +486,7 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
 # The kind of each component's object.
 COMPONENT_KINDS = {
     "keda": "ScaledObject", "hpa": "HorizontalPodAutoscaler", "hpa-cpu": "HorizontalPodAutoscaler",
-    "service-monitor": "ServiceMonitor", "network-policy": "NetworkPolicy",
+    "service-monitor": "ServiceMonitor", "alerts": "PrometheusRule", "network-policy": "NetworkPolicy",
     "scale-from-zero": "InterceptorRoute",
 }
 
@@ -482,6 +495,7 @@ def chosen_components(settings: KubernetesSpec) -> list[str]:
     chosen = [settings.autoscaler] if settings.autoscaler != "none" else []
     if settings.service_monitor:
         chosen.append("service-monitor")
+        chosen.append("alerts")
     if settings.network_policy:
         chosen.append("network-policy")
     if settings.min_replicas == 0:  # its route before the ScaledObject that names it (the add-on's docs)

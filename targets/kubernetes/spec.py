@@ -161,6 +161,10 @@ class KubernetesSpec(BaseModel):
         "serviceMonitorSelector must match: kube-prometheus-stack's selects release=<its release name>.",
         json_schema_extra={"flag": "--monitor-label"},
     )
+    alert_p95_ms: int = Field(
+        1000, ge=1, description="With the ServiceMonitor, its PrometheusRule alerts when a model's p95 "
+        "request latency (infinity_cloud_request_seconds) stays over this many ms for 10 minutes.",
+    )
     network_policy: bool = Field(
         False, description="A NetworkPolicy: only pods of the namespace, Prometheus's, KEDA's interceptor "
         "(with --min-replicas 0) and --ingress-from namespaces reach the port.",

@@ -36,6 +36,7 @@ _PLURAL = {
     "ScaledObject": "scaledobjects.keda.sh",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers.autoscaling",
     "ServiceMonitor": "servicemonitors.monitoring.coreos.com",
+    "PrometheusRule": "prometheusrules.monitoring.coreos.com",
     "NetworkPolicy": "networkpolicies.networking.k8s.io",
     "InterceptorRoute": "interceptorroutes.http.keda.sh",
 }

@@ -27,6 +27,7 @@ from infinity_cloud.server.metrics import Metrics
 from infinity_cloud.server.middleware import BodyLimit, CacheControl
 from infinity_cloud.server.openapi import with_limits
 from infinity_cloud.server.request_id import RequestId
+from infinity_cloud.server.tracing import TraceRequests, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,10 @@ def create_app(
     spec = engine.spec if server is None else engine.spec.model_copy(update={"server": server})
     metrics = Metrics()
     engine.observers.append(metrics.observe_batch)
+    tracing = None
+    if spec.server.otlp_endpoint:  # the SDK imported only then (server/tracing.py)
+        tracing = Tracing(spec.server.otlp_endpoint)
+        engine.observers.append(tracing.observe_batch)
     if engine.cache.enabled:
         metrics.watch_cache(engine.cache.describe)
 
@@ -79,6 +84,9 @@ def create_app(
             await asyncio.wait({loader})
         if manage_engine:
             await engine.stop()
+        if tracing is not None:
+            engine.observers.remove(tracing.observe_batch)
+            await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
 
     prefix = spec.server.url_prefix
     app = FastAPI(
@@ -126,6 +134,8 @@ def create_app(
     )
     app.add_middleware(CatchBugs)
     app.add_middleware(RequestId)  # outermost but CORS: every answer, 401s and 500s too, carries it
+    if tracing is not None:  # around every layer: a request's span ends with its answer's last byte
+        app.add_middleware(TraceRequests, tracing=tracing)
     if spec.server.cors_origins:
         app.add_middleware(
             CORSMiddleware,

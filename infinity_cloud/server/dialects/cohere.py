@@ -116,7 +116,7 @@ FIELD_NAMES = {"dimensions": "output_dimension", "truncate": "truncate"}
 async def cohere_embed(body: CohereEmbedRequest, request: Request, version: int) -> Response:
     ask = embed_ask(body)
     with in_own_terms(FIELD_NAMES, truncate_value="END"):
-        result = await answer(request, "embed", body.model, len(ask.inputs),
+        result = await answer(request, body.model, len(ask.inputs),
                               request.app.state.engine.embeddings(ask), ask.accepts)
     return json_response(cohere_embed_body(result, body.texts or [], version))
 

@@ -172,7 +172,7 @@ async def ranked(
     ask = RerankAsk(query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate,
                     modality=modality, max_tokens_per_doc=max_tokens_per_doc,  # type: ignore[arg-type]
                     any_name=any_name)
-    return await answer(request, "rerank", model, len(documents), request.app.state.engine.rerank(ask),
+    return await answer(request, model, len(documents), request.app.state.engine.rerank(ask),
                         (Capability.RERANK, Capability.MULTI_VECTOR), any_name=any_name)
 
 

@@ -60,7 +60,7 @@ root_router = APIRouter(tags=["rerank"], route_class=JsonRoute, responses=error_
 async def classify(body: ClassifyRequest, request: Request) -> Response:
     inputs = body.inputs()
     ask = ClassifyAsk(inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate)
-    result = await answer(request, "classify", body.model, len(inputs),
+    result = await answer(request, body.model, len(inputs),
                           request.app.state.engine.classify(ask), (Capability.CLASSIFY,))
     return json_response(classify_body(result))
 

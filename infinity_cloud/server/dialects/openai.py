@@ -176,7 +176,7 @@ def embeddings_response(result: Embeddings, encoding_format: str) -> Response:
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     ask = embed_ask(body, request)
     with in_own_terms(body.field_names()):
-        result = await answer(request, "embeddings", body.model, len(ask.inputs),
+        result = await answer(request, body.model, len(ask.inputs),
                               request.app.state.engine.embeddings(ask), ask.accepts)
     return embeddings_response(result, body.encoding_format)
 

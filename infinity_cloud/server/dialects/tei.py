@@ -192,7 +192,7 @@ def predict_rows(result: ClassifyResult, inputs: str | list[str]) -> Response:
 async def embed(body: TeiEmbedRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     ask = embed_ask(body)
-    result = await answer(request, "embed", ask.model, len(ask.inputs),
+    result = await answer(request, ask.model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response(result.embeddings)
 
@@ -201,7 +201,7 @@ async def embed(body: TeiEmbedRequest, request: Request) -> Response:
 async def predict(body: TeiPredictRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     ask = predict_ask(body)
-    result = await answer(request, "classify", ask.model, len(ask.inputs),
+    result = await answer(request, ask.model, len(ask.inputs),
                           request.app.state.engine.classify(ask), (Capability.CLASSIFY,), any_name=True)
     return predict_rows(result, body.inputs)
 
@@ -213,9 +213,8 @@ async def by_model_type(body: TeiAnyRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     asks = (embed_ask(body), predict_ask(body))  # one call: the engine answers the one its model does
     result = await answer(
-        request, "embed", body.model, len(asks[0].inputs), request.app.state.engine.by_model_type(asks),
+        request, body.model, len(asks[0].inputs), request.app.state.engine.by_model_type(asks),
         (Capability.EMBED, Capability.CLASSIFY), any_name=True,
-        route_by=lambda done: "classify" if isinstance(done, ClassifyResult) else "embed",
     )
     if isinstance(result, ClassifyResult):
         return predict_rows(result, body.inputs)  # type: ignore[arg-type]
@@ -235,7 +234,7 @@ async def similarity(body: TeiSimilarityRequest, request: Request) -> Response:
     ask = SimilarityAsk(body.inputs.source_sentence, body.inputs.sentences, body.model,
                         truncate=body.truncate, prompt_name=body.prompt_name, any_name=True)
     with in_own_terms({"sentences": "inputs.sentences"}):
-        result = await answer(request, "embed", ask.model, len(ask.sentences) + 1,
+        result = await answer(request, ask.model, len(ask.sentences) + 1,
                               request.app.state.engine.similarity(ask), (Capability.EMBED,), any_name=True)
     return json_response(result.scores.tolist())
 
@@ -245,7 +244,7 @@ async def embed_all(body: TeiEmbedSparseRequest, request: Request) -> Response:
     check_direction(body.truncation_direction)
     ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.MULTI_VECTOR,), truncate=body.truncate,
                    use="document", prompt_name=body.prompt_name, any_name=True)
-    result = await answer(request, "embed_all", ask.model, len(ask.inputs),
+    result = await answer(request, ask.model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response(result.embeddings)  # per text: (its tokens, dimensions)
 
@@ -255,7 +254,7 @@ async def embed_sparse(body: TeiEmbedSparseRequest, request: Request) -> Respons
     check_direction(body.truncation_direction)
     ask = EmbedAsk(body.texts(), body.model, accepts=(Capability.SPARSE,), truncate=body.truncate,
                    prompt_name=body.prompt_name, any_name=True)
-    result = await answer(request, "embed_sparse", ask.model, len(ask.inputs),
+    result = await answer(request, ask.model, len(ask.inputs),
                           request.app.state.engine.embeddings(ask), ask.accepts, any_name=True)
     return json_response([
         [{"index": int(i), "value": float(v)} for i, v in zip(row.indices, row.values, strict=True)]
