@@ -118,8 +118,26 @@ class SimilarityAsk:
     any_name: bool = False
 
 
+@dataclass(frozen=True)
+class ChunkedEmbedAsk:
+    """Documents cut into chunks of at most `chunk_tokens` of the model's own tokens (None: as
+    many as its window holds beside its special tokens and the prompt), consecutive chunks
+    sharing `overlap_tokens`, each chunk embedded on its own; never truncated. `use` and
+    `prompt_name` choose the prompt as `EmbedAsk`'s do."""
+
+    documents: Sequence[str]
+    model: str | None = None
+    chunk_tokens: int | None = None
+    overlap_tokens: int = 0
+    dimensions: int | None = None
+    use: str | None = None
+    prompt_name: str | None = None
+    packed: bool = False
+    any_name: bool = False
+
+
 # Any of them: `Engine.by_model_type` answers whichever the model's task is.
-Ask = EmbedAsk | RerankAsk | ClassifyAsk | TokenizeAsk | SimilarityAsk
+Ask = EmbedAsk | RerankAsk | ClassifyAsk | TokenizeAsk | SimilarityAsk | ChunkedEmbedAsk
 
 
 def capabilities_of(ask: Ask) -> tuple[Capability, ...]:
@@ -131,10 +149,10 @@ def capabilities_of(ask: Ask) -> tuple[Capability, ...]:
         return (Capability.RERANK, Capability.MULTI_VECTOR)
     if isinstance(ask, ClassifyAsk):
         return (Capability.CLASSIFY,)
-    if isinstance(ask, SimilarityAsk):
+    if isinstance(ask, SimilarityAsk | ChunkedEmbedAsk):
         return (Capability.EMBED,)
     return tuple(Capability)
 
 
-__all__ = ["ANY_EMBEDDING", "Ask", "ClassifyAsk", "EmbedAsk", "Embeddings", "RerankAsk", "SimilarityAsk",
-           "TokenizeAsk", "capabilities_of"]
+__all__ = ["ANY_EMBEDDING", "Ask", "ChunkedEmbedAsk", "ClassifyAsk", "EmbedAsk", "Embeddings", "RerankAsk",
+           "SimilarityAsk", "TokenizeAsk", "capabilities_of"]

@@ -27,6 +27,7 @@ from infinity_cloud.admission.validation import (
 )
 from infinity_cloud.asks import (
     Ask,
+    ChunkedEmbedAsk,
     ClassifyAsk,
     EmbedAsk,
     Embeddings,
@@ -45,6 +46,7 @@ from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.numerics.pooling import l2_normalize
 from infinity_cloud.pipeline import Pipeline
 from infinity_cloud.results import (
+    ChunkedEmbeddingResult,
     ClassifyResult,
     EmbeddingResult,
     EmbeddingsByType,
@@ -56,6 +58,7 @@ from infinity_cloud.results import (
 )
 from infinity_cloud.tasks import late_interaction, quantization
 from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, listed_tokens_cost
+from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, prompt_for_use, prompted
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role, require_multi_vector
@@ -245,6 +248,15 @@ class Engine:
 
     async def similarity(self, ask: SimilarityAsk) -> SimilarityResult:
         return await self._similarity(ask, self._served_for(ask))
+
+    async def chunked_embeddings(self, ask: ChunkedEmbedAsk) -> ChunkedEmbeddingResult:
+        """Documents cut into chunks of the model's own tokens, a vector each, never truncated
+        (`ChunkedEmbedAsk`); a dense text embedder's."""
+        served = self._served_for(ask)
+        prompt = ask.prompt_name or prompt_for_use(ask.use, served.loaded.info.prompts)
+        call = ChunkedCall(ask.documents, ask.chunk_tokens, ask.overlap_tokens, ask.dimensions, prompt,
+                           ask.packed)
+        return await self.pipeline.run(CHUNKED, call, served)
 
     async def by_model_type(self, asks: Sequence[Ask]) -> Any:
         """The ask of `asks` that the model they name does (the first where it does none, whose

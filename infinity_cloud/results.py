@@ -16,6 +16,18 @@ class EmbeddingResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkedEmbeddingResult:
+    """Documents cut into chunks, one vector a chunk: `spans[d]` holds document d's chunks as
+    (start, end, tokens), character offsets into it and the chunk's own token count; their
+    vectors are the rows of `embeddings` in the same order (all documents' chunks, in turn)."""
+
+    model: str
+    embeddings: np.ndarray  # (chunks, dimensions), float32
+    spans: list[list[tuple[int, int, int]]]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class EmbeddingsByType:
     """One embedding of the inputs, in each of several types (Cohere's `embedding_types`)."""
 

@@ -141,9 +141,12 @@ def test_the_served_tokenizer_cuts_whole_documents_to_its_room(minilm_dir: Path)
     texts = [_document(7, 120), "one short text"]
     chunks = served.chunks(texts, served.room, 16)
     assert len(chunks[0]) > 2 and len(chunks[1]) == 1
-    for text, cuts in zip(texts, chunks, strict=True):
-        ids = served.encode([text[c.start:c.end] for c in cuts], truncate=False)
-        assert all(len(e) <= 256 for e in ids), "each chunk, read alone, fits the window"
+    for text, pairs in zip(texts, chunks, strict=True):
+        ids = served._full.encode(text, add_special_tokens=False).ids
+        for chunk, encoded in pairs:
+            # [CLS] the chunk's own token ids [SEP]: within the window, never tokenized again.
+            assert len(encoded) == chunk.tokens + 2 <= 256
+            assert encoded.ids[1:-1] == ids[chunk.first:chunk.stop]
 
 
 @pytest.mark.parametrize(

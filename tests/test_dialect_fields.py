@@ -46,6 +46,7 @@ CO = {"model": "emb", "texts": ["hello"], "input_type": "search_document", "embe
 TEI = {"model": "emb", "inputs": ["hello"]}
 SIM = {"model": "emb", "inputs": {"source_sentence": "a b", "sentences": ["a", "b c"]}}
 SP = {"model": "sp", "inputs": ["hello world"]}
+CH = {"model": "emb", "input": ["hello world. a b c d e f g h i j", "x y z"], "chunk_tokens": 4}
 
 
 def request_models() -> dict[str, type[BaseModel]]:
@@ -89,6 +90,20 @@ CASES = [
          "changes"),
     Case(P.EmbeddingRequest, "truncation", "/v1/embeddings", {**EMB, "input": [LONG]},
          {"truncation": False}, 400),
+    # our chunked embeddings
+    Case(P.ChunkedEmbeddingRequest, "model", "/v1/embeddings/chunked", CH, {"model": "nope"}, 404),
+    Case(P.ChunkedEmbeddingRequest, "input", "/v1/embeddings/chunked", CH, {"input": ["other"]}, "changes"),
+    Case(P.ChunkedEmbeddingRequest, "chunk_tokens", "/v1/embeddings/chunked", CH, {"chunk_tokens": 2},
+         "changes"),
+    Case(P.ChunkedEmbeddingRequest, "overlap_tokens", "/v1/embeddings/chunked", CH, {"overlap_tokens": 2},
+         "changes"),
+    Case(P.ChunkedEmbeddingRequest, "encoding_format", "/v1/embeddings/chunked", CH,
+         {"encoding_format": "base64"}, "changes"),
+    Case(P.ChunkedEmbeddingRequest, "dimensions", "/v1/embeddings/chunked", CH, {"dimensions": 8}, "changes"),
+    Case(P.ChunkedEmbeddingRequest, "input_type", "/v1/embeddings/chunked", CH, {"input_type": "query"},
+         "changes"),
+    Case(P.ChunkedEmbeddingRequest, "prompt_name", "/v1/embeddings/chunked", CH, {"prompt_name": "query"},
+         "changes"),
     # Infinity / Cohere / Jina rerank (and vLLM's, on Jina's path)
     Case(P.RerankRequest, "model", "/rerank", RR, {"model": "nope"}, 404),
     Case(P.RerankRequest, "query", "/rerank", RR, {"query": "another query"}, "changes"),

@@ -23,6 +23,7 @@ _inside = contextvars.ContextVar("inside", default=False)
 
 ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/embeddings", {"model": "emb", "input": ["a text"]}),
+    ("/v1/embeddings/chunked", {"model": "emb", "input": ["a text. another one."], "chunk_tokens": 3}),
     ("/v1/embeddings", {"model": "emb", "input": ["a text"], "embedding_type": "int8"}),
     ("/v1/embeddings", {"model": "emb", "input": ["a text"], "output_dtype": "int8", "output_dimension": 16}),
     ("/v1/embed", {"model": "emb", "texts": ["a text"], "input_type": "search_query"}),

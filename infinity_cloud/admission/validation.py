@@ -40,12 +40,17 @@ def check_count(n: int, limits: LimitsSpec, param: str = "input") -> None:
         )
 
 
-def check_texts(texts: Sequence[str], limits: LimitsSpec, param: str = "input") -> None:
+def check_texts(
+    texts: Sequence[str], limits: LimitsSpec, param: str = "input", *, documents: bool = False
+) -> None:
+    """Not empty, well-formed, not too many; each within the characters a text may have, unless
+    they are `documents` to be cut into chunks (bounded by the body's size alone)."""
     check_count(len(texts), limits, param)
     for index, text in enumerate(texts):
-        if not text:
-            raise InvalidInputError(f"'{param}' item {index} is an empty string", param=param, index=index)
-        if len(text) > limits.max_chars_per_text:
+        if not text or (documents and text.isspace()):
+            what = "an empty string" if not text else "only whitespace: nothing to embed"
+            raise InvalidInputError(f"'{param}' item {index} is {what}", param=param, index=index)
+        if not documents and len(text) > limits.max_chars_per_text:
             raise PayloadTooLargeError(
                 f"'{param}' item {index} has {len(text)} characters, more than the limit of "
                 f"{limits.max_chars_per_text}",

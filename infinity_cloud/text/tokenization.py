@@ -239,11 +239,30 @@ class TextTokenizer:
         """Tokens of a text that fit the window beside the special ones the model adds."""
         return self.max_length - len(self._prefix) - len(self._suffix)
 
-    def chunks(self, texts: Sequence[str], chunk_tokens: int, overlap_tokens: int) -> list[list[Chunk]]:
-        """Each text cut into chunks of at most `chunk_tokens` of its own tokens (`chunking.cut`)."""
-        encodings = self._full.encode_batch(list(texts), add_special_tokens=False)
-        pairs = zip(texts, encodings, strict=True)
-        return [cut(text, enc.offsets, chunk_tokens, overlap_tokens) for text, enc in pairs]
+    def prompt_length(self, prompt: str) -> int:
+        """Tokens a prompt put before a text takes (e5's "passage: ")."""
+        return len(self._full.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+
+    def chunks(
+        self, texts: Sequence[str], chunk_tokens: int, overlap_tokens: int, prompt: str = ""
+    ) -> list[list[tuple[Chunk, Encoded]]]:
+        """Each text cut into chunks of at most `chunk_tokens` of its own tokens
+        (`chunking.cut`), each with its model input: the chunk's own token ids (not the chunk's
+        text tokenized again, which can differ at its edges) behind `prompt`'s, framed by the
+        model's special tokens. In `ENCODE_CHUNK`s of texts, as `encode`."""
+        lead = self._full.encode(prompt, add_special_tokens=False).ids if prompt else []
+        out = []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            pool_cancellation.check()
+            part = list(texts[start : start + ENCODE_CHUNK])
+            for text, enc in zip(part, self._full.encode_batch(part, add_special_tokens=False), strict=True):
+                out.append([(c, self._framed([*lead, *enc.ids[c.first : c.stop]]))
+                            for c in cut(text, enc.offsets, chunk_tokens, overlap_tokens)])
+        return out
+
+    def _framed(self, ids: list[int]) -> Encoded:
+        full = [*self._prefix, *ids, *self._suffix]
+        return Encoded(full, [0] * len(full))
 
     def decode(self, inputs: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         self._check_vocabulary(inputs, "ids")
@@ -270,6 +289,5 @@ class TextTokenizer:
                     count = len(ids) + len(self._prefix) + len(self._suffix)
                     raise _too_long(index, str(count), self.max_length)
                 ids = ids[:room]
-            full = [*self._prefix, *ids, *self._suffix]
-            out.append(Encoded(full, [0] * len(full)))
+            out.append(self._framed(list(ids)))
         return out

@@ -14,8 +14,8 @@ import pytest
 
 DIALECTS = Path(__file__).resolve().parents[2] / "infinity_cloud" / "server" / "dialects"
 # The engine's calls a route may make; `model` (a served model itself) is not one of them.
-ENGINE_CALLS = {"embeddings", "similarity", "rerank", "classify", "by_model_type", "tokenize", "decode",
-                "facts", "facts_of", "limits"}
+ENGINE_CALLS = {"embeddings", "chunked_embeddings", "similarity", "rerank", "classify", "by_model_type",
+                "tokenize", "decode", "facts", "facts_of", "limits"}
 
 
 def engine_uses(function: ast.AST) -> list[str]:

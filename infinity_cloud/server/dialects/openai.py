@@ -10,14 +10,20 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictBool, model_validator
 from starlette.responses import Response
 
-from infinity_cloud.asks import ANY_EMBEDDING, EmbedAsk, Embeddings
+from infinity_cloud.asks import ANY_EMBEDDING, ChunkedEmbedAsk, EmbedAsk, Embeddings
 from infinity_cloud.capability import Capability
-from infinity_cloud.results import EmbeddingResult, MultiVectorResult, SparseEmbeddingResult
+from infinity_cloud.results import (
+    ChunkedEmbeddingResult,
+    EmbeddingResult,
+    MultiVectorResult,
+    SparseEmbeddingResult,
+)
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
     Items,
     NonNegative,
+    Positive,
     TokenIdList,
     _Request,
     envelope,
@@ -179,6 +185,50 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         result = await answer(request, body.model, len(ask.inputs),
                               request.app.state.engine.embeddings(ask), ask.accepts)
     return embeddings_response(result, body.encoding_format)
+
+
+class ChunkedEmbeddingRequest(_Request):
+    input: Item | Items = Field(..., description="a document or a list of documents, each cut into chunks "
+                                "of the model's own tokens (never truncated; bounded by the body's size)")
+    chunk_tokens: Positive | None = Field(
+        None, description="most tokens of a document a chunk holds; default: the model's window less its "
+        "special tokens and prompt"
+    )
+    overlap_tokens: NonNegative = Field(0, description="tokens consecutive chunks share (below chunk_tokens)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: NonNegative | None = Field(None, description="Matryoshka truncation; 0 = full")
+    input_type: Literal["query", "document"] | None = Field(
+        None, description="what the documents are for: the model's prompt for that use, where it declares one"
+    )
+    prompt_name: str | None = Field(None, description="one of the model's named prompts")
+
+    def documents(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+def chunked_body(result: ChunkedEmbeddingResult, encoding_format: str) -> dict[str, Any]:
+    """Per document its chunks, in order: character offsets into it, its own tokens, a vector."""
+    vectors = iter(result.embeddings)
+    encode = vector_base64 if encoding_format == "base64" else (lambda vector: vector)
+    data = [
+        {"object": "chunked_embedding", "index": i, "chunks": [
+            {"start": start, "end": end, "tokens": tokens, "embedding": encode(next(vectors))}
+            for start, end, tokens in spans
+        ]}
+        for i, spans in enumerate(result.spans)
+    ]
+    return {**envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
+@router.post("/embeddings/chunked", summary="Cut documents into chunks of the model's own tokens and embed "
+             "each chunk (character offsets, never truncated)")
+async def chunked_embeddings(body: ChunkedEmbeddingRequest, request: Request) -> Response:
+    ask = ChunkedEmbedAsk(body.documents(), body.model, chunk_tokens=body.chunk_tokens,
+                          overlap_tokens=body.overlap_tokens, dimensions=body.dimensions, use=body.input_type,
+                          prompt_name=body.prompt_name, packed=body.encoding_format == "base64")
+    result = await answer(request, body.model, len(ask.documents),
+                          request.app.state.engine.chunked_embeddings(ask), (Capability.EMBED,))
+    return json_response(chunked_body(result, body.encoding_format))
 
 
 # At the root and under /v1: the OpenAI SDK is given `http://host/v1`, Infinity's clients the host.
