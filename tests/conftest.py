@@ -56,6 +56,10 @@ BESIDE = frozenset({
 })
 
 
+def lane(nodeid: str) -> str:
+    return "beside" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in BESIDE else "main"
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Two lanes: BESIDE's modules in one worker, every other test in the other, each lane
@@ -64,9 +68,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class TwoLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "beside" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in BESIDE else "main"
+            return lane(nodeid)
 
     return TwoLanes(config, log)
+
+
+# Each lane's time (its tests' set-up, call and tear-down), said at the end of a run: the suite
+# takes as long as the longer lane, so this is what says which modules to move (BESIDE).
+LANE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    LANE_SECONDS[lane(report.nodeid)] = LANE_SECONDS.get(lane(report.nodeid), 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LANE_SECONDS:
+        lanes = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(LANE_SECONDS.items()))
+        terminalreporter.write_line(f"time in each lane: {lanes}")
 
 
 @pytest.fixture(scope="session")
