@@ -45,14 +45,17 @@ atexit.register(shutil.rmtree, os.environ["INFINITY_CLOUD_CACHE"], ignore_errors
 
 
 # Modules run by a second worker (pytest-xdist, `-n 2`), beside all the others: pip's installs
-# and resolutions, which mostly wait on the package index and the disk, and the cloud targets'
-# packaging against moto and stand-ins. None of them loads the machine on purpose or times a
-# deadline; the serving tests, which do, keep the first worker and the suite's order.
+# and resolutions, which mostly wait on the package index and the disk, the cloud targets'
+# packaging against moto and stand-ins, and the backends' exports checked against torch (minutes
+# of conversions and quantisations, taken off the serving lane, which holds most of the suite).
+# None of them loads the machine on purpose or times a deadline; the serving tests, which do,
+# keep the first worker and the suite's order. Each run ends by saying each lane's time (the
+# suite takes the longer one's): move a module when they drift apart.
 BESIDE = frozenset({
     "test_install.py", "test_image_requirements.py", "test_sagemaker_deploy.py", "test_sagemaker_target.py",
     "test_smoke_command.py", "test_aws_lambda_deploy.py", "test_aws_lambda_target.py", "test_aws_policies.py",
     "test_modal_target.py", "test_modal_job.py", "test_batch_transform_job.py", "test_kubernetes_deploy.py",
-    "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py",
+    "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py", "test_backends.py",
 })
 
 
