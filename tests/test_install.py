@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -106,33 +105,16 @@ def run_installed(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProc
                           timeout=300, env={"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
 
 
-# Where each build of the installed package writes (a folder that does not exist yet, for local).
-BUILDS = {"local": ("not", "yet", "there"), "modal": ("modal-app",)}
-
-
-@pytest.fixture(scope="module")
-def builds(readme_venv: Path, elsewhere: Path) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
-    """`infinity-cloud build local` and `build modal` from the installed package, both at once:
-    each spends most of its half a minute in pip, asking the package index for its pins."""
-    outs = {target: elsewhere.joinpath(*parts) for target, parts in BUILDS.items()}
-    with ThreadPoolExecutor(len(outs)) as pool:
-        done = {target: pool.submit(run_installed, readme_venv, elsewhere, "infinity-cloud", "build", target,
-                                    "--out", str(out)) for target, out in outs.items()}
-        return {target: (outs[target], job.result()) for target, job in done.items()}
-
-
-def test_build_local_finds_its_templates_in_a_new_folder(
-    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
-) -> None:
-    out, done = builds["local"]
+def test_build_local_finds_its_templates_in_a_new_folder(readme_venv: Path, elsewhere: Path) -> None:
+    out = elsewhere / "not" / "yet" / "there"
+    done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "local", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert (out / "Dockerfile").is_file() and (out / "compose.yaml").is_file()
 
 
-def test_build_modal_finds_its_templates(
-    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
-) -> None:
-    out, done = builds["modal"]
+def test_build_modal_finds_its_templates(readme_venv: Path, elsewhere: Path) -> None:
+    out = elsewhere / "modal-app"
+    done = run_installed(readme_venv, elsewhere, "infinity-cloud", "build", "modal", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "app = modal.App" in (out / "modal_app.py").read_text(encoding="utf-8")
     # Its slow step (asking the index, seconds to a minute) is said as it starts and ends.
