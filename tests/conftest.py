@@ -45,15 +45,22 @@ atexit.register(shutil.rmtree, os.environ["INFINITY_CLOUD_CACHE"], ignore_errors
 
 
 # Modules run by a second worker (pytest-xdist, `-n 2`), beside all the others: pip's installs
-# and resolutions, which mostly wait on the package index and the disk, and the cloud targets'
-# packaging against moto and stand-ins. None of them loads the machine on purpose or times a
-# deadline; the serving tests, which do, keep the first worker and the suite's order.
+# and resolutions, which mostly wait on the package index and the disk, the cloud targets'
+# packaging against moto and stand-ins, and the backends' exports checked against torch (minutes
+# of conversions and quantisations, taken off the serving lane, which holds most of the suite).
+# None of them loads the machine on purpose or times a deadline; the serving tests, which do,
+# keep the first worker and the suite's order. Each run ends by saying each lane's time (the
+# suite takes the longer one's): move a module when they drift apart.
 BESIDE = frozenset({
     "test_install.py", "test_image_requirements.py", "test_sagemaker_deploy.py", "test_sagemaker_target.py",
     "test_smoke_command.py", "test_aws_lambda_deploy.py", "test_aws_lambda_target.py", "test_aws_policies.py",
     "test_modal_target.py", "test_modal_job.py", "test_batch_transform_job.py", "test_kubernetes_deploy.py",
-    "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py",
+    "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py", "test_backends.py",
 })
+
+
+def lane(nodeid: str) -> str:
+    return "beside" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in BESIDE else "main"
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -64,9 +71,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class TwoLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "beside" if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in BESIDE else "main"
+            return lane(nodeid)
 
     return TwoLanes(config, log)
+
+
+# Each lane's time (its tests' set-up, call and tear-down), said at the end of a run: the suite
+# takes as long as the longer lane, so this is what says which modules to move (BESIDE).
+LANE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    LANE_SECONDS[lane(report.nodeid)] = LANE_SECONDS.get(lane(report.nodeid), 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LANE_SECONDS:
+        lanes = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(LANE_SECONDS.items()))
+        terminalreporter.write_line(f"time in each lane: {lanes}")
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -65,25 +65,97 @@ VARIANTS: dict[str, tuple[list[str], ImagePlatform | None]] = {
 
 
 @pytest.fixture(scope="module")
-def builds(
-    index: None, tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path
-) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+def pool() -> Iterator[ThreadPoolExecutor]:
+    """Threads that wait on pip (its time is mostly the index's answers, not this CPU's): one
+    per build, taken by a resolution as a build finishes. No more pip processes at once than
+    builds: more made each slower on a busy 2-core machine, past `resolution`'s time limit."""
+    with ThreadPoolExecutor(len(VARIANTS)) as threads:
+        yield threads
+
+
+# Resolutions that need no build: asked while the builds run (`early`), checked by their tests.
+CPU_EXTRAS = ["openvino", "onnx"]
+
+
+def declared(extra: str) -> list[str]:
+    """The package's core requirements and the extra's, torch included, as declared."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(line) for line in importlib.metadata.requires("infinity-cloud") or []]
+    return [f"{r.name}{r.specifier}" for r in reqs if not r.marker or r.marker.evaluate({"extra": extra})]
+
+
+def building_venv_requirements() -> list[str]:
+    """What the building venv has (numpy aside): what would not install in the Neuron image."""
+    return [p for p in container.pinned_requirements(()) if not p.startswith("numpy")]
+
+
+@pytest.fixture(scope="module")
+def early(
+    started: dict[str, Future[tuple[Path, subprocess.CompletedProcess[str]]]], pool: ThreadPoolExecutor
+) -> Iterator[dict[str, Future[dict[str, str]]]]:
+    """Asked after the builds, to run as the first of them finish."""
+    asked = {extra: pool.submit(resolution.resolve, declared(extra), ImagePlatform("3.11", "x86_64"))
+             for extra in CPU_EXTRAS}
+    asked["neuron"] = pool.submit(resolution.resolve, building_venv_requirements(), NEURON)
+    ASKING.extend(asked.values())
+    yield asked
+    wait(asked.values())
+
+
+# Resolutions this process runs in the background (`early`), while they run.
+ASKING: list[Future[dict[str, str]]] = []
+
+
+@pytest.fixture(scope="module")
+def started(
+    index: None, tmp_path_factory: pytest.TempPathFactory, tiny_embedder: Path, pool: ThreadPoolExecutor
+) -> dict[str, Future[tuple[Path, subprocess.CompletedProcess[str]]]]:
     """Every variant built by the CLI, each in its own process, all at once (pip spends its
-    time waiting on the index)."""
+    time waiting on the index); each one's outcome as it finishes."""
     env = {**os.environ, resolution.RESOLVE_ENV: "1", "HF_HUB_OFFLINE": "1"}
-    started = {}
-    for name, (args, _) in VARIANTS.items():
-        out = tmp_path_factory.mktemp(name)
+
+    def build(name: str, args: list[str], out: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
         model = "BAAI/bge-small-en-v1.5" if "inferentia2" in name else str(tiny_embedder)
         command = [sys.executable, "-m", "infinity_cloud", "build", args[0], "--out", str(out),
                    "--model-id", model, *args[1:]]
-        started[name] = (out, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, encoding="utf-8", errors="replace"))
-    done = {}
-    for name, (out, process) in started.items():
-        output, _ = process.communicate(timeout=600)
-        done[name] = (out, subprocess.CompletedProcess(process.args, process.returncode, output))
-    return done
+        return out, subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   encoding="utf-8", errors="replace", timeout=600)
+
+    return {name: pool.submit(build, name, args, tmp_path_factory.mktemp(name))
+            for name, (args, _) in VARIANTS.items()}
+
+
+@pytest.fixture(scope="module")
+def resolved(
+    started: dict[str, Future[tuple[Path, subprocess.CompletedProcess[str]]]], pool: ThreadPoolExecutor,
+    early: dict[str, Future[dict[str, str]]],
+) -> dict[str, dict[str, str]]:
+    """The written pins of each variant resolved again, independently, for its platform: each
+    as soon as its variant is built, while the others still build."""
+    asked: dict[tuple[tuple[str, ...], ImagePlatform], Future[dict[str, str]]] = {}  # the same pins, once
+    jobs: dict[str, Future[dict[str, str]]] = {}
+    waiting = {started[name]: (name, platform) for name, (_, platform) in VARIANTS.items() if platform}
+    for build in as_completed(waiting):
+        name, platform = waiting[build]
+        out, result = build.result()
+        if result.returncode != 0:
+            continue
+        for file, found in written_pins(name, out).items():
+            key = (tuple(found), platform)
+            if key not in asked:
+                asked[key] = pool.submit(resolves, found, platform)
+            jobs[f"{name}:{file}"] = asked[key]
+    return {key: job.result() for key, job in jobs.items()}
+
+
+@pytest.fixture(scope="module")
+def builds(
+    started: dict[str, Future[tuple[Path, subprocess.CompletedProcess[str]]]]
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    return {name: build.result() for name, build in started.items()}
 
 
 def written_pins(name: str, out: Path) -> dict[str, list[str]]:
@@ -93,24 +165,6 @@ def written_pins(name: str, out: Path) -> dict[str, list[str]]:
         out = out / "image"
     files = ("requirements.txt", "requirements-serving.txt")
     return {file: pins(out / file) for file in files if (out / file).exists()}
-
-
-@pytest.fixture(scope="module")
-def resolved(builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> dict[str, dict[str, str]]:
-    """The written pins of each variant resolved again, independently, for its platform."""
-    jobs: dict[str, Any] = {}
-    with ThreadPoolExecutor(8) as pool:
-        asked: dict[tuple[tuple[str, ...], ImagePlatform], Any] = {}  # the same pins, asked once
-        for name, (_, platform) in VARIANTS.items():
-            out, result = builds[name]
-            if platform is None or result.returncode != 0:
-                continue
-            for file, found in written_pins(name, out).items():
-                key = (tuple(found), platform)
-                if key not in asked:
-                    asked[key] = pool.submit(resolves, found, platform)
-                jobs[f"{name}:{file}"] = asked[key]
-        return {key: job.result() for key, job in jobs.items()}
 
 
 def pins(path: Path) -> list[str]:
@@ -146,7 +200,7 @@ def test_each_images_pins_resolve_for_its_own_platform(
 
 
 def test_inferentia2_image_keeps_the_neuron_images_python_and_packages(
-    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+    builds: dict[str, tuple[Path, subprocess.CompletedProcess[str]]], early: dict[str, Future[dict[str, str]]]
 ) -> None:
     """The Neuron image runs Python 3.10 with the Neuron SDK's own numpy, torch and
     transformers: the image's pins install on 3.10 around them, which the building venv's
@@ -162,10 +216,9 @@ def test_inferentia2_image_keeps_the_neuron_images_python_and_packages(
     resolves(found, ImagePlatform("3.10", "x86_64", (2, 35), shipped=shipped))
     dockerfile = (out / "Dockerfile").read_text()
     assert "-c /opt/program/constraints.txt" in dockerfile and "py310-sdk2.26.0" in dockerfile
-    # What the building venv has would not install there.
-    tested = [p for p in container.pinned_requirements(()) if not p.startswith("numpy")]
+    # What the building venv has (building_venv_requirements) would not install there.
     with pytest.raises(resolution.Unresolvable, match=r"Python 3\.10"):
-        resolution.resolve(tested, NEURON)
+        early["neuron"].result()
 
 
 def test_lambda_arm64_with_openvino_is_refused_at_build_with_the_alternatives(
@@ -186,6 +239,7 @@ def test_without_the_index_a_build_says_its_pins_are_unchecked(
     tmp_path: Path, tiny_embedder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No index (offline): the tested versions, and a warning that names the platform."""
+    wait(ASKING)  # they ask the index from this process: not while it is made unreachable here
     monkeypatch.setenv(resolution.RESOLVE_ENV, "1")
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
@@ -204,21 +258,16 @@ def test_without_the_index_a_build_says_its_pins_are_unchecked(
     assert f"typer=={container.installed_version('typer')}" in pins(tmp_path / "requirements.txt")
 
 
-@pytest.mark.parametrize("extra", ["openvino", "onnx"])
-def test_a_cpu_backends_extra_installs_no_torch(index: None, extra: str) -> None:
+@pytest.mark.parametrize("extra", CPU_EXTRAS)
+def test_a_cpu_backends_extra_installs_no_torch(early: dict[str, Future[dict[str, str]]], extra: str) -> None:
     """`pip install 'infinity-cloud[openvino]'` on a Linux machine pulls no torch (from PyPI,
     the CUDA build with 2.8 GB of NVIDIA wheels): it serves models that ship their exports;
-    the `export` extra is what converts the others, and brings torch."""
-    import importlib.metadata
-
+    the `export` extra is what converts the others, and brings torch. (`early` resolved
+    `declared(extra)` for Python 3.11 on linux/x86_64.)"""
     from packaging.requirements import Requirement
-
-    def declared(name: str) -> list[str]:  # the core and the extra, torch included
-        reqs = [Requirement(line) for line in importlib.metadata.requires("infinity-cloud") or []]
-        return [f"{r.name}{r.specifier}" for r in reqs if not r.marker or r.marker.evaluate({"extra": name})]
 
     assert {"onnx", "torch", "transformers"} <= {Requirement(r).name for r in declared("export")}
     wanted = declared(extra)
     assert extra.replace("onnx", "onnxruntime") in {Requirement(r).name for r in wanted}
-    found = resolution.resolve(wanted, ImagePlatform("3.11", "x86_64"))
+    found = early[extra].result()
     assert not {name for name in found if name == "torch" or name.startswith(("nvidia-", "triton"))}, found

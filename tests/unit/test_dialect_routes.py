@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from parsed_source import parsed
 
 DIALECTS = Path(__file__).resolve().parents[2] / "infinity_cloud" / "server" / "dialects"
 # The engine's calls a route may make; `model` (a served model itself) is not one of them.
@@ -34,7 +35,7 @@ def engine_uses(function: ast.AST) -> list[str]:
 def functions() -> list[tuple[str, ast.AST]]:
     out = []
     for path in sorted(DIALECTS.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 out.append((f"{path.stem}.{node.name}", node))
     return out

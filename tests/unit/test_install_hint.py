@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from parsed_source import parsed
 
 from infinity_cloud.backends.registry import _BACKENDS
 from infinity_cloud.install_hint import command_for, install_command
@@ -28,7 +29,7 @@ def hinted_extras() -> dict[str, set[str]]:
     every `install_command(...)` call, and the extras of the tables messages read theirs from."""
     found: dict[str, set[str]] = {}
     for path in (p for folder in SOURCES for p in folder.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "install_command":
                 for arg in node.args:
                     if isinstance(arg, ast.Constant):

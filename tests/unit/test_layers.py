@@ -8,8 +8,11 @@ their entries so (`targets/registry.py`, `backends/registry.py`)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
+
+from parsed_source import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each folder read, with the name its modules are imported under once installed (setup.py).
@@ -122,11 +125,17 @@ def named(node: ast.AST, path: Path) -> list[str]:
 
 def imports() -> dict[str, set[str]]:
     """Each module, with the package's modules it imports, wherever in it. A package the
-    module sits in is left out: Python imports it first, whatever the module says."""
+    module sits in is left out: Python imports it first, whatever the module says. (Read once
+    per test run; each caller gets its own copy.)"""
+    return {name: set(targets) for name, targets in _import_graph().items()}
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
     found = modules()
     graph: dict[str, set[str]] = {name: set() for name in found}
     for name, path in found.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             for target in named(node, path):
                 while target and target not in found:
                     target = target.rpartition(".")[0]
