@@ -29,6 +29,9 @@ def with_option_groups(fn: Callable[..., Any]) -> Any:
     hints = typing.get_type_hints(fn)
     groups = {name: hints[name] for name in signature.parameters if dataclasses.is_dataclass(hints.get(name))}
     flags = {name: group_flags(group) for name, group in groups.items()}
+    names = [flag.name for group in flags.values() for flag in group]
+    if len(set(names)) != len(names):  # one would be handed to both groups' builders: neither sees it right
+        raise TypeError(f"{fn.__name__}: a flag named in two option groups: {sorted(names)}")
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> Any:
