@@ -75,7 +75,6 @@ def bench_progress() -> Iterator[tuple[Callable[[str], None], Callable[[str], No
         beating.join()
 
 
-
 @with_spec
 def bench(
     spec: DeploymentSpec,

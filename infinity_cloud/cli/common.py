@@ -30,7 +30,6 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-
 def show_steps(spec: DeploymentSpec) -> None:
     """Each slow step of a build or deploy (resolving an image's requirements, exports, a
     download) on stderr as it starts and ends: a build was silent for up to minutes."""

@@ -20,7 +20,6 @@ from infinity_cloud.targets.base import ROUTES, VERBS, Deployment, usage_example
 Route = Enum("Route", {name: name for name in ROUTES}, type=str)  # type: ignore[misc]
 
 
-
 _OUT = "Folder to write the files into (created if missing; default: build/TARGET)."
 
 

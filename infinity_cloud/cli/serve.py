@@ -33,7 +33,6 @@ def serve(spec: DeploymentSpec) -> None:
         LocalTarget().serve(spec)
 
 
-
 def _infinity_v2(**given: Any) -> None:
     """Serve as Infinity's `infinity_emb v2` would, from its flags and INFINITY_* variables
     (`;` between models); prints the infinity-cloud command that means the same, once."""

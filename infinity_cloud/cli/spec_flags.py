@@ -93,7 +93,6 @@ def _spec_options() -> dict[str, tuple[Any, Any]]:
 SPEC_OPTIONS = _spec_options()
 
 
-
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 
