@@ -34,7 +34,8 @@ class _Frozen(BaseModel):
 
 def _flag(flag: str | None = None, env: str | None = None, off: str | None = None) -> dict[str, str]:
     """A field's CLI flag, variable or boolean off-switch when they are not its name's
-    (`cli.field_option` reads them): `--api-key` for `api_keys`, `--throughput` for `--no-latency`."""
+    (`cli.spec_flags.field_option` reads them): `--api-key` for `api_keys`, `--throughput` for
+    `--no-latency`."""
     return {key: value for key, value in (("flag", flag), ("env", env), ("off", off)) if value}
 
 

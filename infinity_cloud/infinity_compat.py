@@ -1,7 +1,7 @@
 """Infinity's command line (`infinity_emb v2`) in infinity-cloud's terms: its flags, its
 `INFINITY_*` variables and their `;`-separated per-model lists, translated into the spec's flat
 options (what `serve` takes), with the infinity-cloud command line that means the same and a
-note for each flag that has no counterpart. `infinity-cloud v2` (cli.py) runs the result;
+note for each flag that has no counterpart. `infinity-cloud v2` (cli/serve.py) runs the result;
 docs/migrating-from-infinity.md is the same table for readers."""
 
 from __future__ import annotations
