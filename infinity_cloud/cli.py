@@ -825,8 +825,10 @@ def embed(
     _show_steps(spec)
     if len(spec.models) != 1:
         raise fail("a bulk job embeds with one model: give one --model-id")
-    if modality not in ("text", "image", "audio"):
-        raise fail(f"--modality {modality!r}: use text, image or audio")
+    from infinity_cloud.families import input_kinds  # the kinds the families declare
+
+    if modality not in (kinds := input_kinds()):
+        raise fail(f"--modality {modality!r}: use {', '.join(kinds.names)}")
     with reported_errors():
         kind = spec.models[0].embedding_dtype
         job = EmbedJob(
