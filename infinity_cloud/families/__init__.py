@@ -12,6 +12,7 @@ wire, the command line, the bulk job, preflight and the images read the kinds fr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,8 +59,13 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
 def input_kinds(families: Sequence[Family] | None = None, *, ranked: bool = False) -> InputKinds:
     """The kinds of input served: text, and each kind a family of `families` (the registry,
     `FAMILIES`, as it is now) declares; `ranked`: those a family that ranks documents reads."""
-    registry = FAMILIES if families is None else families
-    return InputKinds(kind for family in registry if family.ranks or not ranked for kind in family.kinds)
+    return _kinds_of(tuple(FAMILIES if families is None else families), ranked)
+
+
+@functools.lru_cache(maxsize=16)
+def _kinds_of(families: tuple[Family, ...], ranked: bool) -> InputKinds:
+    """Made once per registry (every request's kind is checked against it)."""
+    return InputKinds(kind for family in families if family.ranks or not ranked for kind in family.kinds)
 
 
 __all__ = ["FAMILIES", "Family", "ModelFolder", "input_kinds", "read_model_info"]
