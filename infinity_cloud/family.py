@@ -15,16 +15,17 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 
 from infinity_cloud.capability import Capability
+from infinity_cloud.input_kind import InputKind
 
 # A family's own facts (`ModelInfo.facts`).
 F = TypeVar("F")
 
 # A graph's name: which of its family's graphs (`ModelFamily.graph`) a backend runs.
 GraphOutput = str
-# A tower is the graph that takes one modality; text-only models have one, CLIP two. A family
-# may name one of its own (any string at run time: only the tower's input encoder reads what
-# goes in).
-Tower = Literal["text", "image", "audio"]
+# A tower is the graph that takes one kind of input (`input_kind.InputKind`), named by its
+# kind: text-only models have one, CLIP two. A family declares the kinds it brings
+# (`Family.kinds`); only the tower's input encoder reads what goes in.
+Tower = str
 # What a graph returns, which is what the tasks' heads read (`numerics/heads.py`):
 # - token_states: (batch, length, width) states, to pool or to keep per token;
 # - vectors: (batch, width), pooled inside the graph (CLIP's towers);
@@ -71,7 +72,7 @@ class ModelFamily(Protocol):
     anything else), made with the model's tokenizer."""
 
     name: str
-    media: tuple[Tower, ...]
+    kinds: tuple[InputKind, ...]
 
     def graph(self, name: GraphOutput) -> Graph: ...
 

@@ -26,6 +26,7 @@ from infinity_cloud.backends.registry import (
 )
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.families import input_kinds
 from infinity_cloud.models.model_source import folder_model_name, local_model_dir
 from infinity_cloud.targets.base import IMAGE_DEVICE_ENV
 from infinity_cloud.targets.platforms import ImagePlatform
@@ -98,9 +99,11 @@ def check_backends(spec: DeploymentSpec, device: str, where: str) -> None:
             )
 
 
-# What image and audio models need (Pillow, httpx, soundfile, soxr: a few MB): every image
-# gets them, since whether a hub model reads images is only known from its files.
-MEDIA_EXTRAS = ("audio", "vision")
+def media_extras() -> tuple[str, ...]:
+    """What the kinds of input the families declare need decoded (image and audio: Pillow,
+    httpx, soundfile, soxr, a few MB): every image gets them, since whether a hub model reads
+    images is only known from its files."""
+    return input_kinds().extras()
 
 
 def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
@@ -113,7 +116,7 @@ def image_extras(spec: DeploymentSpec, device: str) -> tuple[str, ...]:
         extras.add("cache")
     if spec.server.otlp_endpoint:  # traces' SDK (server/tracing.py)
         extras.add("tracing")
-    return tuple(sorted({extra for extra in extras if extra} | set(MEDIA_EXTRAS)))
+    return tuple(sorted({extra for extra in extras if extra} | set(media_extras())))
 
 
 def declared_requirements(extras: tuple[str, ...], more: tuple[str, ...] = ()) -> list[Requirement]:
@@ -223,7 +226,7 @@ def serving_requirements(
     from packaging.requirements import Requirement
 
     keep = {pkg for m in spec.models for pkg in backend_entry(serving_backend(m, device)).serving_packages}
-    keep |= {req.name for req in declared_requirements(MEDIA_EXTRAS, more)}
+    keep |= {req.name for req in declared_requirements(media_extras(), more)}
     pins = pinned_requirements(image_extras(spec, device), platform, exact=exact, more=more)
     return [pin for pin in pins if Requirement(pin).name in keep]
 

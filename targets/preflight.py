@@ -16,17 +16,11 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.registry import auto_backends, backend_entry, installed, is_import_path
 from infinity_cloud.config import DeploymentSpec, ModelSpec
 from infinity_cloud.errors import ConfigError, InfinityCloudError
-from infinity_cloud.families import read_model_info
+from infinity_cloud.families import input_kinds, read_model_info
 from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
 from infinity_cloud.install_hint import install_command
 from infinity_cloud.models.model_source import already_here
 from infinity_cloud.server.tracing import sdk_problem
-
-# A tower that reads media -> the modules it needs, the extra that installs them, their names.
-MEDIA_NEEDS = {
-    "image": (("PIL",), "vision", "Pillow"),
-    "audio": (("soundfile", "soxr"), "audio", "soundfile and soxr"),
-}
 
 
 def check(spec: DeploymentSpec, *, port: bool = True) -> None:
@@ -64,13 +58,12 @@ def model_problems(model: ModelSpec) -> list[str]:
         info = read_model_info(folder, model.pooling)
     except InfinityCloudError as exc:
         return [*found, f"model {model.name}: {exc.message}"]
-    for tower in info.towers:
-        if tower in MEDIA_NEEDS:
-            modules, extra, names = MEDIA_NEEDS[tower]
-            missing = [m for m in modules if importlib.util.find_spec(m) is None]
-            if missing:
-                found.append(f"model {model.name} reads {tower}s, which needs {names} ({', '.join(missing)} "
-                             f"is missing): {install_command(extra)}")
+    kinds = input_kinds()  # each tower reads its kind's inputs, which may need an extra's modules
+    for kind in (kinds[tower] for tower in info.towers if tower in kinds):
+        missing = [m for m in kind.modules if importlib.util.find_spec(m) is None]
+        if missing and kind.extra:
+            found.append(f"model {model.name} reads {kind.name}s, which needs {kind.needs} "
+                         f"({', '.join(missing)} is missing): {install_command(kind.extra)}")
     found += cache_problems(model, folder)
     return found
 

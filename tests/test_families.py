@@ -1,7 +1,8 @@
 """Model families (`infinity_cloud/families/`): each built folder is read by the family meant
 for it, and a family written here, in the test, is served and exported with nothing else
 changed: its module (below) and its line in the registry are all it takes; so is one whose
-tower reads a kind of input of its own (lists of numbers)."""
+tower reads a kind of input of its own (a sensor's readings), which it declares
+(`input_kind.InputKind`): served through the engine, over HTTP and by the bulk job."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fake, serve_in_process, spec_of
+from conftest import FAKE, fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, families
 from infinity_cloud.asks import EmbedAsk
@@ -24,6 +25,7 @@ from infinity_cloud.errors import InvalidInputError
 from infinity_cloud.families import Family, ModelFolder, read_model_info
 from infinity_cloud.families.base import TOKEN_STATES, TextFacts, TowerEncoders, graphs_of, text_graph
 from infinity_cloud.family import ModelInfo
+from infinity_cloud.input_kind import InputKind
 from infinity_cloud.numerics.inputs import Encoded, ModelInputs
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
@@ -136,10 +138,14 @@ def test_without_its_registry_line_the_folder_is_a_text_encoder(pooler_folder: P
 
 
 # -- a family with its own kind of input, written in the test --------------------------------
-# Its readings tower reads lists of numbers (a sensor's readings), which no module of the
-# package knows of, and its text tower reads notes its own way: the family's own facts
-# (`SensorFacts`) and its towers' input encoders (`ReadingsEncoder`, `NotesEncoder`) are all
-# it adds, with its registry line.
+# Its readings tower reads a sensor's readings (a list of numbers, or a text of them: "0.5 1.25"),
+# which no module of the package knows of, and its text tower reads notes its own way: the
+# kind it declares (`READINGS`), the family's own facts (`SensorFacts`) and its towers' input
+# encoders (`ReadingsEncoder`, `NotesEncoder`) are all it adds, with its registry line.
+
+# Sent inline (not fetched), needing no extra: the wire, the command line and the bulk job
+# take it once the family that declares it is registered.
+READINGS = InputKind("readings")
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,17 @@ class SensorFacts:
     steps_per_unit: int
     first_id: int = 5
     steps: int = 50
+
+
+def readings_of(item: Any) -> list[Any]:
+    """An input's readings: a list of numbers as it is, or a text of them ("0.5 1.25") parsed;
+    [] when it is neither."""
+    if isinstance(item, list | tuple):
+        return list(item)
+    try:
+        return [float(x) for x in item.split()] if isinstance(item, str) else []
+    except ValueError:
+        return []
 
 
 class ReadingsEncoder:
@@ -165,13 +182,14 @@ class ReadingsEncoder:
 
     def check(self, inputs: Sequence[Any], limits: LimitsSpec) -> None:
         for index, item in enumerate(inputs):
-            if not isinstance(item, list | tuple) or not item or not all(
-                isinstance(x, int | float) and not isinstance(x, bool) for x in item
+            if not (values := readings_of(item)) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in values
             ):
                 raise InvalidInputError(f"'input' item {index} must be a list of readings", param="input")
 
     def encode(self, inputs: Sequence[Any], truncate: bool = True) -> list[Encoded]:
-        return [Encoded([self.token_id(x) for x in item], [0] * len(item)) for item in inputs]
+        items = [readings_of(item) for item in inputs]
+        return [Encoded([self.token_id(x) for x in item], [0] * len(item)) for item in items]
 
     def token_id(self, reading: float) -> int:
         facts = self.facts
@@ -204,6 +222,7 @@ class Sensor(Family):
 
     name = "sensor"
     graphs = graphs_of(TOKEN_STATES)
+    kinds = (READINGS,)
 
     def recognises(self, folder: ModelFolder) -> bool:
         return folder.config.get("reads") == "readings"
@@ -211,13 +230,13 @@ class Sensor(Family):
     def read(self, folder: ModelFolder) -> ModelInfo:
         return TextFacts.of(folder).info(
             folder, self, capability=Capability.EMBED, normalize=True,
-            towers={"text": "token_states", "readings": "token_states"},  # type: ignore[dict-item]
+            towers={"text": "token_states", "readings": "token_states"},
             own_facts=SensorFacts(int(folder.config["steps_per_unit"])),
         )
 
     def encoders(self, info: ModelInfo, tokenizer: TextTokenizer) -> TowerEncoders:
         readings = ReadingsEncoder(info.own_facts, tokenizer.pad_id)
-        return {"text": NotesEncoder(tokenizer), "readings": readings}  # type: ignore[dict-item]
+        return {"text": NotesEncoder(tokenizer), "readings": readings}
 
 
 @pytest.fixture
@@ -232,7 +251,18 @@ def sensor_folder(tiny_embedder: Path, tmp_path: Path) -> Path:
     return variant(tiny_embedder, tmp_path / "sensor", reads="readings", steps_per_unit=10)
 
 
-READINGS = [[0.0, 0.5, 1.25], [3.0, 2.9, 2.8, 2.7, 0.1], [0.0, 0.5, 1.25]]
+SENT = [[0.0, 0.5, 1.25], [3.0, 2.9, 2.8, 2.7, 0.1], [0.0, 0.5, 1.25]]
+
+
+def readings_vectors(folder: Path, items: list[list[float]]) -> np.ndarray:
+    """What the sensor model served by the fake backend makes of `items`: its token states are
+    rows of its table, so a readings vector is the mean of its readings' steps' rows,
+    normalised, as the family's facts make them."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    table = np.random.default_rng(0).standard_normal((config["vocab_size"], config["hidden_size"]))
+    steps = [[5 + min(max(round(x * 10), 0), 49) for x in item] for item in items]
+    want = np.stack([table[ids].astype(np.float32).mean(0) for ids in steps])
+    return want / np.linalg.norm(want, axis=1, keepdims=True)
 
 
 async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
@@ -244,19 +274,13 @@ async def test_a_family_with_its_own_kind_of_input_is_served_through_the_engine(
     async with Engine(fake(sensor_folder, "sensor")) as engine:
         served = engine.model("sensor")
         assert served.loaded.info.family.name == "sensor" and served.towers == ("text", "readings")
-        result = await engine.embeddings(EmbedAsk(READINGS, "sensor", modality="readings"))  # type: ignore[arg-type]
+        result = await engine.embeddings(EmbedAsk(SENT, "sensor", modality="readings"))  # type: ignore[arg-type]
         text = await engine.embeddings(EmbedAsk(["temp=21.5, humidity=40"], "sensor"))
         with pytest.raises(InvalidInputError, match="list of readings"):
             await engine.embeddings(EmbedAsk(["not readings"], "sensor", modality="readings"))  # type: ignore[arg-type]
         info = served.loaded.info
-    # The fake backend's token states are rows of its table: a readings vector is the mean of
-    # its readings' steps' rows, normalised, as the family's facts make them.
-    table = np.random.default_rng(0).standard_normal((int(info.vocab_size or 0), info.hidden_size))
-    steps = [[5 + min(max(round(x * 10), 0), 49) for x in item] for item in READINGS]
-    want = np.stack([table[ids].astype(np.float32).mean(0) for ids in steps])
-    want /= np.linalg.norm(want, axis=1, keepdims=True)
-    np.testing.assert_allclose(result.embeddings, want, atol=1e-5)
-    assert result.prompt_tokens == sum(map(len, READINGS))
+    np.testing.assert_allclose(result.embeddings, readings_vectors(sensor_folder, SENT), atol=1e-5)
+    assert result.prompt_tokens == sum(map(len, SENT))
     assert np.array_equal(result.embeddings[0], result.embeddings[2])
     assert not np.allclose(result.embeddings[0], result.embeddings[1])
     assert text.embeddings.shape == (1, info.hidden_size)
@@ -278,6 +302,65 @@ async def test_its_text_tower_reads_notes_its_own_way_over_http(
     assert rendered(notes[0]) == "humidity: 40; temp: 21.5"
     np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-6)
     np.testing.assert_allclose(vectors[1], vectors[2], atol=1e-6)
+
+
+def as_text(item: list[float]) -> str:
+    return " ".join(map(str, item))
+
+
+async def test_its_own_kind_of_input_is_served_over_http(
+    sensor_registered: None, sensor_folder: Path
+) -> None:
+    """The kind the family declares is one the wire takes (`modality: readings`, as text or
+    listed in the OpenAPI document), with no module of the package changed; an unknown kind
+    is still the 422 naming every kind served, the family's too."""
+    async with serve_in_process(spec_of(fake(sensor_folder, "sensor"))) as client:
+        served = await client.post("/v1/embeddings", json={
+            "model": "sensor", "input": [as_text(item) for item in SENT], "modality": "readings"})
+        unknown = await client.post("/v1/embeddings", json={"model": "sensor", "input": "1 2",
+                                                            "modality": "smell"})
+        document = (await client.get("/openapi.json")).json()
+    assert served.status_code == 200, served.text
+    vectors = np.array([row["embedding"] for row in served.json()["data"]])
+    np.testing.assert_allclose(vectors, readings_vectors(sensor_folder, SENT), atol=1e-5)
+    assert served.json()["usage"]["prompt_tokens"] == sum(map(len, SENT))
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "modality", unknown.text
+    assert "'readings'" in unknown.text and "'image'" in unknown.text
+    modality = document["components"]["schemas"]["EmbeddingRequest"]["properties"]["modality"]
+    assert "readings" in next(s for s in modality["anyOf"] if "enum" in s)["enum"]
+
+
+async def test_without_its_family_its_kind_is_refused_over_http(tiny_embedder: Path) -> None:
+    async with serve_in_process(spec_of(fake(tiny_embedder, "plain"))) as client:
+        response = await client.post("/v1/embeddings", json={"model": "plain", "input": "1 2",
+                                                             "modality": "readings"})
+        document = (await client.get("/openapi.json")).json()
+    assert response.status_code == 422 and "'readings'" not in response.text, response.text
+    modality = document["components"]["schemas"]["EmbeddingRequest"]["properties"]["modality"]
+    assert next(s for s in modality["anyOf"] if "enum" in s)["enum"] == ["text", "image", "audio"]
+
+
+def test_its_own_kind_of_input_is_embedded_by_the_bulk_job(
+    sensor_registered: None, sensor_folder: Path, tmp_path: Path
+) -> None:
+    """`infinity-cloud embed --modality readings`: each row's field is the input as it is
+    (not a file to read, as an image's is), embedded as the server embeds it."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from infinity_cloud.cli import app as cli
+
+    rows = [{"id": f"r{i}", "readings": as_text(item)} for i, item in enumerate(SENT)]
+    source = tmp_path / "readings.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    result = CliRunner().invoke(cli, [
+        "embed", str(source), "--out", str(tmp_path / "out"), "--model-id", str(sensor_folder),
+        "--backend", FAKE, "--modality", "readings", "--text-field", "readings"])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet"))).sort_by("row")
+    assert table["id"].to_pylist() == ["r0", "r1", "r2"]
+    got = np.array(table["embedding"].to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(got, readings_vectors(sensor_folder, SENT), atol=1e-5)
 
 
 def test_without_its_registry_line_the_sensor_folder_is_a_text_encoder(sensor_folder: Path) -> None:

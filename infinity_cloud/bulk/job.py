@@ -17,6 +17,7 @@ from infinity_cloud.bulk.sources import Row, media_url
 from infinity_cloud.capability import Capability
 from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import ConfigError
+from infinity_cloud.families import input_kinds
 from infinity_cloud.per_input import setting_aside
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ class EmbedJob:
     output_dtype: str | None = None  # float32 (default), int8, uint8, binary, ubinary
     prompt_name: str | None = None  # one of the model's named prompts ("query", "passage", ...)
     truncate: bool = True  # off: a text past the model's length is a bad row
-    modality: str = "text"  # image or audio: the field holds a path, s3:// URI, URL or data: URI
+    # A kind of input (`families.input_kinds`); of a fetched kind (image, audio), the field
+    # holds a path, s3:// URI, URL or data: URI.
+    modality: str = "text"
     max_error_rate: float = 0.01  # a job with a larger share of bad rows fails (`outcome.verdict`)
 
     def fingerprint(self, model: ModelSpec) -> dict[str, Any]:
@@ -113,9 +116,9 @@ async def embed_shard(
     inputs = [r.text for r in good]
     facts = engine.facts_of(model)  # the table's kind and width, even for a shard of refused rows
     capability, dimensions = facts.capability, facts.dimensions
-    if job.modality != "text":
-        if capability == "sparse":  # before any file is read
-            raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
+    if job.modality != "text" and capability == "sparse":  # before any file is read
+        raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
+    if job.modality in (kinds := input_kinds()) and kinds[job.modality].fetched:  # else the value as it is
         # Each file read off the event loop the engine batches on (a file that cannot be is a bad row).
         found = await asyncio.to_thread(lambda: [media_url(value) for value in inputs])
         pairs = list(zip(good, found, strict=True))

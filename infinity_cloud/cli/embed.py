@@ -20,8 +20,6 @@ from infinity_cloud.targets.base import JobOptions
 if TYPE_CHECKING:
     from infinity_cloud.bulk.job import EmbedJob
 
-# The input kinds --modality takes: the one place the command line names them.
-MODALITIES = ("text", "image", "audio")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +143,10 @@ def embed(
     show_steps(spec)
     if len(spec.models) != 1:
         raise fail("a bulk job embeds with one model: give one --model-id")
-    if source.modality not in MODALITIES:
-        raise fail(f"--modality {source.modality!r}: use {', '.join(MODALITIES[:-1])} or {MODALITIES[-1]}")
+    from infinity_cloud.families import input_kinds  # the kinds the families declare
+
+    if source.modality not in (kinds := input_kinds()):
+        raise fail(f"--modality {source.modality!r}: use {', '.join(kinds.names)}")
     runner = run.runner
     with reported_errors():
         job = embed_job(spec, source, output, rows, model_use)

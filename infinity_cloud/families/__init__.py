@@ -5,11 +5,15 @@ the first family that recognises a folder reads it. Nothing else branches on a f
 graph's name, nor reads a family's own facts; it asks `ModelInfo.family`.
 
 Adding a family, even one whose inputs are of a new kind: a module here, and its line in
-`FAMILIES` (before any family that would claim its folders too).
+`FAMILIES` (before any family that would claim its folders too). A new kind of input is an
+`input_kind.InputKind` in the family's `kinds`: `input_kinds()` reads every family's, and the
+wire, the command line, the bulk job, preflight and the images read the kinds from it.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 from infinity_cloud.errors import UnsupportedError
@@ -26,6 +30,7 @@ from infinity_cloud.families.siglip import Siglip
 from infinity_cloud.families.splade import Splade
 from infinity_cloud.families.text_encoder import TextEncoder
 from infinity_cloud.family import ModelInfo
+from infinity_cloud.input_kind import InputKinds
 
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
@@ -42,12 +47,25 @@ def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
     folder = ModelFolder(path, pooling)
     family = next((f for f in FAMILIES if f.recognises(folder)), None)
     if family is None:
-        served = sorted(f.name for f in FAMILIES if f.media)
+        served = sorted(f.name for f in FAMILIES if f.kinds)
+        kinds = " and ".join(name for name in input_kinds().names if name != "text")
         raise UnsupportedError(
-            f"{path.name} is a {folder.model_type or 'multimodal'} model; image and audio models served "
+            f"{path.name} is a {folder.model_type or 'multimodal'} model; {kinds} models served "
             f"are {', '.join(served)}"
         )
     return family.read(folder)
 
 
-__all__ = ["FAMILIES", "Family", "ModelFolder", "read_model_info"]
+def input_kinds(families: Sequence[Family] | None = None, *, ranked: bool = False) -> InputKinds:
+    """The kinds of input served: text, and each kind a family of `families` (the registry,
+    `FAMILIES`, as it is now) declares; `ranked`: those a family that ranks documents reads."""
+    return _kinds_of(tuple(FAMILIES if families is None else families), ranked)
+
+
+@functools.lru_cache(maxsize=16)
+def _kinds_of(families: tuple[Family, ...], ranked: bool) -> InputKinds:
+    """Made once per registry (every request's kind is checked against it)."""
+    return InputKinds(kind for family in families if family.ranks or not ranked for kind in family.kinds)
+
+
+__all__ = ["FAMILIES", "Family", "ModelFolder", "input_kinds", "read_model_info"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.family import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
+from infinity_cloud.input_kind import InputKind
 
 if TYPE_CHECKING:
     from infinity_cloud.numerics.inputs import InputEncoder
@@ -76,8 +77,12 @@ class Family(ModelFamily):
 
     name: ClassVar[str]
     graphs: ClassVar[Mapping[str, Graph]]
-    # What it reads besides text, for the message that lists what is served.
-    media: ClassVar[tuple[Tower, ...]] = ()
+    # The kinds of input it reads besides text, each declared once by the family module that
+    # introduces it (`input_kind.InputKind`): the wire, the command line, the bulk job,
+    # preflight and the images read them from the registry (`families.input_kinds`).
+    kinds: ClassVar[tuple[InputKind, ...]] = ()
+    # Whether its models rank documents of its kinds (rerank's `modality`), as ColPali's pages.
+    ranks: ClassVar[bool] = False
 
     def recognises(self, folder: ModelFolder) -> bool:
         raise NotImplementedError

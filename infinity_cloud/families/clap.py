@@ -12,6 +12,7 @@ from infinity_cloud.families.base import AUDIO_INPUTS, TEXT_INPUTS, Family, Towe
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import text_embeds
 from infinity_cloud.family import Example, Graph, ModelInfo
+from infinity_cloud.input_kind import InputKind
 
 if TYPE_CHECKING:
     from infinity_cloud.text.tokenization import TextTokenizer
@@ -42,10 +43,16 @@ AUDIO_EMBEDS = Graph(  # unfused CLAP: `is_longer` is not read
 )
 
 
+# Audio clips, as URLs or data URIs, decoded with soundfile and resampled with soxr
+# (`media/audio.py`).
+AUDIO = InputKind("audio", fetched=True, extra="audio", modules=("soundfile", "soxr"),
+                  needs="soundfile and soxr")
+
+
 class Clap(Family):
     name = "clap"
     graphs = graphs_of(text_embeds(TEXT_INPUTS[:2]), AUDIO_EMBEDS)
-    media = ("audio",)
+    kinds = (AUDIO,)
 
     def recognises(self, folder: ModelFolder) -> bool:
         return folder.model_type == "clap"

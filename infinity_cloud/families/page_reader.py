@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from infinity_cloud.capability import Capability
 from infinity_cloud.families.base import Family, TowerEncoders, padded_text_example
 from infinity_cloud.families.folder import ModelFolder
+from infinity_cloud.families.two_tower import IMAGE
 from infinity_cloud.family import Graph, ModelInfo
 from infinity_cloud.text.input_encoder import TextInputEncoder
 
@@ -54,7 +55,8 @@ def token_vectors(name: str, inputs: tuple[str, ...], **options: Any) -> Graph:
 
 
 class PageReader(Family):
-    media = ("image",)
+    kinds = (IMAGE,)  # pages, as images
+    ranks = True
 
     def recognises(self, folder: ModelFolder) -> bool:
         return folder.model_type == self.name

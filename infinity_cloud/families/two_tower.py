@@ -17,6 +17,7 @@ from infinity_cloud.families.base import (
 )
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.family import Example, Graph, ModelInfo
+from infinity_cloud.input_kind import InputKind
 
 if TYPE_CHECKING:
     from infinity_cloud.text.tokenization import TextTokenizer
@@ -53,8 +54,12 @@ def text_embeds(inputs: tuple[str, ...]) -> Graph:
                  inputs=lambda model: inputs, example=padded_text_example)
 
 
+# Images, as URLs or data URIs, decoded with Pillow (`media/images.py`); ColPali's pages too.
+IMAGE = InputKind("image", fetched=True, extra="vision", modules=("PIL",), needs="Pillow")
+
+
 class TwoTower(Family):
-    media = ("image",)
+    kinds = (IMAGE,)
     # Whether the image tower reads a class token besides its patches (what an image costs).
     class_token = False
 

@@ -6,7 +6,7 @@ the value of its own limits when it builds the document."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,6 +18,9 @@ from infinity_cloud.config import LimitsSpec
 
 # Where a schema keeps the limits to fill in: {keyword: {"fields": [LimitsSpec field, ...], "less": n}}.
 _LIMITS = "x-limits"
+# A schema marked so is a kind of input: its enum is the kinds the app serves (`families.input_kinds`),
+# all ("all") or those of documents to rank ("ranked").
+INPUT_KINDS = "x-input-kinds"
 
 
 class Limit:
@@ -51,25 +54,31 @@ class Checked:
         return schema
 
 
-def fill_limits(node: Any, limits: LimitsSpec) -> None:
-    """Replace, in place, each schema's named limits with their values in `limits`."""
+def fill_limits(node: Any, limits: LimitsSpec, kinds: Mapping[str, tuple[str, ...]]) -> None:
+    """Replace, in place, each schema's named limits with their values in `limits`, and list
+    `kinds` as the enum of each kind of input."""
     if isinstance(node, dict):
         for keyword, limit in node.pop(_LIMITS, {}).items():
             node[keyword] = min(getattr(limits, name) for name in limit["fields"]) - limit["less"]
+        if INPUT_KINDS in node:
+            node["enum"] = list(kinds[node.pop(INPUT_KINDS)])
         for value in node.values():
-            fill_limits(value, limits)
+            fill_limits(value, limits, kinds)
     elif isinstance(node, list):
         for value in node:
-            fill_limits(value, limits)
+            fill_limits(value, limits, kinds)
 
 
-def with_limits(app: FastAPI, limits: LimitsSpec) -> Callable[[], dict[str, Any]]:
-    """`app.openapi`, its document stating `limits`: built once, as FastAPI's is."""
+def with_limits(
+    app: FastAPI, limits: LimitsSpec, kinds: Mapping[str, tuple[str, ...]]
+) -> Callable[[], dict[str, Any]]:
+    """`app.openapi`, its document stating `limits` and the kinds of input served (`kinds`):
+    built once, as FastAPI's is."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            fill_limits(build(), limits)  # build() keeps the document in app.openapi_schema
+            fill_limits(build(), limits, kinds)  # build() keeps the document in app.openapi_schema
         return app.openapi_schema  # type: ignore[return-value]
 
     return openapi

@@ -11,8 +11,8 @@ import pytest
 from parsed_source import parsed
 
 from infinity_cloud.backends.registry import _BACKENDS
+from infinity_cloud.families import input_kinds
 from infinity_cloud.install_hint import command_for, install_command
-from infinity_cloud.targets.preflight import MEDIA_NEEDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "infinity_cloud", ROOT / "targets"]
@@ -37,8 +37,8 @@ def hinted_extras() -> dict[str, set[str]]:
     for entry in _BACKENDS.values():
         for extra in [*entry.extras.values(), *([entry.converter] if entry.converter else [])]:
             found.setdefault(extra, set()).add("backends/registry.py")
-    for _, extra, _ in MEDIA_NEEDS.values():
-        found.setdefault(extra, set()).add("targets/preflight.py")
+    for extra in input_kinds().extras():  # each kind's, which preflight and the images name
+        found.setdefault(extra, set()).add("families/")
     return found
 
 

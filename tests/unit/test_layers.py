@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "infinity_cloud.capability": 0,
     "infinity_cloud.results": 0,
     "infinity_cloud.family": 0,
+    "infinity_cloud.input_kind": 0,
     "infinity_cloud.content_digest": 0,
     "infinity_cloud.config": 0,
     "infinity_cloud.per_input": 0,

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from infinity_cloud import __version__
 from infinity_cloud.config import DeploymentSpec, ServerSpec
 from infinity_cloud.engine import Engine
+from infinity_cloud.families import input_kinds
 from infinity_cloud.server import admin_routes, status_routes
 from infinity_cloud.server.auth import ApiKeyGate, admin_key_scheme, api_key_scheme
 from infinity_cloud.server.dialects import DIALECTS, Dialect
@@ -101,7 +102,10 @@ def create_app(
         openapi_url=f"{prefix}/openapi.json",
         exception_handlers={**EXCEPTION_HANDLERS, ClientDisconnected: _client_gone},
     )
-    app.openapi = with_limits(app, spec.server.limits)  # type: ignore[method-assign]
+    # The kinds of input as the families' registry holds them now (a request's are checked
+    # against it as it is read: `dialects.common.Kind`).
+    kinds = {"all": input_kinds().names, "ranked": input_kinds(ranked=True).names}
+    app.openapi = with_limits(app, spec.server.limits, kinds)  # type: ignore[method-assign]
     app.state.engine = engine
     app.state.spec = spec
     app.state.metrics = metrics

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import Request
 from pydantic import (
@@ -14,20 +15,23 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    PlainValidator,
     StrictBool,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from infinity_cloud.asks import RerankAsk
 from infinity_cloud.capability import Capability
 from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.families import input_kinds
 from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.engine_calls import answer
-from infinity_cloud.server.openapi import Checked, Limit
+from infinity_cloud.server.openapi import INPUT_KINDS, Checked, Limit
 
 
 def _whole_number(value: Any) -> Any:
@@ -35,6 +39,28 @@ def _whole_number(value: Any) -> Any:
     the parser reads an integer past 64 bits as one); 2.5, "2" and true are still refused. What
     the number is for then says whether it is too large (a 400 naming it)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _known_kind(ranked: bool) -> Callable[[Any], str]:
+    def known(value: Any) -> str:
+        """A kind of input the families' registry holds now (`families.input_kinds`), refused
+        as a Literal of them would be."""
+        kinds = input_kinds(ranked=ranked)
+        if not isinstance(value, str) or value not in kinds:
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": kinds.expected()})
+        return value
+
+    return known
+
+
+# A kind of input (text, image, audio, or one a family brings: `input_kind.InputKind`), read
+# from the registry when a request is; the OpenAPI document lists the kinds the app was built
+# with (server/openapi.py). `RankedKind`: of documents to rank (a family's that ranks: ColPali's pages).
+Kind = Annotated[str, PlainValidator(_known_kind(False)),
+                 WithJsonSchema({"type": "string", INPUT_KINDS: "all"})]
+RankedKind = Annotated[str, PlainValidator(_known_kind(True)),
+                       WithJsonSchema({"type": "string", INPUT_KINDS: "ranked"})]
 
 
 # An integer field: a JSON number with no fraction.
@@ -141,7 +167,7 @@ class _DocumentsRerank(_Request):
     documents: Annotated[list[Item | TextDocument], INPUTS]
     return_documents: StrictBool = False
     raw_scores: StrictBool = Field(False, description="logits instead of sigmoid scores")
-    modality: Literal["text", "image"] = Field(
+    modality: RankedKind = Field(
         "text", description="what the documents are: image URLs or data URIs for a multi-vector model "
         "(ColPali)"
     )

@@ -22,6 +22,7 @@ from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,
     Items,
+    Kind,
     NonNegative,
     Positive,
     TokenIdList,
@@ -52,7 +53,7 @@ class EmbeddingRequest(_Request):
         "float", description="sparse: {indices, values} per input, for SPLADE models"
     )
     dimensions: NonNegative | None = Field(None, description="Matryoshka truncation; 0 = full")
-    modality: Literal["text", "image", "audio"] = "text"
+    modality: Kind = "text"
     embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] | None = Field(
         None, description="quantised output for this request; default: the model's --embedding-dtype"
     )
