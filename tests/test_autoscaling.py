@@ -54,11 +54,11 @@ def process(argv: list[str], log: Path, ready: str, env: dict[str, str] | None =
         try:
             deadline = time.monotonic() + 120
             while True:
-                assert proc.poll() is None, log.read_text()[-3000:]
+                assert proc.poll() is None, log.read_text(encoding="utf-8", errors="replace")[-3000:]
                 with contextlib.suppress(httpx.TransportError):
                     if httpx.get(ready, timeout=2).status_code == 200:
                         break
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text(encoding="utf-8", errors="replace")[-3000:]
                 time.sleep(0.2)
             yield
         finally:
@@ -202,7 +202,8 @@ def test_the_scaled_object_query_rises_under_load_and_falls_when_idle(
         up = "sum(up{job=\"infinity-cloud\"})"
         deadline = time.monotonic() + 30
         while query(prometheus, up) < 2:  # both replicas scraped
-            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+            log = tmp_path / "prometheus.log"
+            assert time.monotonic() < deadline, log.read_text(encoding="utf-8", errors="replace")[-3000:]
             time.sleep(0.5)
         idle_before = query(prometheus, trigger["query"])
 
