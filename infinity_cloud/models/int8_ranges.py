@@ -36,6 +36,7 @@ class Int8Ranges:
         self._embed = embed
         self._vectors: np.ndarray | None = None  # its embeddings of the calibration texts
         self._calibrating: asyncio.Future[None] | None = None
+        self._making_texts = False  # the calibration is still reading its texts
 
     @property
     def ready(self) -> bool:
@@ -75,7 +76,11 @@ class Int8Ranges:
         return self._calibrating
 
     async def _calibrate(self) -> None:
-        texts = await asyncio.to_thread(quantization.calibration_texts)
+        self._making_texts = True
+        try:
+            texts = await asyncio.to_thread(quantization.calibration_texts)
+        finally:
+            self._making_texts = False
         with cache_mode("off"):  # fixed texts: no caller's rows, and none to keep
             self._vectors = await self._embed(texts)
         log.info("model %s: int8/uint8 ranges calibrated on %d texts", self._served.name, len(texts))
@@ -98,6 +103,8 @@ class Int8Ranges:
             rate = queue.rate or queue.prior_rate
             tokens = quantization.CALIBRATION_SIZE * 64  # paragraphs of 60-600 characters
             left = tokens / rate if rate else 10.0
+        if self._making_texts:  # its texts not yet made (a cold read parses ~60 modules): that too
+            left += quantization.LAST_TEXTS_S
         seconds = max(1, math.ceil(left + 0.5))  # and the batch running now
         error = ModelNotReadyError(
             f"model {served.name!r} is calibrating its int8/uint8 ranges (once, in the background, "

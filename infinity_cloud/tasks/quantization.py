@@ -11,7 +11,9 @@ docstrings: real English prose that every installation has.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -56,6 +58,22 @@ def docstring_paragraphs(source: Path) -> list[str]:
 def calibration_texts(count: int = CALIBRATION_SIZE) -> list[str]:
     """`count` paragraphs of the standard library's docstrings, spread over all there are, in a
     fixed order (60 to 600 characters each), read from the modules' source files."""
+    started = time.perf_counter()
+    texts = list(_calibration_texts(count))
+    global LAST_TEXTS_S
+    LAST_TEXTS_S = time.perf_counter() - started
+    return texts
+
+
+# How long making the calibration texts last took here (a cold read parses ~60 modules): a
+# calibration still making them is that far from its model work. Before any: twice what a cold
+# read took on a quiet 2-core EPYC (1.5 s), for a busy machine.
+LAST_TEXTS_S = 3.0
+
+
+@functools.cache
+def _calibration_texts(count: int) -> tuple[str, ...]:
+    """Read once per process: parsing the modules takes about 1.5 s of a 2-core EPYC."""
     paragraphs: dict[str, None] = {}
     for name in _MODULES:
         spec = importlib.util.find_spec(name)
@@ -66,7 +84,7 @@ def calibration_texts(count: int = CALIBRATION_SIZE) -> list[str]:
                 paragraphs.setdefault(text)
     texts = list(paragraphs)
     picks = np.linspace(0, len(texts) - 1, num=min(count, len(texts))).astype(int)
-    return [texts[i] for i in picks]
+    return tuple(texts[i] for i in picks)
 
 
 def ranges(calibration: np.ndarray) -> np.ndarray:
