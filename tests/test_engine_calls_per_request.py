@@ -1,6 +1,7 @@
 """Each HTTP request enters the engine once, and the engine looks its model up once: counted
 through the real app, per request, for every route that does work (an embeddings request in
-each dialect, rerank, classify, tokenize, decode, similarity, TEI's `/`). A route that asks the
+each dialect, rerank, classify, tokenize, decode, similarity, TEI's `/`, SageMaker's
+`/invocations`). A route that asks the
 engine first which model a name means and then asks it the work (TEI's `/` did, and its
 routes given a model name) enters it twice; an engine that resolves the name again in each of
 its own steps looks up 3 to 5 times."""
@@ -45,6 +46,11 @@ ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/predict", {"inputs": "a text", "model": "cls"}),
     ("/tokenize", {"inputs": "a text", "model": "emb"}),
     ("/decode", {"ids": [5, 6, 7], "model": "emb"}),
+    # SageMaker's one route, told by the body what it is for (it asked the model's kind first)
+    ("/invocations", {"model": "emb", "input": ["a text"]}),
+    ("/invocations", {"model": "cls", "input": ["a text"]}),
+    ("/invocations", {"model": "emb", "input": ["a text"], "encoding_format": "base64"}),
+    ("/invocations", {"model": "rr", "query": "a query", "documents": ["one", "two"]}),
 ]
 
 

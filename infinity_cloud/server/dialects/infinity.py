@@ -43,6 +43,10 @@ def classify_body(result: ClassifyResult) -> dict[str, Any]:
     return {**envelope("classify", result.model, result.prompt_tokens), "data": label_rows(result)}
 
 
+def classify_ask(body: ClassifyRequest) -> ClassifyAsk:
+    return ClassifyAsk(body.inputs(), body.model, raw_scores=body.raw_scores, truncate=body.truncate)
+
+
 def rerank_body(result: RerankResult, documents: list[str], return_documents: bool) -> dict[str, Any]:
     """Each result's `document` a string, or null unless asked for."""
     results = [{"index": r.index, "relevance_score": r.score,
@@ -58,9 +62,8 @@ root_router = APIRouter(tags=["rerank"], route_class=JsonRoute, responses=error_
 
 @router.post("/classify", tags=["classify"], summary="Classify texts: every label's score, highest first")
 async def classify(body: ClassifyRequest, request: Request) -> Response:
-    inputs = body.inputs()
-    ask = ClassifyAsk(inputs, body.model, raw_scores=body.raw_scores, truncate=body.truncate)
-    result = await answer(request, body.model, len(inputs),
+    ask = classify_ask(body)
+    result = await answer(request, body.model, len(ask.inputs),
                           request.app.state.engine.classify(ask), (Capability.CLASSIFY,))
     return json_response(classify_body(result))
 

@@ -12,12 +12,15 @@ from starlette.responses import Response
 
 from infinity_cloud.capability import ROUTE_NAMES, Capability
 from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.results import ClassifyResult
 from infinity_cloud.server.dialects.batch_transform import answer_mini_batch
 from infinity_cloud.server.dialects.common import RerankRequest
-from infinity_cloud.server.dialects.infinity import ClassifyRequest
-from infinity_cloud.server.dialects.openai import EmbeddingRequest
-from infinity_cloud.server.dialects.registry import Dialect, Mount
+from infinity_cloud.server.dialects.infinity import ClassifyRequest, classify_ask, classify_body
+from infinity_cloud.server.dialects.openai import EmbeddingRequest, embed_ask, embeddings_response
+from infinity_cloud.server.dialects.registry import Dialect, Mount, validated
 from infinity_cloud.server.dialects.tei import TeiErrorBody
+from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import ErrorBody, error_responses
 from infinity_cloud.server.parsing import JsonRoute, parse_json
 
@@ -45,15 +48,44 @@ def _route_from_header(request: Request) -> str | None:
 
 
 def _route_from_body(request: Request, data: dict[str, Any]) -> str:
-    engine = request.app.state.engine
+    """A body that is no request of any route (neither `query` nor `input`): the schema of
+    what its model does, whose 422 names the field that model's route needs."""
     if "query" in data:
         return "rerank"
-    facts = engine.facts_of(data.get("model") if isinstance(data.get("model"), str) else None,
-                            Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR)
-    capability = Capability(facts.capability)
-    if "input" in data:
-        return "classify" if capability is Capability.CLASSIFY else "embeddings"
-    return ROUTE_NAMES.get(capability, "embeddings")
+    facts = request.app.state.engine.facts_of(
+        data.get("model") if isinstance(data.get("model"), str) else None,
+        Capability.EMBED, Capability.CLASSIFY, Capability.MULTI_VECTOR,
+    )
+    return ROUTE_NAMES.get(Capability(facts.capability), "embeddings")
+
+
+async def _embed_or_classify(request: Request, data: dict[str, Any]) -> Response:
+    """A body with `input` and no route named: embeddings for an embedder, classify for a
+    classifier, in one engine call (the engine answers the ask its model does). A body only
+    one of the two schemas takes goes to that route."""
+    try:
+        as_classify: ClassifyRequest | None = validated(ClassifyRequest, data)  # type: ignore[assignment]
+    except RequestValidationError:
+        as_classify = None
+    try:
+        as_embed = validated(EmbeddingRequest, data)
+    except RequestValidationError:
+        if as_classify is None:
+            raise
+        return await _forward(request, "classify", data)
+    assert isinstance(as_embed, EmbeddingRequest)
+    if as_classify is None or "/classify" not in request.app.state.bodies:
+        return await _forward(request, "embeddings", data)
+    embed = embed_ask(as_embed, request)
+    with in_own_terms(as_embed.field_names()):
+        result = await answer(
+            request, as_embed.model, len(embed.inputs),
+            request.app.state.engine.by_model_type((embed, classify_ask(as_classify))),
+            (*embed.accepts, Capability.CLASSIFY),
+        )
+    if isinstance(result, ClassifyResult):
+        return json_response(classify_body(result))
+    return embeddings_response(result, as_embed.encoding_format)
 
 
 # The body is read here, not by FastAPI, so the document is told what it may be.
@@ -92,8 +124,15 @@ async def invocations(request: Request) -> Response:
         raise RequestValidationError(
             [{"type": "dict_type", "loc": ("body",), "msg": "the body must be a JSON object", "input": None}]
         )
-    route = _route_from_header(request) or _route_from_body(request, data)
-    # The app's bodies of that path (dialects.registry.mount): its dialects told apart as there.
+    route = _route_from_header(request)
+    if route is None and "input" in data and "query" not in data:
+        return await _embed_or_classify(request, data)
+    return await _forward(request, route or _route_from_body(request, data), data)
+
+
+async def _forward(request: Request, route: str, data: dict[str, Any]) -> Response:
+    """`data` answered by `route` as it answers its own (dialects.registry.mount's bodies of
+    that path: its dialects told apart as there)."""
     bodies = request.app.state.bodies.get(f"/{route}")
     if bodies is None:  # an app built without the dialect that serves it
         raise UnsupportedError(f"route {route!r} is not served by this app", param="route")
