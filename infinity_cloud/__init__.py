@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud import wiring
-
 __version__ = "0.1.0"
 __all__ = ["DeploymentSpec", "EmbedAsk", "Engine", "ModelSpec", "__version__"]
 
@@ -32,18 +30,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(config, name)
     raise AttributeError(name)
-
-
-def _target_registry() -> Any:
-    """The target registry, imported when first read: it names every target's section and
-    planner (`wiring.TargetSections`, `wiring.TargetPlanners`)."""
-    from infinity_cloud.targets import registry
-
-    return registry
-
-
-# The spec checks its target sections with the target registry, and `plan` finds each target's
-# planner there; neither can import it (the targets import them): the package hands it over
-# here, before any module can read it.
-wiring.target_sections = _target_registry
-wiring.target_planners = _target_registry

@@ -10,13 +10,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from infinity_cloud import wiring
 from infinity_cloud.errors import ConfigError
-from infinity_cloud.wiring import TargetSections
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.
@@ -366,19 +372,26 @@ def _keys(given: tuple[str, ...], file: Path | None, what: str) -> tuple[str, ..
     return (*given, *from_file)
 
 
-def _target_registry() -> TargetSections:
-    """The target registry, as the layer above hands it to the spec (`wiring`)."""
-    if wiring.target_sections is None:
-        raise ConfigError("no target registry is set (infinity_cloud.wiring.target_sections)")
-    return wiring.target_sections()
+class TargetSections(Protocol):
+    """What the spec asks the target registry (`targets/registry.py`), which the caller hands
+    to `load_spec(targets=...)`: the targets import the spec, so it cannot import them. A
+    target's section model (None: it has none; a ConfigError for an unknown name), and the
+    names it knows."""
+
+    def section_class(self, name: str) -> type[BaseModel] | None: ...
+
+    def target_names(self) -> list[str]: ...
+
+
+Section = TypeVar("Section", bound=BaseModel)
 
 
 class DeploymentSpec(_Frozen):
     """Everything a target needs to know: the models, the server around them, and how each
     target packages them. Each target's settings are a section of its own (`<target>:` in a
-    file), whose model the target registry gives (`section()` reads one); no target is named
-    here, and the registry is handed in by the layer above (`wiring.target_sections`), never
-    imported: the targets import the spec."""
+    file), whose model the target registry gives; no target is named here, and the registry is
+    handed to validation by its caller (`load_spec(targets=...)`, pydantic's validation
+    context), never imported: the targets import the spec."""
 
     # Sections are the only extra keys allowed: `_target_sections` refuses any other.
     model_config = ConfigDict(frozen=True, extra="allow")
@@ -388,12 +401,18 @@ class DeploymentSpec(_Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _target_sections(cls, data: Any) -> Any:
+    def _target_sections(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        registry: TargetSections | None = (info.context or {}).get("targets")
         for key in set(data) - set(cls.model_fields):
-            registry = _target_registry()
+            value = data[key]
+            if isinstance(value, BaseModel):  # a section validated before (a spec copied)
+                continue
+            if registry is None:
+                raise ValueError(f"unknown key {key!r}; a spec holds models and server (and target "
+                                 "sections where the target registry reads it: load_spec(targets=...))")
             try:
                 section = registry.section_class(key)
             except ConfigError:
@@ -403,24 +422,16 @@ class DeploymentSpec(_Frozen):
                 ) from None
             if section is None:
                 raise ValueError(f"target {key!r} has no settings of its own")
-            value = data[key]
-            if not isinstance(value, section):
-                try:
-                    value = section.model_validate(value or {})
-                except ValidationError as exc:  # keep the section in each place named
-                    raise ValueError("; ".join(error_lines(exc, prefix=(key,)))) from None
-            data[key] = value
+            try:
+                data[key] = section.model_validate(value or {})
+            except ValidationError as exc:  # keep the section in each place named
+                raise ValueError("; ".join(error_lines(exc, prefix=(key,)))) from None
         return data
 
-    def section(self, target: str) -> BaseModel:
-        """A target's settings: as given, or its defaults."""
+    def section(self, target: str, kind: type[Section]) -> Section:
+        """A target's settings (`kind`, its section model): as given, or its defaults."""
         given = (self.model_extra or {}).get(target)
-        if given is not None:
-            return given
-        section = _target_registry().section_class(target)
-        if section is None:
-            raise ConfigError(f"target {target!r} has no settings of its own")
-        return section()
+        return given if given is not None else kind()  # type: ignore[return-value]
 
     def sections(self) -> dict[str, BaseModel]:
         """The target sections given (by the file, env or flags)."""
@@ -527,10 +538,11 @@ def _models_with(models: list[dict[str, Any]] | None, given: dict[str, Any]) -> 
     return merged
 
 
-def build_spec(data: dict[str, Any]) -> DeploymentSpec:
-    """Validate a spec dict, turning pydantic's errors into one readable ConfigError."""
+def build_spec(data: dict[str, Any], targets: TargetSections | None = None) -> DeploymentSpec:
+    """Validate a spec dict (its target sections by `targets`, the target registry), turning
+    pydantic's errors into one readable ConfigError."""
     try:
-        return DeploymentSpec.model_validate(data)
+        return DeploymentSpec.model_validate(data, context={"targets": targets})
     except ValidationError as exc:
         lines = [f"  {line}" for line in error_lines(exc)]
         raise ConfigError("invalid deployment spec:\n" + "\n".join(lines)) from None
@@ -545,7 +557,9 @@ def error_lines(exc: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]
     return lines
 
 
-def load_spec(config_file: str | Path | None = None, **overrides: Any) -> DeploymentSpec:
-    """The merged spec: the config file (if any), then the given overrides."""
+def load_spec(config_file: str | Path | None = None, *, targets: TargetSections | None = None,
+              **overrides: Any) -> DeploymentSpec:
+    """The merged spec: the config file (if any), then the given overrides. Its target
+    sections are read by `targets` (the target registry; without it, a section is refused)."""
     base = read_config_file(config_file) if config_file else {}
-    return build_spec(merge_overrides(base, overrides))
+    return build_spec(merge_overrides(base, overrides), targets)

@@ -102,7 +102,7 @@ class Target(Generic[Settings]):
 
     def settings(self, spec: DeploymentSpec) -> Settings:
         """This target's section of the spec."""
-        return spec.section(self.name)  # type: ignore[return-value]
+        return spec.section(self.name, self.spec_class)  # type: ignore[return-value,arg-type]
 
     def describe(self, spec: DeploymentSpec) -> str:
         """How messages name a deployment ("Modal app 'rag'")."""

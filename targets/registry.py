@@ -1,9 +1,9 @@
 """Deployment targets by name: the built-in ones, those other installed packages declare in
 the `infinity_cloud.targets` entry-point group, and any registered at run time.
 
-The deployment spec takes each target's section from here (handed to it by the package,
-`wiring.target_sections`: the spec cannot import what imports the targets), `plan` each
-target's planner (`wiring.target_planners`), and the CLI its verbs and flags, so adding a
+The deployment spec takes each target's section from here (the CLI hands this module to
+`load_spec(targets=...)`: the spec cannot import what imports the targets), `plan` each
+target's planner (handed to it as `planner`), and the CLI its verbs and flags, so adding a
 target adds no line to any of them. Targets are named by import path and
 imported on first use: the core never imports a target it does not need. It sits beside the
 targets and above them (tests/unit/test_layers.py): no target imports it.

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from infinity_cloud.cli import build_cli
 from infinity_cloud.config import load_spec
+from infinity_cloud.targets import registry
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"
 # all-MiniLM-L6-v2's shape: plan reads nothing else of a model.
@@ -91,7 +92,7 @@ def test_the_written_spec_matches_its_golden_file_and_loads(model: Path, target:
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(yaml.safe_dump(data, sort_keys=False))
     assert data == yaml.safe_load(golden.read_text()), "the plan changed: review it, then UPDATE_GOLDEN=1"
-    spec = load_spec(written)  # as deploy --config reads it
+    spec = load_spec(written, targets=registry)  # as deploy --config reads it
     assert spec.models[0].batch_tokens == data["models"][0]["batch_tokens"]
     assert spec.sections()[target].model_dump(include=set(data[target])) == {
         k: tuple(v) if isinstance(v, list) else v for k, v in data[target].items()
@@ -334,4 +335,4 @@ def test_a_replica_is_bounded_by_its_own_tokenizer_timed_by_plan(tiny_embedder: 
     assert code == 0, output
     assert re.search(r"tokenizer [\d,]+ \(measured on this model's tokenizer here\)", output), output
     assert f"infinity-cloud serve --config {written}" in output
-    load_spec(written)
+    load_spec(written, targets=registry)

@@ -113,19 +113,22 @@ def test_its_section_is_validated_by_its_own_model(toy: Any, tmp_path: Path) -> 
     config = tmp_path / "bad.yaml"
     config.write_text("toy:\n  colour: red\n")
     with pytest.raises(ConfigError, match=r"toy\.colour"):
-        load_spec(config)
+        load_spec(config, targets=registry)
 
 
 def test_an_unknown_section_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("lambda_:\n  memory: 3\n")
     with pytest.raises(ConfigError, match=r"unknown key 'lambda_'.*local, modal"):
+        load_spec(config, targets=registry)
+    # Without the registry (a container's own spec, which holds no section) any section is refused.
+    with pytest.raises(ConfigError, match=r"unknown key 'lambda_'.*load_spec\(targets=\.\.\.\)"):
         load_spec(config)
 
 
 def test_a_spec_without_a_section_reads_its_defaults() -> None:
     spec = DeploymentSpec()
-    assert spec.section("modal").max_containers == 2
+    assert spec.section("modal", registry.section_class("modal")).max_containers == 2
     assert spec.sections() == {}
 
 

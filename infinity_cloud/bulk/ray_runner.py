@@ -79,7 +79,10 @@ def _run(ray: Any, spec: DeploymentSpec, job: EmbedJob, actors: int | None) -> d
         items = [{"plan": plan_to_json(p)} for p in planned.todo]
         pipeline = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             ShardEmbedder,
-            fn_constructor_kwargs={"spec_json": spec.model_dump_json(), "job_json": job_to_json(job)},
+            # The targets' sections stay behind: a worker serves the models alone, and reading a
+            # section back would need the target registry.
+            fn_constructor_kwargs={"spec_json": spec.model_dump_json(exclude=set(spec.sections())),
+                                   "job_json": job_to_json(job)},
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=actors),
             **per_actor,

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from infinity_cloud.cli.common import fail, reported_errors
+from infinity_cloud.targets import registry
 
 
 def plan(
@@ -61,7 +62,7 @@ def plan(
     from infinity_cloud.sizing.estimate import Shape, calibrations, tokenizer_tokens_per_s
     from infinity_cloud.sizing.profile import Profile
 
-    targets = planning.planned_targets()
+    targets = planning.planned_targets(registry.planner)
     spelled = ", ".join(planning.spelled(t) for t in targets)
     if interactive:
         model_id = model_id or typer.prompt("Model (hub id or folder)")
@@ -91,15 +92,15 @@ def plan(
             if tokenizer_json.is_file() else None
         )
         load = planning.Load(qps, tokens_per_request, texts_per_request, p95_ms, min_replicas)  # type: ignore[arg-type]
-        best, every = planning.choose(str(target), shape, load, calibrations(), measured, scale_to_zero,
-                                      hardware, per_core, accept_contended)
+        best, every = planning.choose(str(target), registry.planner, shape, load, calibrations(), measured,
+                                      scale_to_zero, hardware, per_core, accept_contended)
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     report.show_plan(planning.spelled(target), str(model_id), best, every)
     if write is not None:
         data = planning.spec_data(str(model_id), str(target), best)
         with reported_errors():
-            build_spec(data)  # the spec deploy will read, checked as it will check it
+            build_spec(data, registry)  # the spec deploy will read, checked as it will check it
         write.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         verb = "serve" if target == "local" else f"deploy {planning.spelled(target)}"
         typer.echo(f"spec: {write} (infinity-cloud {verb} --config {write})")

@@ -112,7 +112,7 @@ def with_spec(fn: Callable[..., Any] | None = None, *, target: str | None = None
                 options["sections"] = {target: given}
             config = options.pop("config")
             with reported_errors():
-                spec = load_spec(config, **options)
+                spec = load_spec(config, targets=registry, **options)
             return fn(spec=spec, **kwargs)
 
         flags = [(name, hint, option) for name, (hint, option) in SPEC_OPTIONS.items()]

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud import wiring
 from infinity_cloud.sizing.estimate import Calibrations, Estimate, Offer, Shape, estimate, offers
 from infinity_cloud.sizing.profile import Profile
 
@@ -168,8 +167,8 @@ class Choice:
 @dataclass(frozen=True)
 class Planner:
     """How a target sizes its own section: given by the target (`targets/<name>/plan.py`, named
-    by its class's `planner`), found through the target registry the package hands over
-    (`wiring.target_planners`)."""
+    by its class's `planner`), found through the target registry its caller hands in
+    (`Planners`)."""
 
     # Sets `choice.settings` (the section's fields) and `choice.autoscaling_why` (the
     # threshold in the metric the target's autoscaler reads) from the figures `plan_offer`
@@ -185,11 +184,9 @@ class Planner:
     one_host: bool = False
 
 
-def planner_of(target: str) -> Planner | None:
-    """The target's planner, or None where it sizes no section."""
-    if wiring.target_planners is None:
-        raise ValueError("no target registry is set (infinity_cloud.wiring.target_planners)")
-    return wiring.target_planners().planner(target)
+# Each target's planner by name, None where the target sizes no section: the target registry's
+# `planner`, handed in by the caller (the targets import sizing, so sizing cannot import them).
+Planners = Callable[[str], "Planner | None"]
 
 
 def spelled(target: str) -> str:
@@ -217,19 +214,19 @@ def local_offer() -> Offer:
     )
 
 
-def offers_of(target: str) -> list[Offer]:
+def offers_of(target: str, planners: Planners) -> list[Offer]:
     """The offers `plan` chooses between for `target`: the price table's, or this host."""
-    planner = planner_of(target)
+    planner = planners(target)
     if planner is not None and planner.one_host:
         return [local_offer()]
     return offers(target)
 
 
-def planned_targets() -> tuple[str, ...]:
+def planned_targets(planners: Planners) -> tuple[str, ...]:
     """The targets `plan` sizes: those the price table prices (in its order) with a planner,
     then the one that sizes this host."""
-    priced = [t for t in dict.fromkeys(o.target for o in offers()) if planner_of(t) is not None]
-    local = planner_of("local")
+    priced = [t for t in dict.fromkeys(o.target for o in offers()) if planners(t) is not None]
+    local = planners("local")
     return (*priced, *(["local"] if local is not None and local.one_host else []))
 
 
@@ -322,6 +319,7 @@ def check_profile(profile: Profile, available: list[Offer], accept_contended: bo
 
 def choose(
     target: str,
+    planners: Planners,
     shape: Shape,
     load: Load,
     table: Calibrations,
@@ -333,11 +331,11 @@ def choose(
 ) -> tuple[Choice, list[Choice]]:
     """Every offer of `target` (or the one named `hardware`) planned for `load`; the cheapest
     that meets the p95 (or, where none does, the one nearest it) first."""
-    available = offers_of(target)
+    available = offers_of(target, planners)
     if not available:
         raise ValueError(
             f"the price table has no offer for {spelled(target)}; targets: "
-            f"{', '.join(spelled(t) for t in planned_targets())}"
+            f"{', '.join(spelled(t) for t in planned_targets(planners))}"
         )
     if hardware is not None:
         named = [o for o in available if o.name == hardware]
@@ -349,7 +347,8 @@ def choose(
         check_profile(profile, available, accept_contended)
     planned = [
         plan_offer(
-            offer, load, capacity_of(offer, shape, load, table, profile, tokenizer_per_core), scale_to_zero
+            offer, load, capacity_of(offer, shape, load, table, profile, tokenizer_per_core),
+            planners(offer.target), scale_to_zero,
         )
         for offer in available
     ]
@@ -366,9 +365,10 @@ def _scales_to_zero(offer: Offer, planner: Planner | None, asked: bool | None) -
     return planner.zero_by_default if asked is None else asked
 
 
-def plan_offer(offer: Offer, load: Load, capacity: Capacity, scale_to_zero: bool | None = None) -> Choice:
-    """Every figure of `offer` for `load`, each with its arithmetic, computed here only."""
-    planner = planner_of(offer.target)
+def plan_offer(offer: Offer, load: Load, capacity: Capacity, planner: Planner | None,
+               scale_to_zero: bool | None = None) -> Choice:
+    """Every figure of `offer` for `load` (sized by its target's `planner`), each with its
+    arithmetic, computed here only."""
     rate = capacity.tokens_per_s
     choice = Choice(offer=offer, load=load, capacity=capacity, batch_tokens=batch_for(load, rate))
     choice.scales_to_zero = _scales_to_zero(offer, planner, scale_to_zero)

@@ -35,7 +35,6 @@ RANKS: dict[str, int] = {
     "infinity_cloud.hardware": 0,
     "infinity_cloud.progress": 0,
     "infinity_cloud.install_hint": 0,
-    "infinity_cloud.wiring": 0,
     # 1 numerics the backends and the engine share (model inputs, pooling, heads, fidelity)
     "infinity_cloud.numerics": 1,
     # 2 backends run a graph on a device: graphs and numerics, never a task, family or request

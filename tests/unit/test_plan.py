@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from infinity_cloud.sizing import plan
 from infinity_cloud.sizing.estimate import Calibration, Shape, calibrations, estimate, kernel_class, offers
 from infinity_cloud.sizing.profile import Hardware, Point, Profile
+from infinity_cloud.targets import registry
 
 MINILM = Shape(layers=6, hidden=384, inner=1536, max_tokens=512)
 MPNET = Shape(layers=12, hidden=768, inner=3072, max_tokens=514)
@@ -24,16 +25,22 @@ loads = st.builds(
 )
 
 
+def _planner(offer: object) -> plan.Planner | None:
+    """The planner of the offer's target, as `plan` hands it on (the registry's)."""
+    return registry.planner(offer.target)  # type: ignore[attr-defined]
+
+
 @settings(max_examples=150, deadline=None)
-@given(load=loads, more=st.floats(1.0, 50.0), target=st.sampled_from(plan.planned_targets()))
+@given(load=loads, more=st.floats(1.0, 50.0), target=st.sampled_from(plan.planned_targets(registry.planner)))
 # Lambda's instances came from a replica's queued p95, which falls as replicas are added: 16
 # instances at 1 request/s, 15 at 1.25 (hypothesis found it).
 @example(load=plan.Load(1.0, 2124, 1, None), more=1.25, target="aws_lambda")
 def test_more_load_never_means_fewer_replicas(load: plan.Load, more: float, target: str) -> None:
     busier = plan.Load(load.qps * more, load.tokens_per_request, 1, load.p95_ms)
     for offer in offers(target):
-        one = plan.plan_offer(offer, load, plan.capacity_of(offer, MINILM, load, POINTS), True)
-        two = plan.plan_offer(offer, busier, plan.capacity_of(offer, MINILM, busier, POINTS), True)
+        planner = _planner(offer)
+        one = plan.plan_offer(offer, load, plan.capacity_of(offer, MINILM, load, POINTS), planner, True)
+        two = plan.plan_offer(offer, busier, plan.capacity_of(offer, MINILM, busier, POINTS), planner, True)
         assert two.replicas >= one.replicas
         assert two.monthly_usd >= one.monthly_usd
 
@@ -58,7 +65,7 @@ def test_a_batch_chosen_for_a_p95_is_predicted_within_it() -> None:
 
 def test_the_cheapest_offer_that_meets_the_p95_is_chosen() -> None:
     load = plan.Load(qps=200, tokens_per_request=256, p95_ms=300)
-    best, every = plan.choose("modal", MPNET, load, POINTS)
+    best, every = plan.choose("modal", registry.planner, MPNET, load, POINTS)
     meeting = [c for c in every if c.meets_p95]
     assert best.meets_p95 and best.monthly_usd == min(c.monthly_usd for c in meeting)
     assert {"hardware", "replicas", "batch_tokens", "p95", "cost", "deadline_s", "autoscaling"} <= set(
@@ -132,7 +139,7 @@ def test_kernel_classes_from_flags() -> None:
 
 def test_the_price_table_says_where_each_price_came_from() -> None:
     every = offers()
-    assert {o.target for o in every} | {"local"} == set(plan.planned_targets())
+    assert {o.target for o in every} | {"local"} == set(plan.planned_targets(registry.planner))
     for offer in every:
         assert offer.usd_per_hour > 0 and offer.source and offer.as_of[:4].isdigit()
         assert offer.peak_flops() > 0
@@ -141,7 +148,7 @@ def test_the_price_table_says_where_each_price_came_from() -> None:
 
 
 def _choose(target: str, load: plan.Load, **kwargs: object) -> tuple[plan.Choice, list[plan.Choice]]:
-    return plan.choose(target, MINILM, load, POINTS, **kwargs)  # type: ignore[arg-type]
+    return plan.choose(target, registry.planner, MINILM, load, POINTS, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("target", ["modal", "kubernetes", "sagemaker", "aws_lambda"])
@@ -187,7 +194,7 @@ def test_lambda_is_priced_per_use_against_the_price_table(qps: float) -> None:
     assert offer.billing == "per_use"
     load = plan.Load(qps=qps, tokens_per_request=256)
     capacity = plan.capacity_of(offer, MINILM, load, POINTS)
-    choice = plan.plan_offer(offer, load, capacity)
+    choice = plan.plan_offer(offer, load, capacity, _planner(offer))
     duration = 256 / capacity.compute.tokens_per_s + (capacity.overhead_ms or 0) / 1000
     requests = qps * 730 * 3600
     expected = requests * duration * offer.memory_gib * offer.usd_per_gb_s + requests / 1e6 * 0.2
@@ -205,7 +212,7 @@ def test_sagemaker_serverless_is_priced_per_use_with_its_data() -> None:
     offer = next(o for o in offers("sagemaker") if o.billing == "per_use")
     load = plan.Load(qps=10, tokens_per_request=256)
     capacity = plan.capacity_of(offer, MINILM, load, POINTS)
-    choice = plan.plan_offer(offer, load, capacity)
+    choice = plan.plan_offer(offer, load, capacity, _planner(offer))
     duration = choice.p95_ms / 1000
     requests = 10 * 730 * 3600
     data_gb = requests * (256 * 4 + 4096) / 1e9
@@ -220,7 +227,8 @@ def test_modal_bills_busy_container_seconds_and_the_ones_kept_warm() -> None:
     for qps, warm in ((0.2, True), (0.2, False), (0.001, False), (80, False)):
         load = plan.Load(qps=qps, tokens_per_request=256)
         choice = plan.plan_offer(
-            offer, load, plan.capacity_of(offer, MINILM, load, POINTS), False if warm else None
+            offer, load, plan.capacity_of(offer, MINILM, load, POINTS), _planner(offer),
+            False if warm else None,
         )
         needed = load.tokens_per_s / (choice.rate * plan.UTILISATION)
         kept = choice.min_replicas
@@ -279,7 +287,7 @@ def test_a_replica_is_bounded_by_its_tokenizer_and_its_request_overhead() -> Non
     profile = _profile(["avx2"], request_overhead_ms=4.0)  # the profile's own overhead first
     measured = plan.capacity_of(offer, MINILM, load, table, profile, tokenizer_per_core=50_000)
     assert measured.requests_per_s == pytest.approx(250)
-    assert "requests binds" in plan.plan_offer(offer, load, overhead).reasons["hardware"]
+    assert "requests binds" in plan.plan_offer(offer, load, overhead, _planner(offer)).reasons["hardware"]
 
 
 def test_an_unmeasured_cpu_class_is_scaled_from_the_nearest_measured_one_not_its_own_peak() -> None:
