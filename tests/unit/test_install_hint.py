@@ -28,7 +28,11 @@ def hinted_extras() -> dict[str, set[str]]:
     """Each extra the code names in a hint, with the files naming it: the literal arguments of
     every `install_command(...)` call, and the extras of the tables messages read theirs from."""
     found: dict[str, set[str]] = {}
-    for path in (p for folder in SOURCES for p in folder.rglob("*.py")):
+    # Only a module that names the function can call it: the rest are not walked (walking
+    # every node of every module was most of the unit tests' time).
+    modules = (p for folder in SOURCES for p in folder.rglob("*.py"))
+    naming = (p for p in modules if "install_command" in p.read_text(encoding="utf-8"))
+    for path in naming:
         for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "install_command":
                 for arg in node.args:
