@@ -124,6 +124,8 @@ class ModelFacts:
     device: str
     dtype: str  # the precision it runs in
     agreement_with_float32: float | None  # worst cosine to float32 on fixed probes
+    # Why it runs in this precision where a reduced one fell short (`Backend.precision_note`)
+    precision_note: str | None
     max_input_tokens: int
     dimensions: int | None
     labels: tuple[str, ...]  # a classifier's, in id order; else empty

@@ -35,7 +35,6 @@ from infinity_cloud.content_digest import file_record
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
 from infinity_cloud.install_hint import install_command
-from infinity_cloud.models import backend_choice
 from infinity_cloud.numerics import fidelity
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
@@ -779,17 +778,19 @@ async def test_the_fidelity_check_compares_real_outputs(
     """The check runs the probes through both precisions (not a constant verdict)."""
     seen: list[tuple[np.ndarray, np.ndarray]] = []
 
+    real = fidelity.agreement
+
     def recording(candidate: np.ndarray, reference: np.ndarray) -> float:
         seen.append((candidate, reference))
-        return fidelity.agreement(candidate, reference)
+        return real(candidate, reference)
 
-    monkeypatch.setattr(backend_choice, "agreement", recording, raising=False)
+    monkeypatch.setattr(fidelity, "agreement", recording)
     _, facts = await run(models["bert"], backend="torch", dtype="auto")
     assert facts["dtype"] == "bfloat16"
     ((candidate, reference),) = seen
     assert candidate.shape == reference.shape and candidate.shape[0] >= 4
     assert not np.array_equal(candidate, reference)  # really two precisions
-    assert fidelity.agreement(candidate, reference) >= fidelity.MIN_AGREEMENT["bfloat16"]
+    assert real(candidate, reference) >= fidelity.MIN_AGREEMENT["bfloat16"]
 
 
 # -- 8. bad backend / dtype / device combinations -------------------------------------------

@@ -70,6 +70,9 @@ class Backend(ABC):
         self.dtype = "float32"
         # Worst cosine to float32 on the fidelity probes, measured for reduced precisions.
         self.agreement: float | None = None
+        # Why it runs in another precision than the one `dtype auto`/`fastest` would pick, or
+        # than the one asked for falls short (`/models` shows it); None where nothing is amiss.
+        self.precision_note: str | None = None
         # The cached export it runs (its folder's name, a hash of how it was built): a
         # precision verdict is about that build, and a rebuilt int8 needs its own.
         self.export_name: str | None = None

@@ -15,7 +15,7 @@ from infinity_cloud.config import ModelSpec
 from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
 from infinity_cloud.family import GraphOutput, ModelInfo
 from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels
-from infinity_cloud.numerics.fidelity import MIN_AGREEMENT, agreement
+from infinity_cloud.numerics.fidelity import MAX_SCORE_DIFFERENCE, MIN_AGREEMENT, Check, measure, shortfall
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs
 
@@ -24,18 +24,19 @@ log = logging.getLogger(__name__)
 
 def open_backend(
     info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head,
-    calibration: Callable[[], Calibration],
+    calibration: Callable[[], Calibration], check: Check = "cosine",
 ) -> Backend:
     """The backend `spec` asks for to run `graph`; for `auto`, the first installed one that
-    loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32;
-    `calibration` makes the inputs a precision built by measuring (int8) is built with."""
+    loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32,
+    as the task's `check` says (`numerics.fidelity`); `calibration` makes the inputs a
+    precision built by measuring (int8) is built with."""
     if spec.backend != "auto":
-        return _verified(backend_class(spec.backend), info, spec, graph, probes, head, calibration)
+        return _verified(backend_class(spec.backend), info, spec, graph, probes, head, calibration, check)
     failures: list[tuple[str, Exception]] = []
     for name in auto_backends(spec.device):
         try:
             chosen = spec.model_copy(update={"backend": name})
-            return _verified(backend_class(name), info, chosen, graph, probes, head, calibration)
+            return _verified(backend_class(name), info, chosen, graph, probes, head, calibration, check)
         # A ConfigError too: one backend lacking the dtype or device (int8 on OpenVINO) is
         # no reason to stop before another that has it.
         except (ModelLoadError, ConfigError) as exc:
@@ -55,11 +56,13 @@ def open_backend(
 
 def _verified(
     cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs,
-    head: Head, calibration: Callable[[], Calibration],
+    head: Head, calibration: Callable[[], Calibration], check: Check,
 ) -> Backend:
     """Load; for a precision below float32, measure how far its outputs are from float32's.
 
-    `dtype auto` keeps a reduced precision only if float32 agrees (else serves float32); a
+    `dtype auto` keeps a reduced precision only if it agrees with float32 as the task needs
+    (`fidelity.shortfall`: a scorer's order and scores, an embedder's cosine; else serves
+    float32, and says why in the log and `/models`); a
     precision asked for by name is served as asked, with a loud warning when it disagrees
     (int8 can, where its kernels lose more: CTranslate2's without VNNI). The verdict is cached
     with the model's exports (keyed by its files, backend and precision), so only the first
@@ -67,9 +70,13 @@ def _verified(
     """
     if spec.dtype == "fastest":
         floor = MIN_AGREEMENT["int8"] if spec.min_agreement is None else spec.min_agreement
-        return _fastest(cls, info, spec, graph, probes, head, calibration, cls.fastest_dtypes(spec), floor)
-    if spec.dtype == "auto" and cls.auto_dtypes(spec):
-        return _fastest(cls, info, spec, graph, probes, head, calibration, cls.auto_dtypes(spec), None)
+        candidates, bar = cls.fastest_dtypes(spec), floor
+    elif spec.dtype == "auto" and cls.auto_dtypes(spec):
+        candidates, bar = cls.auto_dtypes(spec), None
+    else:
+        candidates, bar = (), None
+    if candidates:
+        return _fastest(cls, info, spec, graph, probes, head, calibration, candidates, bar, check)
     calibrated = spec.dtype in cls.calibrated_dtypes
     try:
         backend = cls(info, spec, graph, calibration=calibration) if calibrated else cls(info, spec, graph)
@@ -84,13 +91,13 @@ def _verified(
     reference_spec = spec.model_copy(update={"dtype": "float32"})
     loaded: list[Backend] = []
 
-    def measure(_: object) -> dict[str, float]:
+    def measure_once(_: object) -> dict[str, float]:
         loaded.append(cls(info, reference_spec, graph))
 
         def outputs(b: Backend) -> np.ndarray:
             return head(b.forward(probes), probes.attention_mask)
 
-        return {"agreement": agreement(outputs(backend), outputs(loaded[0]))}
+        return measure(check, outputs(backend), outputs(loaded[0]))
 
     verdict = exports.cached_export(
         info.path, "fidelity",
@@ -98,30 +105,34 @@ def _verified(
         # bfloat16, which OpenVINO's int8 runs its unquantised rest in where the CPU has it.
         {"backend": cls.name, "graph": graph, "dtype": backend.dtype, "device": backend.device, "min": floor,
          "kernels": int8_kernels() if backend.device == "cpu" else None, "export": backend.export_name,
-         **({"bf16": True} if backend.device == "cpu" and cpu_has_fast_bf16() else {})},
-        measure, f"checking {cls.name} {backend.dtype} against float32", beside=spec.export_into_folder,
+         **({"bf16": True} if backend.device == "cpu" and cpu_has_fast_bf16() else {}),
+         # A scorer's verdict is its order and scores (embedders' keys are as they were).
+         **({"check": check, "bound": MAX_SCORE_DIFFERENCE.get(backend.dtype)} if check != "cosine" else {})},
+        measure_once, f"checking {cls.name} {backend.dtype} against float32", beside=spec.export_into_folder,
     )
-    score = exports.export_metadata(verdict)["agreement"]
-    if score >= floor or spec.dtype != "auto":
+    measured = exports.export_metadata(verdict)
+    score, short = measured["agreement"], shortfall(measured, backend.dtype, floor)
+    if short is None or spec.dtype != "auto":
         for reference in loaded:
             reference.close()
         backend.agreement = score
-        if score >= floor:
+        if short is None:
             log.info("%s %s agrees with float32 (%.5f)", cls.name, backend.dtype, score)
         else:
+            backend.precision_note = f"{backend.dtype}, asked for, disagrees with float32: {short}"
             log.warning(
-                "%s %s, asked for, disagrees with float32 on %s: worst cosine %.4f (< %.3f), so "
-                "search and ranking quality will suffer. Serve it with --dtype float32 (or auto) instead",
-                cls.name, backend.dtype, info.path, score, floor,
+                "%s %s, asked for, disagrees with float32 on %s: %s, so search and ranking quality "
+                "will suffer. Serve it with --dtype float32 (or auto) instead",
+                cls.name, backend.dtype, info.path, short,
             )
         return backend
-    log.warning(
-        "%s %s disagrees with float32 on %s (agreement %.5f < %.3f); serving float32 instead",
-        cls.name, backend.dtype, info.path, score, floor,
-    )
+    log.warning("%s %s disagrees with float32 on %s: %s; serving float32 instead",
+                cls.name, backend.dtype, info.path, short)
+    dtype = backend.dtype
     backend.close()
     reference = loaded[0] if loaded else cls(info, reference_spec, graph)
     reference.agreement = 1.0
+    reference.precision_note = f"float32, as {dtype} disagrees with float32: {short}"
     return reference
 
 
@@ -133,7 +144,7 @@ TIMING_RUNS = 3
 
 def _fastest(
     cls: type[Backend], info: ModelInfo, spec: ModelSpec, graph: GraphOutput, probes: ModelInputs, head: Head,
-    calibration: Callable[[], Calibration], candidates: tuple[str, ...], floor: float | None,
+    calibration: Callable[[], Calibration], candidates: tuple[str, ...], floor: float | None, check: Check,
 ) -> Backend:
     """Each of `candidates` (float32 first) is loaded, compared with float32 on the probes and
     timed on a full batch with its head fused, and the fastest that agrees is served: to
@@ -145,7 +156,7 @@ def _fastest(
     cannot hold its own bar) is left out, with its reason."""
     timing = timing_batch(probes, info.max_length)
 
-    def measure(_: object) -> dict[str, object]:
+    def measure_all(_: object) -> dict[str, object]:
         measured: dict[str, dict[str, float]] = {}
         left_out: dict[str, str] = {}
         reference: np.ndarray | None = None
@@ -163,16 +174,15 @@ def _fastest(
                 out = head(backend.forward(probes), probes.attention_mask)
                 reference = out if reference is None else reference
                 backend.fuse(head)
-                score = agreement(out, reference)
-                measured[dtype] = {"agreement": score, "seconds": _seconds(backend, timing)}
+                measured[dtype] = {**measure(check, out, reference), "seconds": _seconds(backend, timing)}
             finally:
                 backend.close()
 
-        def agrees(dtype: str) -> bool:  # float32 is the reference itself
-            bar = MIN_AGREEMENT.get(dtype, 0.0) if floor is None else floor
-            return dtype == "float32" or measured[dtype]["agreement"] >= bar
-
-        agreeing = [d for d in measured if agrees(d)]
+        # float32 is the reference itself; what falls short is left out, with why
+        shorts = {d: shortfall(measured[d], d, MIN_AGREEMENT.get(d, 0.0) if floor is None else floor)
+                  for d in measured if d != "float32"}
+        left_out.update({d: f"disagrees with float32: {why}" for d, why in shorts.items() if why})
+        agreeing = [d for d in measured if not shorts.get(d)]
         return {"dtype": min(agreeing, key=lambda d: measured[d]["seconds"]), "measured": measured,
                 "left_out": left_out}
 
@@ -181,8 +191,9 @@ def _fastest(
         {"backend": cls.name, "graph": graph, "device": cls.device_name(spec), "candidates": list(candidates),
          "timing": [TIMING_ROWS, TIMING_LENGTH], "floor": floor,
          # On a CPU, what decides between float32, bfloat16 and int8: its matrix kernels.
-         "kernels": int8_kernels(), **({"bf16": True} if cpu_has_fast_bf16() else {})},
-        measure, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
+         "kernels": int8_kernels(), **({"bf16": True} if cpu_has_fast_bf16() else {}),
+         **({"check": check, "bound": MAX_SCORE_DIFFERENCE} if check != "cosine" else {})},
+        measure_all, f"timing {cls.name} in {', '.join(candidates)} on {cls.device_name(spec)}",
         beside=spec.export_into_folder,
     ))
     chosen, measured = verdict["dtype"], verdict["measured"]
@@ -196,6 +207,10 @@ def _fastest(
     backend = (cls(info, served, graph, calibration=calibration) if chosen in cls.calibrated_dtypes
                else cls(info, served, graph))
     backend.agreement = None if chosen == "float32" else measured[chosen]["agreement"]
+    # Why the others were not served: each left out, with its reason.
+    if verdict.get("left_out"):
+        backend.precision_note = f"{chosen}; " + "; ".join(
+            f"{d} left out: {why}" for d, why in verdict["left_out"].items())
     return backend
 
 

@@ -299,7 +299,8 @@ class ServedModel:
         return ModelFacts(
             name=self.name, capability=info.capability.value, modalities=tuple(loaded.towers),
             backend=loaded.backend.name, device=loaded.backend.device, dtype=loaded.backend.dtype,
-            agreement_with_float32=loaded.backend.agreement, max_input_tokens=loaded.tokenizer.max_length,
+            agreement_with_float32=loaded.backend.agreement, precision_note=loaded.backend.precision_note,
+            max_input_tokens=loaded.tokenizer.max_length,
             dimensions=info.dimensions,
             labels=tuple(info.labels) if info.capability is Capability.CLASSIFY else (),
             pooling=self.spec.pooling or info.pooling, normalize=loaded.normalize,
@@ -322,6 +323,8 @@ class ServedModel:
             dtype=facts.dtype,
             # Worst cosine to float32 on the fidelity probes; None for float32 itself.
             agreement_with_float32=facts.agreement_with_float32,
+            # Why a reduced precision was not served (or, asked for, falls short); None if none.
+            precision_note=facts.precision_note,
             device=facts.device,
             max_input_tokens=facts.max_input_tokens,
             dimensions=facts.dimensions,

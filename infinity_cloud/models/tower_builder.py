@@ -167,8 +167,10 @@ class TowerBuilder:
         collator = Collator.of(spec, tokenizer, encoder)
         own = collator.encoder
         probes: list[Any] = own.probes() if own else task.encode_probes(tokenizer, PROBES)
-        backend = open_backend(info, spec, graph, collator.collate(probes, static=False), compared,
-                               functools.partial(int8_build_batches, collator, task, probes, compared))
+        checked = probes if own else task.fidelity_probes(tokenizer)
+        backend = open_backend(info, spec, graph, collator.collate(checked, static=False), compared,
+                               functools.partial(int8_build_batches, collator, task, probes, compared),
+                               task.fidelity)
         try:
             return self._serving(name, graph, backend, collator, task, head, probes)
         except BaseException:  # warm-up or the device's fit failed: its memory goes back now

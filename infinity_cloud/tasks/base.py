@@ -20,6 +20,7 @@ from infinity_cloud.capability import Capability
 from infinity_cloud.config import LimitsSpec, ModelSpec
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.numerics.fidelity import PROBES, TRUNCATED_PROBE_TOKENS, Check, truncated_probe
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.text.tokenization import TextTokenizer
@@ -94,6 +95,8 @@ class Cost:
 
 class Task(ABC, Generic[Call, Result]):
     capability: ClassVar[Capability]
+    # How a reduced precision's outputs are judged against float32's (`numerics.fidelity`).
+    fidelity: ClassVar[Check] = "cosine"
 
     @abstractmethod
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
@@ -107,6 +110,18 @@ class Task(ABC, Generic[Call, Result]):
     def encode_probes(self, tokenizer: TextTokenizer, texts: Sequence[str]) -> list[Encoded]:
         """Fixed texts as this task's inputs (warm-up, precision checks)."""
         return tokenizer.encode(texts)
+
+    def fidelity_probes(self, tokenizer: TextTokenizer) -> list[Encoded]:
+        """What a reduced precision is checked on: the fixed probes; a scorer's also one cut at
+        the model's limit (at most TRUNCATED_PROBE_TOKENS), where a precision's error grew most
+        on a BERT cross-encoder."""
+        if self.fidelity == "cosine":
+            return self.encode_probes(tokenizer, PROBES)
+        limit = min(tokenizer.max_length, TRUNCATED_PROBE_TOKENS)
+        text = truncated_probe(limit)
+        if limit < tokenizer.max_length:  # a longer limit: cut to TRUNCATED_PROBE_TOKENS instead
+            (text,) = tokenizer.cut([text], limit)
+        return self.encode_probes(tokenizer, (*PROBES, text))
 
     def check(self, call: Call, served: Served, limits: LimitsSpec) -> None:
         """Cheap checks on the event loop, before any work is queued."""

@@ -31,6 +31,7 @@ class ClassifyCall:
 
 class ClassifyTask(Task[ClassifyCall, ClassifyResult]):
     capability = Capability.CLASSIFY
+    fidelity = "scores"  # an order and its scores
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         return FINAL

@@ -35,6 +35,7 @@ class RerankCall:
 
 class RerankTask(Task[RerankCall, RerankResult]):
     capability = Capability.RERANK
+    fidelity = "scores"  # an order and its scores
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         return FINAL
