@@ -28,7 +28,7 @@ from overload import MODEL, capacity, texts
 from prometheus_client.parser import text_string_to_metric_families
 from vs_infinity import PRESETS, Server, Side, free_port, servers_running, start_server
 
-from infinity_cloud.hardware import cpu_has_fast_bf16
+from infinity_cloud.core.hardware import cpu_has_fast_bf16
 from infinity_cloud.models.model_source import packaged_default_model
 
 WINDOW_S = 5.0  # the rate window a query over the histogram would use

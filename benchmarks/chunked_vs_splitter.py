@@ -29,8 +29,8 @@ import httpx
 from corpus import add_corpus_argument, describe, load_texts
 from http_load import print_json
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.hardware import cpu_model, kernel_flags
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.hardware import cpu_model, kernel_flags
 from infinity_cloud.models.model_source import packaged_default_model
 from infinity_cloud.sizing.local_server import local_server
 

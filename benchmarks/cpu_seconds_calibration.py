@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 from http_load import print_json
 
-from infinity_cloud.config import build_spec
-from infinity_cloud.hardware import cpu_clock_ghz, cpu_model, kernel_flags, usable_cores
+from infinity_cloud.core.config import build_spec
+from infinity_cloud.core.hardware import cpu_clock_ghz, cpu_model, kernel_flags, usable_cores
 from infinity_cloud.sizing.corpus import load_texts
 from infinity_cloud.sizing.load import load, make_batches
 from infinity_cloud.sizing.local_server import local_server

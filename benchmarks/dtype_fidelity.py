@@ -24,8 +24,8 @@ from engine_throughput import run
 from http_load import cosine_rows, reference_embeddings
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.errors import InfinityCloudError
+from infinity_cloud.engine.asks import EmbedAsk
 
 COMBINATIONS = (
     "openvino:auto", "openvino:float32", "openvino:int8", "onnx:float32", "onnx:int8", "torch:float32",

@@ -28,7 +28,7 @@ import numpy as np
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import DeploymentSpec, Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 
 
 async def run(engine: Engine, texts: list[str], per_request: int, concurrency: int) -> tuple[float, int]:

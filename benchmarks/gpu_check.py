@@ -44,7 +44,7 @@ from engine_throughput import run
 from http_load import cosine_rows
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 
 THRESHOLD = 0.999  # what --dtype auto demands of a reduced precision (README); the goal
 BIG_CELL, QUERY_CELL, PASSAGE_CELL = "c32 x 32 passage", "c1 x 1 query", "c1 x 1 passage"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from infinity_cloud.hardware import cpu_model
+from infinity_cloud.core.hardware import cpu_model
 from infinity_cloud.models.model_source import packaged_default_model
 
 KEY = "hot-swap-bench"

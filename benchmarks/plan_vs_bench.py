@@ -25,7 +25,7 @@ from typing import Any
 
 from http_load import print_json
 
-from infinity_cloud.hardware import cpu_clock_ghz
+from infinity_cloud.core.hardware import cpu_clock_ghz
 from infinity_cloud.sizing.estimate import (
     FLOP_PER_CYCLE,
     Calibration,

@@ -25,10 +25,10 @@ from pathlib import Path
 from corpus import add_corpus_argument, load_texts
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.cache.result_cache import KEY_PREFIX
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.hardware import cpu_model
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.hardware import cpu_model
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.models.model_source import packaged_default_model
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.hardware import cpu_flags, int8_kernels, usable_cores
+from infinity_cloud.core.hardware import cpu_flags, int8_kernels, usable_cores
 
 # The flags that decide which kernels run.
 FLAGS = (

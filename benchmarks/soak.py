@@ -35,8 +35,8 @@ from pathlib import Path
 
 from corpus import add_corpus_argument, load_texts
 
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.hardware import cpu_model
+from infinity_cloud.core.hardware import cpu_model
+from infinity_cloud.engine.asks import EmbedAsk
 
 SIZES = (1, 1, 4, 8, 16, 32, 64)  # texts per request
 

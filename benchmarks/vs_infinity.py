@@ -80,7 +80,7 @@ import roofline
 from corpus import add_corpus_argument, describe, load_texts
 from http_load import Batch, LoadRun, TokenCounter, cosine_rows, load, make_batches, reference_embeddings
 
-from infinity_cloud.hardware import cpu_has_fast_bf16
+from infinity_cloud.core.hardware import cpu_has_fast_bf16
 from infinity_cloud.models.model_source import packaged_default_model
 
 BENCHMARKS = Path(__file__).resolve().parent

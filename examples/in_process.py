@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 
 
 async def main() -> None:

@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 __all__ = ["DeploymentSpec", "EmbedAsk", "Engine", "ModelSpec", "__version__"]
 
 if TYPE_CHECKING:
-    from infinity_cloud.asks import EmbedAsk
-    from infinity_cloud.config import DeploymentSpec, ModelSpec
+    from infinity_cloud.core.config import DeploymentSpec, ModelSpec
     from infinity_cloud.engine import Engine
+    from infinity_cloud.engine.asks import EmbedAsk
 
 
 def __getattr__(name: str) -> Any:
@@ -22,11 +22,11 @@ def __getattr__(name: str) -> Any:
 
         return Engine
     if name == "EmbedAsk":
-        from infinity_cloud.asks import EmbedAsk
+        from infinity_cloud.engine.asks import EmbedAsk
 
         return EmbedAsk
     if name in {"DeploymentSpec", "ModelSpec"}:
-        from infinity_cloud import config
+        from infinity_cloud.core import config
 
         return getattr(config, name)
     raise AttributeError(name)

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.targets.base import TargetError, one_line
 
 NO_CREDENTIALS = (

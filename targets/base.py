@@ -12,9 +12,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from infinity_cloud.capability import ROUTE_NAMES
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.capability import ROUTE_NAMES
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import InfinityCloudError
 
 # The verbs a target may offer, each a CLI command family (`infinity-cloud VERB TARGET`).
 VERBS = {

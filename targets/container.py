@@ -24,8 +24,8 @@ from infinity_cloud.backends.registry import (
     device_kind,
     resolve_auto,
 )
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.families import input_kinds
 from infinity_cloud.models.model_source import folder_model_name, local_model_dir
 from infinity_cloud.targets.base import IMAGE_DEVICE_ENV

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 
 # The oldest driver of each CUDA major version (NVIDIA's CUDA release notes, minor version
 # compatibility): a build for CUDA X.y runs on any driver from the first one of X's branch.

@@ -9,7 +9,7 @@ import platform as host
 import re
 from dataclasses import dataclass
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 
 # Oldest glibc a manylinux wheel may target (manylinux2014).
 _OLDEST_GLIBC_MINOR = 17

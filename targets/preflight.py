@@ -14,11 +14,11 @@ from pathlib import Path
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.registry import auto_backends, backend_entry, installed, is_import_path
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.errors import ConfigError, InfinityCloudError
+from infinity_cloud.core.hardware import has_neuron_device, has_nvidia_gpu
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.families import input_kinds, read_model_info
-from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
-from infinity_cloud.install_hint import install_command
 from infinity_cloud.models.model_source import already_here
 from infinity_cloud.server.tracing import sdk_problem
 

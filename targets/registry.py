@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 
 BUILTIN = {
     "local": "infinity_cloud.targets.local.target:LocalTarget",

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.progress import slow_step
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.progress import slow_step
 from infinity_cloud.targets.platforms import ImagePlatform
 
 # How long pip may take to answer (it fetches metadata only, but for every candidate).

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud.config import DeploymentSpec, ServerSpec, build_spec
+from infinity_cloud.core.config import DeploymentSpec, ServerSpec, build_spec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.engine import Engine
-from infinity_cloud.errors import ConfigError
 from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 from infinity_cloud.targets.base import ENDPOINT_KEYS_ENV, IMAGE_DEVICE_ENV
 

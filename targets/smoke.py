@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.engine.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.targets.base import Target
 from infinity_cloud.targets.container import served_name
 

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import pytest
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
 from infinity_cloud.engine import Engine
 from infinity_cloud.models.model_source import packaged_default_model
 from infinity_cloud.numerics import fidelity

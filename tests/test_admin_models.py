@@ -17,8 +17,8 @@ import pytest
 from conftest import FAKE, fake, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.engine.asks import EmbedAsk
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 
 TEXTS = ["a dog barking", "rain on a tin roof", "music"]
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from conftest import FAKE, ROOT, free_port
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
 from infinity_cloud.targets.kubernetes import manifests
 from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
 

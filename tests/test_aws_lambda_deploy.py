@@ -21,7 +21,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.targets.aws_lambda import lambda_api
 
 runner = CliRunner()

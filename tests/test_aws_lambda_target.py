@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.cli import app as cli
-from infinity_cloud.config import build_spec
+from infinity_cloud.core.config import build_spec
 
 runner = CliRunner()
 TEXTS = ["what is a panda?", "a bear from China", "x"]

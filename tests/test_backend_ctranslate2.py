@@ -29,13 +29,13 @@ from sentence_transformers import SentenceTransformer  # noqa: E402
 from transformers import AutoConfig, AutoModel, XLMRobertaConfig  # noqa: E402
 
 from infinity_cloud import Engine, ModelSpec  # noqa: E402
-from infinity_cloud.asks import EmbedAsk  # noqa: E402
 from infinity_cloud.backends import exports  # noqa: E402
 from infinity_cloud.backends.ctranslate2_backend import MODEL_FILE, CTranslate2Backend  # noqa: E402
-from infinity_cloud.content_digest import file_record  # noqa: E402
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError  # noqa: E402
+from infinity_cloud.core.content_digest import file_record  # noqa: E402
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError, ModelLoadError  # noqa: E402
+from infinity_cloud.core.install_hint import install_command  # noqa: E402
+from infinity_cloud.engine.asks import EmbedAsk  # noqa: E402
 from infinity_cloud.families import read_model_info  # noqa: E402
-from infinity_cloud.install_hint import install_command  # noqa: E402
 
 FLOAT32_COSINE = 0.9999
 INT8_COSINE = 0.98

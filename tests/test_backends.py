@@ -29,12 +29,12 @@ import pytest
 from conftest import cosines, holds_or_says_so, serve_in_process, spec_of, unwaited
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.backends import exports, onnx_backend, onnx_export, openvino_backend, openvino_int8
-from infinity_cloud.content_digest import file_record
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.hardware import cpu_has_fast_bf16, has_nvidia_gpu
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.content_digest import file_record
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.core.hardware import cpu_has_fast_bf16, has_nvidia_gpu
+from infinity_cloud.core.install_hint import install_command
+from infinity_cloud.engine.asks import ClassifyAsk, EmbedAsk, RerankAsk
 from infinity_cloud.numerics import fidelity
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while people read a story"] * 40)
@@ -612,7 +612,7 @@ async def test_a_missing_onnx_package_names_the_extra_before_loading_weights(
     """Without `onnx`, torch.onnx fails only after the weights load; we refuse up front and
     name the extra that brings it, not a slower backend."""
     from infinity_cloud.backends import graphs
-    from infinity_cloud.errors import BackendUnavailableError
+    from infinity_cloud.core.errors import BackendUnavailableError
 
     loads = counting(monkeypatch, graphs, "load_model")
     monkeypatch.setitem(sys.modules, "onnx", None)

@@ -27,8 +27,8 @@ from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import build_cli
-from infinity_cloud.content_digest import model_fingerprint
-from infinity_cloud.hardware import cpu_clock_ghz, kernel_flags, usable_cores
+from infinity_cloud.core.content_digest import model_fingerprint
+from infinity_cloud.core.hardware import cpu_clock_ghz, kernel_flags, usable_cores
 from infinity_cloud.sizing import bench as measuring
 from infinity_cloud.sizing.bench import BATCHES_PER_POINT
 from infinity_cloud.sizing.conditions import Machine, Reading, judge, own_load

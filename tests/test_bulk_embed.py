@@ -226,7 +226,7 @@ def test_a_text_of_spaces_is_embedded_by_the_server_too(tiny_embedder: Path) -> 
 
     from conftest import serve_in_process, spec_of
 
-    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.core.config import ModelSpec
 
     async def check() -> None:
         spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))
@@ -688,7 +688,7 @@ def test_a_changed_input_re_embeds_only_its_changed_shards_on_every_runner(
     from infinity_cloud.bulk.job import EmbedJob
     from infinity_cloud.bulk.local_runner import run_local
     from infinity_cloud.bulk.workers import plan_job
-    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.core.config import ModelSpec
 
     records = corpus(60, seed=15)
     source = write_jsonl(tmp_path / "c.jsonl", records)

@@ -18,7 +18,7 @@ from conftest import cosines, serve_in_process, spec_of
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 
 SENTENCES = [
     "Late chunking embeds each chunk in the context of its whole document.",

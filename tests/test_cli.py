@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from infinity_cloud.backends import exports
 from infinity_cloud.cli import app
-from infinity_cloud.config import DEFAULT_MODEL_ID
+from infinity_cloud.core.config import DEFAULT_MODEL_ID
 
 runner = CliRunner()
 
@@ -97,7 +97,7 @@ def test_build_local_renders_dockerfile_compose_and_spec(tmp_path):
     assert spec["models"][0]["model_id"] == "BAAI/bge-small-en-v1.5"
     assert spec["server"]["host"] == "0.0.0.0"
     # The package as installed (targets and templates inside it), not a pip install from an index.
-    assert (out / "infinity_cloud" / "engine.py").is_file()
+    assert (out / "infinity_cloud" / "engine" / "front_door.py").is_file()
     assert (out / "infinity_cloud" / "targets" / "runtime.py").is_file()
     assert (out / "infinity_cloud" / "templates" / "local" / "Dockerfile.j2").is_file()
     assert "pip install --no-cache-dir -r /opt/infinity-cloud/requirements.txt" in dockerfile
@@ -226,7 +226,7 @@ def test_a_slow_step_says_it_is_still_running_where_no_one_watches_a_terminal(ca
     import logging
     import time
 
-    from infinity_cloud.progress import slow_step
+    from infinity_cloud.core.progress import slow_step
 
     with caplog.at_level(logging.INFO, logger="infinity_cloud"), slow_step("converting", heartbeat_s=0.05):
         time.sleep(0.3)

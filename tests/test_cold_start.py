@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import FAKE, ROOT
 
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 
 HEAVY = ["torch", "transformers", "sentence_transformers", "modal", "boto3", "onnxruntime", "huggingface_hub",
          # tracing's SDK: only with --otlp-endpoint (server/tracing.py)
@@ -62,7 +62,7 @@ def test_missing_backend_names_the_extra(tiny_embedder, tmp_path):
 import sys, asyncio
 sys.modules['torch'] = None
 from infinity_cloud import EmbedAsk, Engine, ModelSpec
-from infinity_cloud.errors import BackendUnavailableError
+from infinity_cloud.core.errors import BackendUnavailableError
 try:
     Engine(ModelSpec(model_id={str(tiny_embedder)!r})).load()
 except BackendUnavailableError as exc:
@@ -109,7 +109,7 @@ def test_a_model_in_the_hub_cache_is_found_as_the_hub_client_finds_it(
 def test_resolving_a_model_does_not_import_the_hub_client():
     # The client (huggingface_hub.hf_api and its HTTP stack) took 0.45 s of every cold start.
     code = (
-        "from infinity_cloud.config import DEFAULT_MODEL_ID\n"
+        "from infinity_cloud.core.config import DEFAULT_MODEL_ID\n"
         "from infinity_cloud.models.model_source import resolve_model_dir\n"
         "resolve_model_dir(DEFAULT_MODEL_ID)"  # the hub cache, then the installed package
     )

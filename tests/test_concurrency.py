@@ -19,9 +19,9 @@ import pytest
 from conftest import FAKE, cosines, serve_in_process, server_process, spec_of, wait_until
 from tokenizers import Tokenizer
 
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.engine import Engine
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.numerics.inputs import ModelInputs
 
 HANG_GUARD_S = 60.0

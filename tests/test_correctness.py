@@ -26,10 +26,10 @@ from transformers import (
     pipeline,
 )
 
-from infinity_cloud.asks import ClassifyAsk, EmbedAsk, RerankAsk
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import InputTooLongError, InvalidInputError
 from infinity_cloud.engine import Engine
-from infinity_cloud.errors import InputTooLongError, InvalidInputError
+from infinity_cloud.engine.asks import ClassifyAsk, EmbedAsk, RerankAsk
 
 COSINE = 0.9999
 RTOL = 1e-4

@@ -17,16 +17,16 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.backends.torch_backend import TorchBackend, out_of_memory_is_retryable
-from infinity_cloud.errors import DeviceMemoryError
+from infinity_cloud.core.errors import DeviceMemoryError
+from infinity_cloud.core.family import DenseLayer
+from infinity_cloud.core.results import SparseVector
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.families import read_model_info
-from infinity_cloud.family import DenseLayer
 from infinity_cloud.models import backend_choice
 from infinity_cloud.numerics.heads import FINAL, Head, nonzero_terms
 from infinity_cloud.numerics.inputs import ModelInputs
 from infinity_cloud.numerics.pooling import supported_activation
-from infinity_cloud.results import SparseVector
 
 RNG = np.random.default_rng(7)
 # Three rows right-padded to 6 positions, one of them a single token; padding holds large

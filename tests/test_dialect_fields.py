@@ -21,7 +21,7 @@ import pytest
 from conftest import fake, post_through_calibration, serve_in_process, spec_of
 from pydantic import BaseModel
 
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.server import dialects
 from infinity_cloud.server.dialects import common
 

@@ -16,7 +16,7 @@ from conftest import fake, spec_of, wait_healthy
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.server.app import create_app
 from infinity_cloud.server.dialects import DIALECTS
 from infinity_cloud.server.dialects.common import Text, Texts, _Request, ranked

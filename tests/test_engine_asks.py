@@ -9,10 +9,10 @@ import pytest
 from conftest import fake
 
 from infinity_cloud import EmbedAsk, Engine
-from infinity_cloud.asks import SimilarityAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.results import EmbeddingResult, EmbeddingsByType
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.results import EmbeddingResult, EmbeddingsByType
+from infinity_cloud.engine.asks import SimilarityAsk
 from infinity_cloud.tasks import quantization
 
 TEXTS = ["the first text", "a second, somewhat longer text", "third"]

@@ -18,14 +18,14 @@ import pytest
 from conftest import FAKE, fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, families
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec, ModelSpec
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec, ModelSpec
+from infinity_cloud.core.errors import InvalidInputError
+from infinity_cloud.core.family import ModelInfo
+from infinity_cloud.core.input_kind import InputKind
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.families import Family, ModelFolder, read_model_info
 from infinity_cloud.families.base import TOKEN_STATES, TextFacts, TowerEncoders, graphs_of, text_graph
-from infinity_cloud.family import ModelInfo
-from infinity_cloud.input_kind import InputKind
 from infinity_cloud.numerics.inputs import Encoded, ModelInputs
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer

@@ -16,9 +16,9 @@ from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wa
 from tokenizers import Tokenizer
 
 from infinity_cloud.admission.memory import MB, MemoryBudget
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.engine import Engine
+from infinity_cloud.engine.asks import EmbedAsk
 
 MAX_BYTES = 4096
 MAX_INPUTS = 128
@@ -191,7 +191,7 @@ async def test_a_form_body_is_told_to_be_json(client):
 
 
 async def test_the_python_api_refuses_lone_surrogates(tiny_embedder):
-    from infinity_cloud.errors import InvalidInputError
+    from infinity_cloud.core.errors import InvalidInputError
 
     async with Engine(fake(tiny_embedder, "emb")) as engine:
         with pytest.raises(InvalidInputError, match="item 1 is not well-formed Unicode"):

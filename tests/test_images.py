@@ -17,8 +17,8 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.media.fetch import AccessPolicy, is_public
 
 TEXTS = ["a photo of a cat", "a diagram of the water cycle", "red"]

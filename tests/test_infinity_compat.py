@@ -15,10 +15,10 @@ from conftest import ROOT, server_process
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app
-from infinity_cloud.config import load_spec
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.infinity_compat import FLAGS, translate
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.cli.infinity_compat import FLAGS, translate
+from infinity_cloud.core.config import load_spec
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.install_hint import install_command
 
 # `infinity_emb v2 --help` of infinity-emb 0.0.78, every option.
 INFINITY_0_0_78_FLAGS = (

@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 
 
 def test_the_hint_for_this_clone_is_a_command_pip_runs() -> None:

@@ -25,7 +25,7 @@ import yaml
 from conftest import FAKE, free_port
 from test_autoscaling import operator_scrape_job, process, prometheus_program
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
 from infinity_cloud.targets.kubernetes import alerts, manifests
 from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
 

@@ -240,7 +240,7 @@ def test_the_metric_the_autoscalers_query_is_one_the_server_exports(built: dict,
     from conftest import serve_in_process, spec_of
     from prometheus_client.parser import text_string_to_metric_families
 
-    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.core.config import ModelSpec
 
     async def names() -> set[str]:
         spec = spec_of(ModelSpec(model_id=str(tiny_embedder), backend="torch"))

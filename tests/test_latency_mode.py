@@ -15,9 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.cli import app as cli
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.engine.asks import EmbedAsk
 
 TEXTS = ["a lone request on a cold function", "all cores on one small batch", "x"]
 runner = CliRunner()

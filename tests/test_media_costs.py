@@ -22,8 +22,8 @@ from test_audio import encoded
 from test_images import data_uri, embed_images, reference, unit
 
 from infinity_cloud.admission.memory import MemoryBudget
-from infinity_cloud.config import LimitsSpec, ModelSpec
-from infinity_cloud.errors import PayloadTooLargeError
+from infinity_cloud.core.config import LimitsSpec, ModelSpec
+from infinity_cloud.core.errors import PayloadTooLargeError
 from infinity_cloud.media.decoding import MediaDecoder
 
 
@@ -88,7 +88,7 @@ def reset_peak():
 
 MEASURE = PEAK + """
 import io, json, sys
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
 from infinity_cloud.media.images import ImageEncoder
 data = open(sys.argv[1], "rb").read()
 preprocessor = ImageEncoder({}, 224, 32, True)
@@ -203,7 +203,7 @@ async def test_decoding_time_is_judged_like_the_models_queue(clip: Path) -> None
     """Media whose decoding alone would pass the platform's limit on one request are a 413
     before any decoding; alone past the deadline (which bounds waiting), they are decoded;
     behind other requests' decoding past it, a 429 with Retry-After; nothing stays held after."""
-    from infinity_cloud.errors import QueueFullError
+    from infinity_cloud.core.errors import QueueFullError
     preprocessor = image_encoder(clip)
     budget = MemoryBudget(None)
     decoder = MediaDecoder(LimitsSpec(), budget, workers=1)
@@ -225,7 +225,7 @@ async def test_decoding_time_is_judged_like_the_models_queue(clip: Path) -> None
 
 MEASURE_REQUEST = PEAK + """
 import asyncio, json, sys
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
 from infinity_cloud.media.decoding import MediaDecoder
 from infinity_cloud.media.images import ImageEncoder
 from infinity_cloud.admission.memory import MemoryBudget

@@ -15,8 +15,8 @@ from tokenizers import Tokenizer
 
 from infinity_cloud.admission import memory
 from infinity_cloud.admission.memory import MB, MemoryBudget, give_back_freed_memory, resident_bytes
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.errors import MemoryExhaustedError, PayloadTooLargeError, QueueFullError
+from infinity_cloud.core.errors import MemoryExhaustedError, PayloadTooLargeError, QueueFullError
+from infinity_cloud.engine.asks import EmbedAsk
 
 
 def _refusal(budget: MemoryBudget, need: int) -> Exception:

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from infinity_cloud.backends import exports
 from infinity_cloud.cli import app as cli
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, ENDPOINT_KEYS_ENV, IMAGE_DEVICE_ENV, usage_examples
 from infinity_cloud.targets.modal.target import ModalTarget, load_app_module
 from infinity_cloud.targets.runtime import bake_models, container_spec
@@ -152,7 +152,7 @@ def test_settings_modal_cannot_report_offline_are_in_the_source(gpu_app: tuple[A
 def test_the_package_ships_beside_the_app_with_its_targets_and_templates(gpu_app: tuple[Any, str]) -> None:
     module, _ = gpu_app
     package = Path(module.__file__).parent / "infinity_cloud"
-    assert (package / "engine.py").is_file() and (package / "targets" / "runtime.py").is_file()
+    assert (package / "engine" / "front_door.py").is_file() and (package / "targets" / "runtime.py").is_file()
     assert (package / "templates" / "modal" / "modal_app.py.j2").is_file()
     assert not list(package.rglob("__pycache__"))
 

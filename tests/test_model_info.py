@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import ModelLoadError, UnsupportedError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import ModelLoadError, UnsupportedError
 from infinity_cloud.families import read_model_info
 
 BERT_CONFIG = {

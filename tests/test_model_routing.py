@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import fake, serve_in_process, spec_of
 
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.errors import ConfigError
 
 
 async def test_a_request_naming_no_model_goes_to_the_model_that_does_its_task(

@@ -15,8 +15,8 @@ import pytest
 from conftest import fake, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk, RerankAsk
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.engine.asks import EmbedAsk, RerankAsk
 from infinity_cloud.tasks.scores import maxsim
 
 QUERIES = ["what was the revenue in the last quarter?", "a fox"]

@@ -14,8 +14,8 @@ import pytest
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports, registry
 from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of, fit
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 BUCKETS = {"batch_buckets": (1, 4), "length_buckets": (16, 64)}

@@ -22,7 +22,7 @@ import pytest
 from conftest import FAKE, ROOT, server_process
 from prometheus_client.parser import text_string_to_metric_families
 
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.server.metrics import LATENCY_BUCKETS
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -244,7 +244,7 @@ def test_the_otlp_endpoint_without_the_tracing_extra_fails_at_start_with_its_pip
 
 
 def test_an_image_built_for_a_traced_spec_holds_the_tracing_extra() -> None:
-    from infinity_cloud.config import DeploymentSpec, ModelSpec
+    from infinity_cloud.core.config import DeploymentSpec, ModelSpec
     from infinity_cloud.targets import container
 
     model = ModelSpec(model_id="sentence-transformers/all-MiniLM-L6-v2", backend="onnx")

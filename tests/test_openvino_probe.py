@@ -22,7 +22,7 @@ import pytest
 from infinity_cloud import ModelSpec
 from infinity_cloud.backends import exports, openvino_probe
 from infinity_cloud.backends.openvino_backend import OpenVinoBackend
-from infinity_cloud.errors import PrecisionCrashError
+from infinity_cloud.core.errors import PrecisionCrashError
 from infinity_cloud.families import read_model_info
 from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.numerics.fidelity import agreement

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import build_cli
-from infinity_cloud.config import load_spec
+from infinity_cloud.core.config import load_spec
 from infinity_cloud.targets import registry
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"

@@ -124,7 +124,7 @@ async def test_fastest_leaves_out_an_int8_that_changes_the_order(
 async def test_a_rerankers_check_includes_a_pair_cut_at_its_limit(build_model: Callable[..., Path]) -> None:
     """The pairs a reranker's precision is checked on include one past the model's limit,
     cut to it, as a caller's long document is."""
-    from infinity_cloud.capability import Capability
+    from infinity_cloud.core.capability import Capability
     from infinity_cloud.tasks.registry import task_for
     from infinity_cloud.text.tokenization import TextTokenizer
 

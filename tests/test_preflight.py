@@ -19,10 +19,10 @@ from conftest import free_port, server_process
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app
-from infinity_cloud.config import DeploymentSpec, ModelSpec, ServerSpec
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.hardware import has_nvidia_gpu
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec, ServerSpec
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.hardware import has_nvidia_gpu
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.targets import preflight
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import FAKE, ROOT, fake, post_through_calibration, serve_in_process, server_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.tasks import quantization
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import free_port, serve_in_process, server_process, spec_of
 
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 
 CACHED = {"cache_mb": 64}
 

@@ -30,7 +30,7 @@ from test_sagemaker_target import BODIES, Serve, fake_model, write_config
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import app as cli
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.targets.base import ROUTE_HEADER
 from infinity_cloud.targets.sagemaker import sagemaker_api
 from infinity_cloud.targets.sagemaker.client import SageMakerClient

@@ -3,7 +3,7 @@ from __future__ import annotations
 import httpx
 from conftest import serve_in_process, spec_of
 
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 
 
 async def test_in_process_embeddings(tiny_embedder):

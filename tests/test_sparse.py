@@ -15,9 +15,9 @@ import pytest
 from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import ModelLoadError
+from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.families import read_model_info
 
 TEXTS = [

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from infinity_cloud import Engine, ModelSpec
-from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.backends.torch_backend import TorchBackend
-from infinity_cloud.config import build_spec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import build_spec
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.engine.asks import EmbedAsk
 
 TEXTS = ["short", "a somewhat longer sentence about nothing much at all", "x " * 40, "mid length text here"]
 

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
 from infinity_cloud.cli import build_cli
-from infinity_cloud.config import DeploymentSpec, load_spec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec, load_spec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets import registry
 from infinity_cloud.targets.base import Target
 
@@ -134,7 +134,8 @@ def test_a_spec_without_a_section_reads_its_defaults() -> None:
 
 def test_the_core_names_no_target() -> None:
     """Adding a target adds no line to the CLI or the core spec."""
-    for module in (*sorted((ROOT / "infinity_cloud/cli").glob("*.py")), ROOT / "infinity_cloud/config.py"):
+    for module in (*sorted((ROOT / "infinity_cloud/cli").glob("*.py")),
+                   ROOT / "infinity_cloud/core/config.py"):
         text = module.read_text().lower()
         # as words: `--modality` (text, image, audio) names no target
         assert not re.search(r"\b(modal|sagemaker)\b", text), module
@@ -232,7 +233,7 @@ def test_delete_asks_no_one_when_not_interactive(monkeypatch: pytest.MonkeyPatch
 def test_a_platform_time_out_is_the_request_limit_caps_the_deadline_and_its_memory_sets_the_budget(
     deadline, capped
 ) -> None:
-    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.core.config import ModelSpec
     from infinity_cloud.targets.container import within_platform
 
     spec = DeploymentSpec(models=(ModelSpec(deadline_s=deadline),))

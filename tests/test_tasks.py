@@ -14,7 +14,7 @@ async def test_a_new_task_runs_through_the_engine_unchanged(tiny_embedder) -> No
     from conftest import fake
 
     from infinity_cloud import EmbedAsk, Engine
-    from infinity_cloud.capability import Capability
+    from infinity_cloud.core.capability import Capability
     from infinity_cloud.tasks.base import Task
     from infinity_cloud.tasks.embed import EmbedTask
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import cosines, fake, serve_in_process, spec_of
 from tokenizers import Tokenizer
 
-from infinity_cloud.config import ModelSpec
+from infinity_cloud.core.config import ModelSpec
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog."]
 

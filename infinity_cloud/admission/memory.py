@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
-from infinity_cloud.errors import MemoryExhaustedError, PayloadTooLargeError, QueueFullError
+from infinity_cloud.core.errors import MemoryExhaustedError, PayloadTooLargeError, QueueFullError
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError, PayloadTooLargeError
 
 ANSWER_OVERHEAD_BYTES = 4096
 

@@ -10,9 +10,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ModelLoadError
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import ModelLoadError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs
 

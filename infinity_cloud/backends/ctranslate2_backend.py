@@ -17,11 +17,11 @@ import numpy as np
 
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.hardware import usable_cores
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.hardware import usable_cores
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.numerics.inputs import ModelInputs
 
 MODEL_FILE = "model.bin"

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infinity_cloud.content_digest import file_record, model_fingerprint, pin_fingerprint
-from infinity_cloud.errors import InfinityCloudError, ModelLoadError
-from infinity_cloud.progress import slow_step
+from infinity_cloud.core.content_digest import file_record, model_fingerprint, pin_fingerprint
+from infinity_cloud.core.errors import InfinityCloudError, ModelLoadError
+from infinity_cloud.core.progress import slow_step
 
 log = logging.getLogger(__name__)
 

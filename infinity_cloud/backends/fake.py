@@ -15,9 +15,9 @@ import time
 import numpy as np
 
 from infinity_cloud.backends.base import Backend
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import DeviceMemoryError
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import DeviceMemoryError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.inputs import ModelInputs
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 import transformers
 
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ModelLoadError
-from infinity_cloud.family import Graph, GraphOutput, ModelInfo
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import ModelLoadError
+from infinity_cloud.core.family import Graph, GraphOutput, ModelInfo
 
 # Two towers of one model (CLIP's text and image graphs) share its weights in memory.
 _LOADED: weakref.WeakValueDictionary[tuple[Any, ...], torch.nn.Module] = weakref.WeakValueDictionary()

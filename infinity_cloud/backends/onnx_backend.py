@@ -19,10 +19,10 @@ import onnxruntime as ort
 from infinity_cloud.backends import exports, onnx_int8
 from infinity_cloud.backends.base import Backend, Calibration
 from infinity_cloud.backends.onnx_export import OnnxSource
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError, ModelLoadError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.hardware import has_nvidia_gpu, usable_cores
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import ConfigError, ModelLoadError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.hardware import has_nvidia_gpu, usable_cores
 from infinity_cloud.numerics.fidelity import MIN_AGREEMENT
 from infinity_cloud.numerics.inputs import ModelInputs
 

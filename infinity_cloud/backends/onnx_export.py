@@ -12,9 +12,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import BackendUnavailableError, ModelLoadError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.install_hint import install_command
 
 OWN_ONNX_FILES = ("model.onnx", "onnx/model.onnx")
 # sentence-transformers' OpenVINO export (`export_static_quantized_openvino_model` and
@@ -101,7 +101,7 @@ def export_onnx(
     import torch
 
     from infinity_cloud.backends.graphs import build_graph
-    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.core.config import ModelSpec
 
     spec = ModelSpec(model_id=str(info.path), trust_remote_code=trust_remote_code)
     # Eager attention: SDPA paths branch in Python on the mask, which a trace would freeze.

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from infinity_cloud.backends.base import Calibration
-from infinity_cloud.hardware import int8_kernels
+from infinity_cloud.core.hardware import int8_kernels
 from infinity_cloud.numerics.fidelity import agreement
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs
@@ -214,7 +214,7 @@ def quantize(source: Path, target: Path, kept: list[str] | None = None, reduce_r
 def _session(path: Path) -> Any:
     import onnxruntime as ort
 
-    from infinity_cloud.hardware import usable_cores
+    from infinity_cloud.core.hardware import usable_cores
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = usable_cores()

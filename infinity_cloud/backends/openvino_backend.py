@@ -32,10 +32,10 @@ from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, Calibration
 from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, own_export
 from infinity_cloud.backends.openvino_probe import crash_of
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError, PrecisionCrashError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels, usable_cores
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import ConfigError, PrecisionCrashError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.hardware import cpu_has_fast_bf16, int8_kernels, usable_cores
 from infinity_cloud.numerics.fidelity import MIN_AGREEMENT
 from infinity_cloud.numerics.inputs import INPUT_NAMES, ModelInputs
 

@@ -28,8 +28,8 @@ import numpy as np
 import openvino as ov
 
 from infinity_cloud.backends.base import Calibration
-from infinity_cloud.errors import BackendUnavailableError, ModelLoadError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import BackendUnavailableError, ModelLoadError
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.numerics.fidelity import agreement
 from infinity_cloud.numerics.inputs import ModelInputs
 

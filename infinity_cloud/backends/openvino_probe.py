@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.hardware import cpu_flags, cpu_model
+from infinity_cloud.core.hardware import cpu_flags, cpu_model
 
 # A compilation of a large model (bge-m3 in bf16) takes a minute on 2 cores: well inside.
 PROBE_SECONDS = 900

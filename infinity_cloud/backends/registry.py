@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from infinity_cloud.backends.base import Backend
-from infinity_cloud.errors import BackendUnavailableError, ConfigError
-from infinity_cloud.hardware import has_neuron_device, has_nvidia_gpu
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError
+from infinity_cloud.core.hardware import has_neuron_device, has_nvidia_gpu
+from infinity_cloud.core.install_hint import install_command
 
 DEFAULT_BATCH_SIZE = 64
 

@@ -18,10 +18,10 @@ import torch
 
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.backends.graphs import build_graph
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import ConfigError, DeviceMemoryError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.hardware import cpu_has_fast_bf16, usable_cores
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import ConfigError, DeviceMemoryError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.hardware import cpu_has_fast_bf16, usable_cores
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs
 

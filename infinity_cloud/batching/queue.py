@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinity_cloud.batching.places import Places
-from infinity_cloud.errors import ModelNotReadyError, PayloadTooLargeError, QueueFullError
+from infinity_cloud.core.errors import ModelNotReadyError, PayloadTooLargeError, QueueFullError
 
 
 @dataclass(eq=False, slots=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infinity_cloud.batching.queue import Batch, BatchQueue, WorkItem
-from infinity_cloud.errors import BatchFailedError, InfinityCloudError, ModelNotReadyError
+from infinity_cloud.core.errors import BatchFailedError, InfinityCloudError, ModelNotReadyError
 
 log = logging.getLogger(__name__)
 

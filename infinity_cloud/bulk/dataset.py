@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from infinity_cloud.bulk.sources import filesystem
-from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.core.errors import ConfigError, InfinityCloudError
 
 MANIFEST = "_manifest.json"
 # 2: the inputs' stamps in the manifest and a digest of its rows in each shard's file.

@@ -13,8 +13,8 @@ from infinity_cloud.bulk.dataset import Dataset
 from infinity_cloud.bulk.job import EmbedJob, embed_shard, rows_digest, shards
 from infinity_cloud.bulk.meter import Meter
 from infinity_cloud.bulk.outcome import check_errors, conclude
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 
 # Shards embedded at once: enough that the queue holds several thousand texts to sort by
 # length, few enough that memory stays a few shards' worth.

@@ -11,7 +11,7 @@ from typing import Any
 from infinity_cloud.bulk.dataset import Dataset
 from infinity_cloud.bulk.job import EmbedJob
 from infinity_cloud.bulk.meter import Meter
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.errors import InfinityCloudError
 
 RESUME = "the shards written are kept, and the same command with a higher limit goes on from there"
 

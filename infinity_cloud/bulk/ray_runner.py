@@ -26,9 +26,9 @@ from infinity_cloud.bulk.workers import (
     plan_job,
     plan_to_json,
 )
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.install_hint import install_command
 
 
 class ShardEmbedder:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 
 FORMATS = {
     ".jsonl": "jsonl",

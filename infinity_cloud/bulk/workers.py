@@ -25,8 +25,8 @@ from infinity_cloud.bulk.job import EmbedJob, embed_shard, rows_digest
 from infinity_cloud.bulk.local_runner import bulk_spec, check_model
 from infinity_cloud.bulk.meter import Meter
 from infinity_cloud.bulk.outcome import check_errors, conclude
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.progress import slow_step
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.progress import slow_step
 
 
 def job_to_json(job: EmbedJob) -> str:

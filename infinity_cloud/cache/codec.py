@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.results import SparseVector
+from infinity_cloud.core.results import SparseVector
 
 
 def _array(value: np.ndarray) -> bytes:

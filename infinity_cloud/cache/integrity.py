@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.results import SparseVector
+from infinity_cloud.core.results import SparseVector
 
 TAG_BYTES = 16
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infinity_cloud import __version__
-from infinity_cloud.hardware import cpu_model, kernel_flags
+from infinity_cloud.core.hardware import cpu_model, kernel_flags
 
 
 def namespace(identity: str, facts: Iterable[Any]) -> str:

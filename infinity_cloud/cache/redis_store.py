@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class RedisStore:
             from redis.asyncio.retry import Retry
             from redis.backoff import NoBackoff
         except ImportError as exc:
-            from infinity_cloud.errors import ConfigError
+            from infinity_cloud.core.errors import ConfigError
 
             raise ConfigError(
                 f"--cache-url {redacted(url)} needs the redis client: {install_command('cache')}"

@@ -26,7 +26,7 @@ from infinity_cloud.cache.integrity import RowForm, RowSeal
 from infinity_cloud.cache.keys import fingerprint
 from infinity_cloud.cache.memory_store import MemoryStore
 from infinity_cloud.cache.redis_store import RedisStore
-from infinity_cloud.results import SparseVector
+from infinity_cloud.core.results import SparseVector
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import typer
 
 from infinity_cloud.cli.common import KeyOption, fail
 from infinity_cloud.cli.spec_flags import with_spec
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import InfinityCloudError
 
 # Without a terminal (a log, CI), bench writes a line at least this often.
 BENCH_LINE_S = 4.0
@@ -110,8 +110,8 @@ def bench(
     sizes deployments from. It says when the machine was too busy for the numbers to count."""
     import asyncio
 
+    from infinity_cloud.core.hardware import cpu_clock_ghz
     from infinity_cloud.families.folder import ModelFolder
-    from infinity_cloud.hardware import cpu_clock_ghz
     from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import bench as measuring
     from infinity_cloud.sizing import report

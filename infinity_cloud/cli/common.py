@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import InfinityCloudError
 from infinity_cloud.targets.base import CLIENT_KEY_ENV
 
 KeyOption = Annotated[str | None, typer.Option(

@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from infinity_cloud.cli.spec_flags import with_spec
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 
 config_app = typer.Typer(help="Inspect the deployment spec.", no_args_is_help=True)
 

@@ -13,7 +13,7 @@ import typer
 
 from infinity_cloud.cli.common import KeyOption, fail, reported_errors, show_steps
 from infinity_cloud.cli.spec_flags import with_spec
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.targets import registry
 from infinity_cloud.targets.base import ROUTES, VERBS, Deployment, usage_examples
 

@@ -6,7 +6,7 @@ import typer
 
 from infinity_cloud.cli.common import reported_errors, show_steps
 from infinity_cloud.cli.spec_flags import with_spec
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 
 
 @with_spec

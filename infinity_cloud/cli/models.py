@@ -18,7 +18,7 @@ _ADMIN_KEY = Annotated[
 
 
 def _admin(url: str, key: str | None) -> Any:
-    from infinity_cloud.admin_client import AdminClient
+    from infinity_cloud.cli.admin_client import AdminClient
 
     return AdminClient(url, key)
 

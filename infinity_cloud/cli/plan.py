@@ -53,7 +53,7 @@ def plan(
 
     import yaml
 
-    from infinity_cloud.config import build_spec
+    from infinity_cloud.core.config import build_spec
     from infinity_cloud.families.folder import ModelFolder
     from infinity_cloud.models.model_source import resolve_model_dir
     from infinity_cloud.sizing import plan as planning

@@ -11,7 +11,7 @@ import typer
 
 from infinity_cloud.cli.common import reported_errors
 from infinity_cloud.cli.spec_flags import KEYWORD, with_spec
-from infinity_cloud.config import DeploymentSpec, load_spec
+from infinity_cloud.core.config import DeploymentSpec, load_spec
 
 V2_HELP = (
     "Infinity's command line (infinity_emb v2): its flags and INFINITY_* variables, served by "
@@ -38,7 +38,7 @@ def _infinity_v2(**given: Any) -> None:
     (`;` between models); prints the infinity-cloud command that means the same, once."""
     import os
 
-    from infinity_cloud.infinity_compat import translate
+    from infinity_cloud.cli.infinity_compat import translate
     from infinity_cloud.models.served_model import prepare_model
     from infinity_cloud.targets.local.target import LocalTarget
 
@@ -59,7 +59,7 @@ def _infinity_v2(**given: Any) -> None:
 
 def infinity_v2_command() -> Callable[..., None]:
     """`_infinity_v2` with one option per Infinity flag (`infinity_compat.FLAGS`)."""
-    from infinity_cloud.infinity_compat import FLAGS
+    from infinity_cloud.cli.infinity_compat import FLAGS
 
     params = []
     for flag in FLAGS:

@@ -13,7 +13,7 @@ import typer
 from pydantic.fields import FieldInfo
 
 from infinity_cloud.cli.common import reported_errors
-from infinity_cloud.config import (
+from infinity_cloud.core.config import (
     LIMIT_OPTIONS,
     MODEL_OPTIONS,
     SERVER_OPTIONS,

@@ -16,7 +16,9 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.family import ModelInfo
+from infinity_cloud.core.input_kind import InputKinds
 from infinity_cloud.families.base import Family
 from infinity_cloud.families.clap import Clap
 from infinity_cloud.families.classifier import Classifier
@@ -29,8 +31,6 @@ from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.siglip import Siglip
 from infinity_cloud.families.splade import Splade
 from infinity_cloud.families.text_encoder import TextEncoder
-from infinity_cloud.family import ModelInfo
-from infinity_cloud.input_kind import InputKinds
 
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type

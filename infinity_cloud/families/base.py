@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+from infinity_cloud.core.family import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
+from infinity_cloud.core.input_kind import InputKind
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.family import Example, Graph, ModelFamily, ModelInfo, Returns, Tower
-from infinity_cloud.input_kind import InputKind
 
 if TYPE_CHECKING:
     from infinity_cloud.numerics.inputs import InputEncoder

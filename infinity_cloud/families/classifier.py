@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families.base import LOGITS, Family, TextFacts, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.family import ModelInfo
 
 
 def labels_of(folder: ModelFolder) -> tuple[tuple[str, ...], int]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families import sentence_transformers
 from infinity_cloud.families.base import TOKEN_STATES, Family, TextFacts, TowerEncoders, graphs_of
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.sentence_transformers import LateInteraction
-from infinity_cloud.family import ModelInfo
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.text.input_encoder import TextInputEncoder
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families.base import IMAGE_INPUTS, TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.page_reader import PageFacts, PageReader, token_vectors
-from infinity_cloud.family import ModelInfo
 
 if TYPE_CHECKING:
     from infinity_cloud.numerics.inputs import InputEncoder

@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.errors import ModelLoadError
 
 T = TypeVar("T")
 

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.family import Graph, ModelInfo
 from infinity_cloud.families.base import Family, TowerEncoders, padded_text_example
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import IMAGE
-from infinity_cloud.family import Graph, ModelInfo
 from infinity_cloud.text.input_encoder import TextInputEncoder
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.errors import ModelLoadError
+from infinity_cloud.core.family import DenseLayer
 from infinity_cloud.families.folder import ModelFolder, read_json
-from infinity_cloud.family import DenseLayer
 
 # sentence-transformers' names for the pooling modes the engine has, to the engine's names.
 _POOLING_MODES = {

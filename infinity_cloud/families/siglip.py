@@ -4,10 +4,10 @@ that: ids only, always padded to the maximum length."""
 
 from __future__ import annotations
 
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families.base import TEXT_INPUTS, graphs_of
 from infinity_cloud.families.folder import ModelFolder
 from infinity_cloud.families.two_tower import IMAGE_EMBEDS, TwoTower, text_embeds
-from infinity_cloud.family import ModelInfo
 
 
 class Siglip(TwoTower):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import ModelLoadError
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families import sentence_transformers
 from infinity_cloud.families.base import Family, TextFacts, graphs_of, text_graph
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.family import ModelInfo
 
 
 def _term_weights(kind: str) -> Any:

@@ -4,11 +4,11 @@ any text folder no other family claims."""
 
 from __future__ import annotations
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.families import sentence_transformers
 from infinity_cloud.families.base import TOKEN_STATES, Family, TextFacts, graphs_of
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.family import ModelInfo
 
 
 class TextEncoder(Family):

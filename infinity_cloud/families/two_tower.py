@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.family import Example, Graph, ModelInfo
+from infinity_cloud.core.input_kind import InputKind
 from infinity_cloud.families.base import (
     IMAGE_INPUTS,
     Family,
@@ -16,8 +18,6 @@ from infinity_cloud.families.base import (
     pooled,
 )
 from infinity_cloud.families.folder import ModelFolder
-from infinity_cloud.family import Example, Graph, ModelInfo
-from infinity_cloud.input_kind import InputKind
 
 if TYPE_CHECKING:
     from infinity_cloud.text.tokenization import TextTokenizer

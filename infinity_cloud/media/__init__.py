@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infinity_cloud.admission.validation import check_media
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
 
 
 class MediaEncoder:

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError, ModelLoadError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.media import MediaEncoder
 from infinity_cloud.media.decoding_errors import undecodable
 from infinity_cloud.numerics.inputs import ModelInputs

@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from infinity_cloud.admission.memory import MemoryBudget
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import PayloadTooLargeError, QueueFullError
-from infinity_cloud.hardware import usable_cores
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import PayloadTooLargeError, QueueFullError
+from infinity_cloud.core.hardware import usable_cores
 from infinity_cloud.numerics.inputs import InputEncoder
 
 # Seconds per byte of decoding before any is measured: a 16 MP RGBA PNG, 184 MB of decoding

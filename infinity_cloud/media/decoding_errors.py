@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.core.errors import InvalidInputError
 
 _FILE_REPR = re.compile(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>:?")
 

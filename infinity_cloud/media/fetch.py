@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError, ModelLoadError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError, ModelLoadError
+from infinity_cloud.core.install_hint import install_command
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError
 from infinity_cloud.media import MediaEncoder
 from infinity_cloud.media.images import decode, decoding_bytes, open_image, probe_pictures
 from infinity_cloud.numerics.inputs import ModelInputs

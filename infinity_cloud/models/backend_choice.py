@@ -11,10 +11,15 @@ import numpy as np
 from infinity_cloud.backends import Backend, backend_class, exports
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.backends.registry import auto_backends
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import BackendUnavailableError, ConfigError, ModelLoadError, PrecisionCrashError
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.hardware import cpu_has_fast_bf16, int8_kernels
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ModelLoadError,
+    PrecisionCrashError,
+)
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.hardware import cpu_has_fast_bf16, int8_kernels
 from infinity_cloud.numerics.fidelity import MAX_SCORE_DIFFERENCE, MIN_AGREEMENT, Check, measure, shortfall
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import ModelInputs

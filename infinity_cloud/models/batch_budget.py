@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from infinity_cloud.backends import Backend
 from infinity_cloud.backends.registry import default_batch_size
 from infinity_cloud.batching import BatchQueue
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.errors import DeviceMemoryError, ModelLoadError
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.errors import DeviceMemoryError, ModelLoadError
+from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.numerics.inputs import Encoded, ModelInputs
 
 log = logging.getLogger(__name__)

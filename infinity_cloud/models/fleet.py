@@ -19,20 +19,20 @@ from pydantic import ValidationError
 from infinity_cloud.admission.memory import MB, MemoryBudget, resident_bytes, weights_bytes
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.result_cache import ResultCache
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.errors import (
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.errors import (
     InvalidInputError,
     ModelConflictError,
     ModelLoadError,
     ModelNotFoundError,
     ModelTooLargeError,
 )
+from infinity_cloud.core.results import ModelFacts
 from infinity_cloud.families import read_model_info
 from infinity_cloud.models.int8_ranges import Int8Ranges
 from infinity_cloud.models.model_source import folder_model_name, model_dir_within
 from infinity_cloud.models.served_model import ServedModel
-from infinity_cloud.results import ModelFacts
 from infinity_cloud.tasks import quantization
 
 log = logging.getLogger(__name__)

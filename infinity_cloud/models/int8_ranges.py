@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from infinity_cloud.cache.result_cache import cache_mode
-from infinity_cloud.errors import ModelNotReadyError
+from infinity_cloud.core.errors import ModelNotReadyError
 from infinity_cloud.numerics.pooling import truncate_dimensions
 from infinity_cloud.tasks import quantization
 

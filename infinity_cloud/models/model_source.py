@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from infinity_cloud.config import DEFAULT_MODEL_ID
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.config import DEFAULT_MODEL_ID
+from infinity_cloud.core.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _hub_logs_once() -> None:
 def _download(model_id: str, revision: str | None) -> Path:
     from huggingface_hub import HfApi, snapshot_download
 
-    from infinity_cloud.progress import slow_step
+    from infinity_cloud.core.progress import slow_step
 
     _hub_logs_once()
     _require_hub(model_id)

@@ -15,19 +15,19 @@ from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.integrity import RowForm
 from infinity_cloud.cache.model_identity import ModelIdentity
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.content_digest import model_fingerprint, one_reading
-from infinity_cloud.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.content_digest import model_fingerprint, one_reading
+from infinity_cloud.core.errors import ModelLoadError, ModelNotReadyError, UnsupportedError
+from infinity_cloud.core.family import ModelInfo
+from infinity_cloud.core.family import Tower as TowerName
+from infinity_cloud.core.hardware import cpu_model, kernel_flags, usable_cores
+from infinity_cloud.core.results import ModelFacts
 from infinity_cloud.families import read_model_info
-from infinity_cloud.family import ModelInfo
-from infinity_cloud.family import Tower as TowerName
-from infinity_cloud.hardware import cpu_model, kernel_flags, usable_cores
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.models.tower_builder import Tower, TowerBuilder
 from infinity_cloud.numerics.inputs import InputEncoder
 from infinity_cloud.numerics.pooling import supported_activation
-from infinity_cloud.results import ModelFacts
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
@@ -359,7 +359,7 @@ def prepare_model(spec: ModelSpec, *, build_exports: bool = True) -> str:
     path = resolve_model_dir(spec.model_id, spec.revision)
     if not build_exports:
         return f"{spec.name}: {path}"
-    from infinity_cloud.progress import slow_step
+    from infinity_cloud.core.progress import slow_step
 
     served = ServedModel(spec)
     try:

@@ -17,9 +17,9 @@ from infinity_cloud.backends import Backend
 from infinity_cloud.backends.base import Calibration
 from infinity_cloud.batching import BatchQueue, BatchWorker
 from infinity_cloud.batching.worker import Observer
-from infinity_cloud.config import ModelSpec
-from infinity_cloud.family import GraphOutput, ModelInfo
-from infinity_cloud.family import Tower as TowerName
+from infinity_cloud.core.config import ModelSpec
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.family import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.models.batch_budget import batch_tokens, bucket, fit_device_memory, max_batch_size
 from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES

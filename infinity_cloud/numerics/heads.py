@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from infinity_cloud.family import DenseLayer
+from infinity_cloud.core.family import DenseLayer
 from infinity_cloud.numerics.pooling import Array, apply_dense, l2_normalize, pool, positions
 
 HeadKind = Literal["pool", "tokens", "vectors", "sparse", "final"]

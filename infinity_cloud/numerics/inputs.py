@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from infinity_cloud.config import LimitsSpec
+    from infinity_cloud.core.config import LimitsSpec
 
 
 @dataclass(eq=False, slots=True)

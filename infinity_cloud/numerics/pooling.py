@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from infinity_cloud.family import DenseLayer
+from infinity_cloud.core.family import DenseLayer
 
 Array = Any  # a numpy array or a torch tensor, per `xp`
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Body, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from infinity_cloud.config import ModelSpec, error_lines
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.core.config import ModelSpec, error_lines
+from infinity_cloud.core.errors import InvalidInputError
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute

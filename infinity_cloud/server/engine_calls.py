@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from infinity_cloud.batching import ORIGIN
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InfinityCloudError, InputTooLongError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import InfinityCloudError, InputTooLongError
 from infinity_cloud.server.errors import status_of
 from infinity_cloud.server.tracing import SCOPE_KEY
 

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-from infinity_cloud import errors
+from infinity_cloud.core import errors
 from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.request_id import request_id

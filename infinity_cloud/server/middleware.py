@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infinity_cloud.cache.result_cache import CACHE_MODE, CacheMode
-from infinity_cloud.errors import PayloadTooLargeError
+from infinity_cloud.core.errors import PayloadTooLargeError
 from infinity_cloud.server.asgi import HttpMiddleware
 from infinity_cloud.server.errors import error_response
 

@@ -14,7 +14,7 @@ from pydantic import GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from infinity_cloud.config import LimitsSpec
+from infinity_cloud.core.config import LimitsSpec
 
 # Where a schema keeps the limits to fill in: {keyword: {"fields": [LimitsSpec field, ...], "less": n}}.
 _LIMITS = "x-limits"

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from infinity_cloud.config import ServerSpec
+from infinity_cloud.core.config import ServerSpec
 from infinity_cloud.server.errors import error_body
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from infinity_cloud.errors import ModelNotFoundError, ModelNotReadyError
+from infinity_cloud.core.errors import ModelNotFoundError, ModelNotReadyError
 from infinity_cloud.server.dialects.batch_transform import transform_settings
 from infinity_cloud.server.encoding import json_response
 from infinity_cloud.server.errors import error_body, error_responses

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infinity_cloud.batching import BatchReport
-from infinity_cloud.errors import ConfigError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.install_hint import install_command
 
 # The OpenTelemetry packages `--otlp-endpoint` needs (the `tracing` extra).
 SDK_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")

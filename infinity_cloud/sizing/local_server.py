@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.sizing.bench import BenchError
 
 HOST = "127.0.0.1"

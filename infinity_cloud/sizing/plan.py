@@ -37,7 +37,7 @@ SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
 DEFAULT_P95_MS = 1000.0
 # Replicas a production plan keeps at least: one lost or restarting leaves one serving.
 MIN_REPLICAS = 2
-# The engine's tokenizer threads at most (infinity_cloud/pipeline.py's pool).
+# The engine's tokenizer threads at most (infinity_cloud/engine/pipeline.py's pool).
 TOKENIZER_THREADS = 4
 # Modal stops a container idle this long (its default scaledown_window): traffic that comes
 # more often keeps one up all the time.
@@ -196,7 +196,7 @@ def spelled(target: str) -> str:
 
 def local_offer() -> Offer:
     """This host as an offer: its usable cores, kernel class, clock and memory, nothing billed."""
-    from infinity_cloud.hardware import cpu_clock_ghz, cpu_flags, cpu_model, usable_cores
+    from infinity_cloud.core.hardware import cpu_clock_ghz, cpu_flags, cpu_model, usable_cores
     from infinity_cloud.sizing.estimate import kernel_class
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

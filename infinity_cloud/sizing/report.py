@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.sizing.plan import Choice
 from infinity_cloud.sizing.profile import Point, Profile, shape_label
 

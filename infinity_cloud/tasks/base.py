@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec, ModelSpec
-from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec, ModelSpec
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.numerics.fidelity import PROBES, TRUNCATED_PROBE_TOKENS, Check, truncated_probe
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded

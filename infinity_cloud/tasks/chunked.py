@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from infinity_cloud.admission.validation import check_dimensions, check_texts
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.family import Tower
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError
+from infinity_cloud.core.family import Tower
+from infinity_cloud.core.results import ChunkedEmbeddingResult
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
-from infinity_cloud.results import ChunkedEmbeddingResult
 from infinity_cloud.tasks.base import (
     JSON_BYTES_PER_NUMBER,
     PACKED_BYTES_PER_NUMBER,

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from infinity_cloud.admission.validation import check_texts
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.results import ClassifyResult
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import Encoded
-from infinity_cloud.results import ClassifyResult
 from infinity_cloud.tasks.base import Cost, Task, prompt_tokens, text_cost
 from infinity_cloud.tasks.scores import label_scores, softmax
 

@@ -14,14 +14,14 @@ from infinity_cloud.admission.validation import (
     check_token_ids,
     is_token_ids,
 )
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.core.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.core.results import EmbeddingResult
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
-from infinity_cloud.results import EmbeddingResult
 from infinity_cloud.tasks.base import (
     JSON_BYTES_PER_NUMBER,
     PACKED_BYTES_PER_NUMBER,

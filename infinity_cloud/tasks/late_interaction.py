@@ -5,8 +5,8 @@ against each document's."""
 
 from __future__ import annotations
 
-from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.results import MultiVectorResult, RankedDocument, RerankResult
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.results import MultiVectorResult, RankedDocument, RerankResult
 from infinity_cloud.tasks.multi_vector import ROLE_FOR_USE, Role
 from infinity_cloud.tasks.scores import maxsim, rank
 

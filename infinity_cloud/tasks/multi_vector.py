@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from infinity_cloud.admission.validation import check_no_token_ids, check_texts
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.family import GraphOutput, ModelInfo, Tower
+from infinity_cloud.core.results import MultiVectorResult
 from infinity_cloud.numerics.heads import FINAL, Head
-from infinity_cloud.results import MultiVectorResult
 from infinity_cloud.tasks.base import (
     Cost,
     Task,

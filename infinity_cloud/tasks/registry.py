@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infinity_cloud.capability import Capability
+from infinity_cloud.core.capability import Capability
 from infinity_cloud.tasks.base import Task
 from infinity_cloud.tasks.classify import ClassifyTask
 from infinity_cloud.tasks.embed import EmbedTask

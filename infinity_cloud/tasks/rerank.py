@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from infinity_cloud.admission.validation import check_max_tokens_per_doc, check_texts, check_top_n
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.family import GraphOutput, ModelInfo
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.family import GraphOutput, ModelInfo
+from infinity_cloud.core.results import RankedDocument, RerankResult
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import Encoded
-from infinity_cloud.results import RankedDocument, RerankResult
 from infinity_cloud.tasks.base import Cost, Task, length_cost, prompt_tokens
 from infinity_cloud.tasks.scores import rank, sigmoid
 from infinity_cloud.text.tokenization import TextTokenizer

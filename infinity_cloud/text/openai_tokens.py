@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
-from infinity_cloud.errors import InvalidInputError
+from infinity_cloud.core.errors import InvalidInputError
 
 VOCABULARY = "cl100k_base"
 # cl100k_base's special tokens, by id (tiktoken's own table); text clients do not send them,

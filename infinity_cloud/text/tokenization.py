@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from infinity_cloud.errors import InputTooLongError, InvalidInputError, ModelLoadError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import InputTooLongError, InvalidInputError, ModelLoadError
+from infinity_cloud.core.install_hint import install_command
+from infinity_cloud.core.results import Token
 from infinity_cloud.numerics.inputs import Encoded
-from infinity_cloud.results import Token
 from infinity_cloud.text import pool_cancellation
 from infinity_cloud.text.chunking import Chunk, cut
 

@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def _load() -> tuple[Any, Any]:
     from mangum import Mangum
 
-    from infinity_cloud.config import build_spec, read_config_file
+    from infinity_cloud.core.config import build_spec, read_config_file
     from infinity_cloud.targets.runtime import endpoint_keys, http_app, start_engine
 
     data = read_config_file(TASK_ROOT / SPEC_FILE)
@@ -69,7 +69,7 @@ def _bounded(event: dict[str, Any], context: Any, bound: AnswerBound) -> dict[st
     mangum for the same event."""
     from mangum import Mangum
 
-    from infinity_cloud.errors import PayloadTooLargeError
+    from infinity_cloud.core.errors import PayloadTooLargeError
     from infinity_cloud.server.errors import error_response
 
     answer = _http(event, context)

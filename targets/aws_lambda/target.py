@@ -19,9 +19,9 @@ from rich.console import Console
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.exports import CACHE_ENV
 from infinity_cloud.backends.registry import backend_entry
-from infinity_cloud.config import DeploymentSpec, ModelSpec
-from infinity_cloud.content_digest import PINNED_FINGERPRINT
-from infinity_cloud.errors import ConfigError, InfinityCloudError
+from infinity_cloud.core.config import DeploymentSpec, ModelSpec
+from infinity_cloud.core.content_digest import PINNED_FINGERPRINT
+from infinity_cloud.core.errors import ConfigError, InfinityCloudError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import AwsError, aws_calls, check_known, clients, require_image_and_role
 from infinity_cloud.targets.aws_lambda import lambda_api

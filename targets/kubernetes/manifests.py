@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.targets.kubernetes import alerts
 from infinity_cloud.targets.kubernetes.spec import PRODUCT_LABEL, KubernetesSpec
 from infinity_cloud.targets.local.target import IMAGE_HF_HOME, WEIGHTS_DIR

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, Deployment, Endpoint, Target, TargetError
 from infinity_cloud.targets.kubernetes import kubectl, manifests

@@ -11,8 +11,8 @@ from typing import Any
 
 import uvicorn
 
-from infinity_cloud.capability import ROUTE_NAMES, Capability
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.capability import ROUTE_NAMES, Capability
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.targets.base import CLIENT_KEY_ENV, curl_example
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (

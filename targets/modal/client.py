@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from infinity_cloud.errors import InfinityCloudError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import InfinityCloudError
+from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.targets.base import TargetError
 from infinity_cloud.targets.modal.spec import ModalSpec
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infinity_cloud.bulk.job import EmbedJob
 from infinity_cloud.bulk.workers import collect, finish, job_to_json, plan_job, plan_to_json
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets.base import JobOptions, TargetError
 from infinity_cloud.targets.modal.client import (
     JOB_CLASS,

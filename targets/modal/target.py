@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from infinity_cloud.config import DeploymentSpec
+from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.targets import container
 from infinity_cloud.targets.base import (
     ENDPOINT_KEYS_ENV,

@@ -25,8 +25,8 @@ from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_outcome, shard
 from infinity_cloud.bulk.meter import Meter
 from infinity_cloud.bulk.outcome import conclude
 from infinity_cloud.bulk.workers import plan_job
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets.aws import AwsError, aws_calls, clients
 
 POLL_S = 15.0

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets.aws import ApiCall, AwsError, run
 from infinity_cloud.targets.aws import clients as aws_clients
 from infinity_cloud.targets.base import json_answer, one_line

@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from infinity_cloud.config import DeploymentSpec, load_spec
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.config import DeploymentSpec, load_spec
+from infinity_cloud.core.errors import InfinityCloudError
 from infinity_cloud.server.logs import UVICORN_LOGS, configure_logging
 
 CONFIG_ENV = "INFINITY_CLOUD_CONFIG"

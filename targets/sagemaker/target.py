@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 
 from infinity_cloud.backends.neuron_backend import COMPILE_ENV, buckets_of
-from infinity_cloud.config import DeploymentSpec
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DeploymentSpec
+from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.targets import container
 from infinity_cloud.targets.aws import ApiCall, aws_calls, delete_log_group, require_image_and_role, run
 from infinity_cloud.targets.base import Deployment, JobOptions, Target, render_templates, spec_yaml

@@ -19,7 +19,12 @@ from conftest import wait_until
 
 from infinity_cloud.batching import BatchQueue, BatchReport, BatchWorker, WorkItem
 from infinity_cloud.batching.places import Places
-from infinity_cloud.errors import BatchFailedError, ModelNotReadyError, PayloadTooLargeError, QueueFullError
+from infinity_cloud.core.errors import (
+    BatchFailedError,
+    ModelNotReadyError,
+    PayloadTooLargeError,
+    QueueFullError,
+)
 
 HANG_GUARD_S = 30.0
 

@@ -15,9 +15,9 @@ import pytest
 from infinity_cloud.cache.codec import decode_row, encode_row
 from infinity_cloud.cache.keys import fingerprint
 from infinity_cloud.cache.model_identity import ModelIdentity, namespace
-from infinity_cloud.content_digest import model_fingerprint, one_reading
+from infinity_cloud.core.content_digest import model_fingerprint, one_reading
+from infinity_cloud.core.results import SparseVector
 from infinity_cloud.numerics.inputs import Encoded
-from infinity_cloud.results import SparseVector
 
 
 def test_an_input_is_known_by_exactly_what_the_model_reads() -> None:

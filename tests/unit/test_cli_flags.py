@@ -5,7 +5,7 @@ description, so the command line cannot drift from the spec."""
 from __future__ import annotations
 
 from infinity_cloud.cli import SPEC_OPTIONS
-from infinity_cloud.config import FILE_ONLY, LimitsSpec, ModelSpec, ServerSpec
+from infinity_cloud.core.config import FILE_ONLY, LimitsSpec, ModelSpec, ServerSpec
 
 SPECS = (ModelSpec, ServerSpec, LimitsSpec)
 FIELDS = {f for spec in SPECS for f in spec.model_fields}

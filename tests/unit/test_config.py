@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infinity_cloud.config import DEFAULT_MODEL_ID, DeploymentSpec, ModelSpec, load_spec, merge_overrides
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.config import DEFAULT_MODEL_ID, DeploymentSpec, ModelSpec, load_spec, merge_overrides
+from infinity_cloud.core.errors import ConfigError
 
 
 def test_default_spec_serves_the_default_model():

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from infinity_cloud.asks import ANY_EMBEDDING, EmbedAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.engine.asks import ANY_EMBEDDING, EmbedAsk
 from infinity_cloud.server.dialects import cohere, openai, tei, voyage
 from infinity_cloud.server.dialects.common import RerankRequest
 from infinity_cloud.server.dialects.infinity import ClassifyRequest

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infinity_cloud.config import DEFAULT_MODEL_ID
+from infinity_cloud.core.config import DEFAULT_MODEL_ID
 from infinity_cloud.models import model_source
 from infinity_cloud.models.model_source import folder_model_name
 

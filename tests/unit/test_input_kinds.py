@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from infinity_cloud import families
+from infinity_cloud.core.input_kind import InputKind, InputKinds
 from infinity_cloud.families import Family, input_kinds
-from infinity_cloud.input_kind import InputKind, InputKinds
 from infinity_cloud.targets.container import media_extras
 
 

@@ -11,8 +11,8 @@ import pytest
 from parsed_source import parsed
 
 from infinity_cloud.backends.registry import _BACKENDS
+from infinity_cloud.core.install_hint import command_for, install_command
 from infinity_cloud.families import input_kinds
-from infinity_cloud.install_hint import command_for, install_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "infinity_cloud", ROOT / "targets"]

@@ -18,23 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # Each folder read, with the name its modules are imported under once installed (setup.py).
 SOURCES = {"infinity_cloud": ROOT / "infinity_cloud", "infinity_cloud.targets": ROOT / "targets"}
 
-# Each package, and each module directly in `infinity_cloud/` (they belong to different layers),
-# by rank: a module may import its own rank (with no circle) and lower ones, never a higher one.
+# Each folder of the package by rank (a layer is a folder: no module sits beside them but the
+# package's own `__init__` and `__main__`): a module may import its own rank (with no circle) and
+# lower ones, never a higher one.
 # A module's rank is that of the longest name here that holds it.
 RANKS: dict[str, int] = {
     # 0 the vocabulary every layer speaks (errors, capabilities, results, a model's facts, the
-    #   spec, this machine, the hooks an upper layer fills in); it imports nothing else here
-    "infinity_cloud.errors": 0,
-    "infinity_cloud.capability": 0,
-    "infinity_cloud.results": 0,
-    "infinity_cloud.family": 0,
-    "infinity_cloud.input_kind": 0,
-    "infinity_cloud.content_digest": 0,
-    "infinity_cloud.config": 0,
-    "infinity_cloud.per_input": 0,
-    "infinity_cloud.hardware": 0,
-    "infinity_cloud.progress": 0,
-    "infinity_cloud.install_hint": 0,
+    #   spec, this machine); it imports nothing else here
+    "infinity_cloud.core": 0,
     # 1 numerics the backends and the engine share (model inputs, pooling, heads, fidelity)
     "infinity_cloud.numerics": 1,
     # 2 backends run a graph on a device: graphs and numerics, never a task, family or request
@@ -52,10 +43,8 @@ RANKS: dict[str, int] = {
     # 5 one served model, assembled from the parts below and a backend
     "infinity_cloud.models": 5,
     # 6 the engine: what a caller asks of it in its own terms (asks.py), one admitted call run
-    #   on a served model (pipeline.py), and the front door that answers each ask (engine.py)
+    #   on a served model (pipeline.py), and the front door that answers each ask (front_door.py)
     "infinity_cloud.engine": 6,
-    "infinity_cloud.asks": 6,
-    "infinity_cloud.pipeline": 6,
     # 7 what runs on the engine: bulk jobs; the HTTP app's shared parts (errors, parsing, keys);
     # measuring a server over HTTP and sizing deployments from it (bench, plan)
     "infinity_cloud.bulk": 7,
@@ -76,12 +65,10 @@ RANKS: dict[str, int] = {
     "infinity_cloud.targets.sagemaker": 11,
     "infinity_cloud.targets.aws_lambda": 11,
     "infinity_cloud.targets.kubernetes": 11,
-    # 12 the target registry, which names every target; what the command line uses besides the
-    #   server and the targets: the admin API's client, Infinity's command line translated
+    # 12 the target registry, which names every target
     "infinity_cloud.targets.registry": 12,
-    "infinity_cloud.admin_client": 12,
-    "infinity_cloud.infinity_compat": 12,
-    # 13 the command line, and the package itself, which hands the registry to the spec
+    # 13 the command line (with the admin API's client and Infinity's command line translated),
+    #   and the package itself
     "infinity_cloud.cli": 13,
     "infinity_cloud.__main__": 13,
     "infinity_cloud": 13,
@@ -218,11 +205,16 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_package_has_a_rank_of_its_own() -> None:
     found = modules()
-    # the modules of `infinity_cloud/` itself sit in different layers: a rank each
     top = {name for name, path in found.items() if path.parent == SOURCES["infinity_cloud"]}
     needed = packages(found) | top
     assert sorted(needed - set(RANKS)) == []  # a new package: give it its rank here
     assert sorted(set(RANKS) - set(found)) == []  # a rank for what no longer exists
+
+
+def test_a_layer_is_a_folder() -> None:
+    """No module sits in `infinity_cloud/` beside the layers' folders but the package's own."""
+    top = {path.name for path in SOURCES["infinity_cloud"].glob("*.py")}
+    assert top == {"__init__.py", "__main__.py"}, "put a new module in the folder of its layer"
 
 
 def test_no_module_imports_a_higher_rank() -> None:
@@ -258,5 +250,5 @@ def test_a_name_taken_from_the_root_counts_as_importing_the_root() -> None:
     """`from infinity_cloud import Engine` in a low module is an upward import, though Python
     imports the root package before any module: the root hands out the top layer's names."""
     found = modules()
-    taken = ast.parse("from infinity_cloud import Engine, __version__, errors\n").body[0]
+    taken = ast.parse("from infinity_cloud import Engine, __version__, core\n").body[0]
     assert root_names(taken, found) == ["Engine"]

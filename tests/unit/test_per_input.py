@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.per_input import setting_aside
+from infinity_cloud.core.errors import InvalidInputError
+from infinity_cloud.core.per_input import setting_aside
 
 
 async def refusing_empty(texts: list[str]) -> list[str]:

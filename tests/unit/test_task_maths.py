@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from infinity_cloud.family import DenseLayer
+from infinity_cloud.core.family import DenseLayer
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.pooling import (
     apply_dense,
@@ -232,7 +232,7 @@ def test_label_scores_ties_keep_label_order() -> None:
 
 
 def test_every_capability_has_its_task() -> None:
-    from infinity_cloud.capability import Capability
+    from infinity_cloud.core.capability import Capability
     from infinity_cloud.tasks.registry import TASKS
 
     assert set(TASKS) == set(Capability)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
 
-from infinity_cloud.errors import InputTooLongError
+from infinity_cloud.core.errors import InputTooLongError
 from infinity_cloud.text import pool_cancellation
 from infinity_cloud.text.tokenization import CLIP_CHARS_PER_TOKEN, ENCODE_CHUNK, TextTokenizer
 

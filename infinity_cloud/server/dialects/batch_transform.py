@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 from starlette.responses import StreamingResponse
 
-from infinity_cloud.asks import EmbedAsk
-from infinity_cloud.errors import MemoryExhaustedError, QueueFullError
-from infinity_cloud.per_input import setting_aside
-from infinity_cloud.results import SparseEmbeddingResult
+from infinity_cloud.core.errors import MemoryExhaustedError, QueueFullError
+from infinity_cloud.core.per_input import setting_aside
+from infinity_cloud.core.results import SparseEmbeddingResult
+from infinity_cloud.engine.asks import EmbedAsk
 
 MB = 2**20
 # SageMaker's own bounds (CreateTransformJob): MaxPayloadInMB at most 100, and

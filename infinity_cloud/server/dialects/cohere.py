@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictStr, model_validator
 from starlette.responses import Response
 
-from infinity_cloud.asks import EmbedAsk, Embeddings
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import InvalidInputError
-from infinity_cloud.results import EmbeddingResult, EmbeddingsByType, RerankResult
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import InvalidInputError
+from infinity_cloud.core.results import EmbeddingResult, EmbeddingsByType, RerankResult
+from infinity_cloud.engine.asks import EmbedAsk, Embeddings
 from infinity_cloud.server.dialects.common import (
     Item,
     NonNegative,

@@ -25,11 +25,11 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
-from infinity_cloud.asks import RerankAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.results import ClassifyResult, RerankResult
+from infinity_cloud.engine.asks import RerankAsk
 from infinity_cloud.families import input_kinds
-from infinity_cloud.results import ClassifyResult, RerankResult
 from infinity_cloud.server.engine_calls import answer
 from infinity_cloud.server.openapi import INPUT_KINDS, Checked, Limit
 

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from pydantic import Field, StrictBool
 from starlette.responses import Response
 
-from infinity_cloud.asks import ClassifyAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.results import ClassifyResult, RerankResult
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.results import ClassifyResult, RerankResult
+from infinity_cloud.engine.asks import ClassifyAsk
 from infinity_cloud.server.dialects.common import (
     RerankRequest,
     Text,

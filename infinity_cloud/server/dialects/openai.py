@@ -10,14 +10,14 @@ from fastapi import APIRouter, Request
 from pydantic import ConfigDict, Field, StrictBool, model_validator
 from starlette.responses import Response
 
-from infinity_cloud.asks import ANY_EMBEDDING, ChunkedEmbedAsk, EmbedAsk, Embeddings
-from infinity_cloud.capability import Capability
-from infinity_cloud.results import (
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.results import (
     ChunkedEmbeddingResult,
     EmbeddingResult,
     MultiVectorResult,
     SparseEmbeddingResult,
 )
+from infinity_cloud.engine.asks import ANY_EMBEDDING, ChunkedEmbedAsk, EmbedAsk, Embeddings
 from infinity_cloud.server.dialects.common import (
     INPUTS,
     Item,

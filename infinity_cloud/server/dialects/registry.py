@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute, APIRouter
 from pydantic import BaseModel, PlainValidator, ValidationError
 from starlette.responses import Response
 
-from infinity_cloud.errors import UnsupportedError
+from infinity_cloud.core.errors import UnsupportedError
 
 Handler = Callable[[Any, Request], Awaitable[Response]]
 

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
-from infinity_cloud.capability import ROUTE_NAMES, Capability
-from infinity_cloud.errors import InvalidInputError, UnsupportedError
-from infinity_cloud.results import ClassifyResult
+from infinity_cloud.core.capability import ROUTE_NAMES, Capability
+from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
+from infinity_cloud.core.results import ClassifyResult
 from infinity_cloud.server.dialects.batch_transform import answer_mini_batch
 from infinity_cloud.server.dialects.common import RerankRequest
 from infinity_cloud.server.dialects.infinity import ClassifyRequest, classify_ask, classify_body

@@ -16,14 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
 from infinity_cloud import __version__
-from infinity_cloud.asks import ClassifyAsk, EmbedAsk, SimilarityAsk, TokenizeAsk
-from infinity_cloud.capability import Capability
-from infinity_cloud.errors import (
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import (
     InfinityCloudError,
     InvalidInputError,
     ModelNotReadyError,
 )
-from infinity_cloud.results import ClassifyResult
+from infinity_cloud.core.results import ClassifyResult
+from infinity_cloud.engine.asks import ClassifyAsk, EmbedAsk, SimilarityAsk, TokenizeAsk
 from infinity_cloud.server.dialects.common import (
     NonNegative,
     Text,

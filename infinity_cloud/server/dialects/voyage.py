@@ -11,7 +11,7 @@ from fastapi import Request
 from pydantic import Field, StrictBool
 from starlette.responses import Response
 
-from infinity_cloud.results import RerankResult
+from infinity_cloud.core.results import RerankResult
 from infinity_cloud.server.dialects.common import NonNegative, _DocumentsRerank, ranked
 from infinity_cloud.server.dialects.registry import Body, Dialect
 from infinity_cloud.server.encoding import json_response

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.results import (
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.results import (
     EmbeddingResult,
     EmbeddingsByType,
     MultiVectorResult,

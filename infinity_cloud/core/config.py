@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from infinity_cloud.errors import ConfigError
+from infinity_cloud.core.errors import ConfigError
 
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PORT = 7997  # Infinity's port, so its clients work without changes.

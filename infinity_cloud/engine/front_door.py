@@ -25,27 +25,12 @@ from infinity_cloud.admission.validation import (
     check_texts,
     check_top_n,
 )
-from infinity_cloud.asks import (
-    Ask,
-    ChunkedEmbedAsk,
-    ClassifyAsk,
-    EmbedAsk,
-    Embeddings,
-    RerankAsk,
-    SimilarityAsk,
-    TokenizeAsk,
-    capabilities_of,
-)
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.result_cache import ResultCache
-from infinity_cloud.capability import Capability
-from infinity_cloud.config import DeploymentSpec, LimitsSpec, ModelSpec
-from infinity_cloud.errors import UnsupportedError
-from infinity_cloud.models.fleet import Fleet
-from infinity_cloud.models.served_model import ServedModel
-from infinity_cloud.numerics.pooling import l2_normalize
-from infinity_cloud.pipeline import Pipeline
-from infinity_cloud.results import (
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.config import DeploymentSpec, LimitsSpec, ModelSpec
+from infinity_cloud.core.errors import UnsupportedError
+from infinity_cloud.core.results import (
     ChunkedEmbeddingResult,
     ClassifyResult,
     EmbeddingResult,
@@ -56,6 +41,21 @@ from infinity_cloud.results import (
     SimilarityResult,
     Token,
 )
+from infinity_cloud.engine.asks import (
+    Ask,
+    ChunkedEmbedAsk,
+    ClassifyAsk,
+    EmbedAsk,
+    Embeddings,
+    RerankAsk,
+    SimilarityAsk,
+    TokenizeAsk,
+    capabilities_of,
+)
+from infinity_cloud.engine.pipeline import Pipeline
+from infinity_cloud.models.fleet import Fleet
+from infinity_cloud.models.served_model import ServedModel
+from infinity_cloud.numerics.pooling import l2_normalize
 from infinity_cloud.tasks import late_interaction, quantization
 from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, listed_tokens_cost
 from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall

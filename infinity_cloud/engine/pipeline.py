@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from infinity_cloud.admission.memory import MemoryBudget
 from infinity_cloud.admission.validation import check_answer_size
 from infinity_cloud.cache.result_cache import ResultCache
-from infinity_cloud.config import LimitsSpec
-from infinity_cloud.hardware import usable_cores
+from infinity_cloud.core.config import LimitsSpec
+from infinity_cloud.core.hardware import usable_cores
 from infinity_cloud.models.served_model import ServedModel
 from infinity_cloud.tasks.base import Call, Result, Task
 from infinity_cloud.text import pool_cancellation

@@ -14,8 +14,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from infinity_cloud.capability import Capability
-from infinity_cloud.input_kind import InputKind
+from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.input_kind import InputKind
 
 # A family's own facts (`ModelInfo.facts`).
 F = TypeVar("F")

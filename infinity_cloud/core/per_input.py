@@ -8,7 +8,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from infinity_cloud.errors import InvalidInputError, PayloadTooLargeError
+from infinity_cloud.core.errors import InvalidInputError, PayloadTooLargeError
 
 T = TypeVar("T")
 R = TypeVar("R")

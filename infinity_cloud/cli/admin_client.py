@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from infinity_cloud.errors import InfinityCloudError
+from infinity_cloud.core.errors import InfinityCloudError
 
 
 class AdminError(InfinityCloudError):

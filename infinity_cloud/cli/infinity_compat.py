@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from infinity_cloud.backends.registry import auto_backends, installed
-from infinity_cloud.errors import BackendUnavailableError, ConfigError
-from infinity_cloud.install_hint import install_command
+from infinity_cloud.core.errors import BackendUnavailableError, ConfigError
+from infinity_cloud.core.install_hint import install_command
 
 ENV_PREFIX = "INFINITY_"
 
