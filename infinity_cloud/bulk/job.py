@@ -11,12 +11,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from infinity_cloud import __version__
 from infinity_cloud.bulk.sources import Row, media_url
 from infinity_cloud.core.capability import Capability
 from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.core.per_input import setting_aside
+from infinity_cloud.core.version import __version__
 from infinity_cloud.engine.asks import EmbedAsk
 from infinity_cloud.families import input_kinds
 

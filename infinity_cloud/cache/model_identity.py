@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infinity_cloud import __version__
 from infinity_cloud.core.hardware import cpu_model, kernel_flags
+from infinity_cloud.core.version import __version__
 
 
 def namespace(identity: str, facts: Iterable[Any]) -> str:

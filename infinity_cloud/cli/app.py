@@ -23,7 +23,7 @@ APP_HELP = (
 
 def version() -> None:
     """Print the version."""
-    from infinity_cloud import __version__
+    from infinity_cloud.core.version import __version__
 
     typer.echo(__version__)
 

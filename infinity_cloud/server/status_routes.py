@@ -51,7 +51,7 @@ async def model(model_id: str, request: Request) -> Response:
 
 @models_router.get("/", summary="What this server is: its models, and links to the rest")
 async def front_page(request: Request) -> Response:
-    from infinity_cloud import __version__
+    from infinity_cloud.core.version import __version__
 
     base = request.url.path.rstrip("/")
     return json_response({

@@ -280,7 +280,7 @@ async def new_profile(
     primary: Server, rivals: Sequence[Server], corpus: Path | None, averages: dict[str, float]
 ) -> Profile:
     """The profile's tags: what was measured, where, with which corpus; no points yet."""
-    from infinity_cloud import __version__
+    from infinity_cloud.core.version import __version__
 
     return Profile(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

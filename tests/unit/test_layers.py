@@ -139,7 +139,7 @@ def root_names(node: ast.AST, found: dict[str, Path]) -> list[str]:
     root (`from infinity_cloud import Engine`): the root hands them out from the top layer."""
     if not isinstance(node, ast.ImportFrom) or node.module != "infinity_cloud":
         return []
-    return [a.name for a in node.names if a.name != "__version__" and f"infinity_cloud.{a.name}" not in found]
+    return [a.name for a in node.names if f"infinity_cloud.{a.name}" not in found]
 
 
 def layer(module: str, ranks: dict[str, int]) -> str:
@@ -251,4 +251,5 @@ def test_a_name_taken_from_the_root_counts_as_importing_the_root() -> None:
     imports the root package before any module: the root hands out the top layer's names."""
     found = modules()
     taken = ast.parse("from infinity_cloud import Engine, __version__, core\n").body[0]
-    assert root_names(taken, found) == ["Engine"]
+    # the version too is the root's to hand out: a lower layer names core.version's
+    assert root_names(taken, found) == ["Engine", "__version__"]

@@ -13,8 +13,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from infinity_cloud import __version__
 from infinity_cloud.core.config import DeploymentSpec, ServerSpec
+from infinity_cloud.core.version import __version__
 from infinity_cloud.engine import Engine
 from infinity_cloud.families import input_kinds
 from infinity_cloud.server import admin_routes, status_routes

@@ -15,7 +15,6 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.responses import Response
 
-from infinity_cloud import __version__
 from infinity_cloud.core.capability import Capability
 from infinity_cloud.core.errors import (
     InfinityCloudError,
@@ -23,6 +22,7 @@ from infinity_cloud.core.errors import (
     ModelNotReadyError,
 )
 from infinity_cloud.core.results import ClassifyResult
+from infinity_cloud.core.version import __version__
 from infinity_cloud.engine.asks import ClassifyAsk, EmbedAsk, SimilarityAsk, TokenizeAsk
 from infinity_cloud.server.dialects.common import (
     NonNegative,
