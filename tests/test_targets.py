@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -244,3 +244,39 @@ def test_a_platform_time_out_is_the_request_limit_caps_the_deadline_and_its_memo
     declared = DeploymentSpec(models=spec.models, server={"limits": {"memory_budget_mb": 1000}})
     assert within_platform(declared, None, 3000).server.limits.memory_budget_mb == 1000
     assert within_platform(spec, None, None) == spec
+
+
+class ToyJobs(Target[ToySpec]):
+    """A new runner, as a change adds one: a target that runs bulk jobs (here on this machine,
+    with the local runner's code), and its registration. No other file changes."""
+
+    name = "toyjobs"
+    spec_class = ToySpec
+    verbs = ()
+    runs_jobs = True
+    ran: ClassVar[list[str]] = []
+
+    def embed_job(self, spec: DeploymentSpec, job: Any, options: Any) -> dict[str, Any]:
+        import asyncio
+
+        from infinity_cloud.bulk.local_runner import run_local
+
+        ToyJobs.ran.append(self.settings(spec).region)
+        return asyncio.run(run_local(spec, job))
+
+
+def test_a_registered_runner_runs_embed_jobs(tiny_embedder: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    registry.register_target(ToyJobs)
+    try:
+        source = tmp_path / "corpus.jsonl"
+        source.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "world"}\n')
+        argv = ["embed", str(source), "--out", str(tmp_path / "out"), "--model-id", str(tiny_embedder),
+                "--backend", "torch", "--runner", "toyjobs"]
+        result = runner.invoke(build_cli(), argv)
+        assert result.exit_code == 0, result.output
+        assert ToyJobs.ran == ["eu-west"]  # its own section's defaults, as any target reads them
+        assert pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet"))).num_rows == 2
+    finally:
+        registry.unregister_target("toyjobs")
