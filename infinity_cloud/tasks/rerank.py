@@ -31,6 +31,7 @@ class RerankCall:
     raw_scores: bool = False
     truncate: bool = True
     max_tokens_per_doc: int | None = None  # each document cut to that many tokens first (Cohere's)
+    instruction: str | None = None  # what to rank for (an LLM reranker's); None: the model's own
 
 
 class RerankTask(Task[RerankCall, RerankResult]):
@@ -61,7 +62,8 @@ class RerankTask(Task[RerankCall, RerankResult]):
         documents = list(call.documents)
         if call.max_tokens_per_doc is not None:
             documents = tokenizer.cut(documents, call.max_tokens_per_doc)
-        return tokenizer.encode_pairs(call.query, documents, call.truncate)
+        encoder = served.loaded.encoders["text"]
+        return encoder.encode_pairs(call.query, documents, call.truncate, call.instruction)
 
     def finish(
         self, rows: list[np.ndarray], call: RerankCall, served: Served, encodings: list[Encoded]
