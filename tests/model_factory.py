@@ -674,7 +674,7 @@ def _causal_reranker_tokenizer(special: list[str], answers: list[str], **tokens:
 
 
 def _save_llm_reranker(hf_dir: Path, path: Path, true_token: str, false_token: str | None,
-                       prompts: dict[str, str] | None = None) -> Path:
+                       prompts: dict[str, str] | None = None, default_prompt: str | None = None) -> Path:
     """A causal-LM reranker folder as sentence-transformers 6 writes one: Transformer
     (text-generation) and LogitScore."""
     from sentence_transformers import CrossEncoder
@@ -685,15 +685,19 @@ def _save_llm_reranker(hf_dir: Path, path: Path, true_token: str, false_token: s
     tokenizer = transformer.tokenizer
     score = LogitScore(tokenizer.convert_tokens_to_ids(true_token),
                        None if false_token is None else tokenizer.convert_tokens_to_ids(false_token))
-    model = CrossEncoder(modules=[transformer, score], device="cpu", prompts=prompts)
+    model = CrossEncoder(modules=[transformer, score], device="cpu", prompts=prompts,
+                         default_prompt_name=default_prompt)
     path.mkdir(parents=True, exist_ok=True)
     model.save(str(path))
     return path
 
 
-def build_qwen3_reranker(path: Path, prompts: dict[str, str] | None = None) -> Path:
+def build_qwen3_reranker(
+    path: Path, prompts: dict[str, str] | None = None, default_prompt: str | None = None
+) -> Path:
     """Tiny Qwen3-Reranker: a two-layer ``Qwen3ForCausalLM`` scored as log-odds of "yes" over
-    "no" at the last position, after its chat template (instruction, query, document)."""
+    "no" at the last position, after its chat template (instruction, query, document);
+    ``prompts``/``default_prompt``: sentence-transformers' named instructions and the default."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = _causal_reranker_tokenizer(
@@ -710,7 +714,7 @@ def build_qwen3_reranker(path: Path, prompts: dict[str, str] | None = None) -> P
         tokenizer.save_pretrained(tmp)
         with _seeded():
             Qwen3ForCausalLM(config).save_pretrained(tmp)
-        return _save_llm_reranker(Path(tmp), path, "yes", "no", prompts)
+        return _save_llm_reranker(Path(tmp), path, "yes", "no", prompts, default_prompt)
 
 
 def build_gemma_reranker(path: Path) -> Path:

@@ -151,8 +151,8 @@ class LlmReranker(Family):
         if not renders_pairs(template):
             raise ModelLoadError(
                 f"{folder.path.name} ({', '.join(folder.architectures)}) has sentence-transformers' "
-                "LogitScore, but no chat template that renders a 'query' and a 'document' message: it cannot be served "
-                "as a reranker"
+                "LogitScore, but no chat template that renders a 'query' and a 'document' message: it cannot "
+                "be served as a reranker"
             )
         facts = TextFacts.of(folder)
         info = facts.info(folder, self, capability=Capability.RERANK, towers={"text": GRAPH})

@@ -38,9 +38,8 @@ class TextInputEncoder:
         """(query, document) pairs as a reranker reads them; `instruction`: what to rank for,
         which only a model that reads one takes (an LLM reranker's encoder)."""
         if instruction is not None:
-            raise UnsupportedError(
-                "this model reads no instruction (an LLM reranker does); omit 'instruction'", param="instruction"
-            )
+            raise UnsupportedError("this model reads no instruction (an LLM reranker does); omit it",
+                                   param="instruction")
         return self.tokenizer.encode_pairs(query, documents, truncate)
 
     def kept(self, rows: list[np.ndarray], encodings: Sequence[Encoded], role: str) -> list[np.ndarray]:
