@@ -43,6 +43,8 @@ _DEFAULT_ANSWERS = ("yes", "no")
 _STRUCTURED = ("content[0]", ".type", "'type'", '"type"', "item.type", "message.content[")
 # Fillers of the two renders whose common token tail is the template's suffix.
 _FILLERS = ("0", "1 2 3 4")
+# Template tails kept per encoder, one per instruction (requests may each send their own).
+_SUFFIXES_KEPT = 64
 _SIGMOID = "torch.nn.modules.activation.Sigmoid"
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
@@ -253,6 +255,8 @@ class ChatPairEncoder(TextInputEncoder):
         """The template's token tail after the content: the common tail of two renders with
         different fillers."""
         if instruction not in self._suffixes:
+            if len(self._suffixes) >= _SUFFIXES_KEPT:
+                self._suffixes.clear()
             first, second = (self.tokenizer.encode([self.render(f, f, instruction)], False, False)[0].ids
                              for f in _FILLERS)
             count = 0

@@ -47,12 +47,15 @@ class RerankTask(Task[RerankCall, RerankResult]):
         super().check(call, served, limits)
         check_texts([call.query], limits, param="query")
         check_texts(call.documents, limits, param="documents")
+        if call.instruction is not None:
+            check_texts([call.instruction], limits, param="instruction")
         check_top_n(call.top_n)
         check_max_tokens_per_doc(call.max_tokens_per_doc)
 
     def cost(self, call: RerankCall, served: Served) -> Cost:
-        # Each pair is tokenized with its own copy of the query.
-        pairs = [len(call.query) + len(document) for document in call.documents]
+        # Each pair is tokenized with its own copy of the query (and instruction).
+        asked = len(call.query) + len(call.instruction or "")
+        pairs = [asked + len(document) for document in call.documents]
         return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs), items=len(pairs))
 
     def encode(
