@@ -186,7 +186,7 @@ class RerankRequest(_DocumentsRerank):
         None, description="each document cut to this many tokens first (Cohere's; the model's own limit "
         "still holds)",
     )
-    instruction: str | None = Field(
+    instruction: Text | None = Field(
         None, description="what to rank for, for an LLM reranker (Qwen3-Reranker's <Instruct>); absent: the "
         "model's own. A model that reads no instruction answers 400",
     )
