@@ -632,6 +632,113 @@ def build_clap(path: Path) -> Path:
     return path
 
 
+# LLM rerankers' templates are long in a tiny vocabulary: room for them and a document.
+LLM_MAX_LENGTH = 512
+# Qwen3-Reranker's prompt, as its model card gives it: the instruction is the system message
+# (sentence-transformers' prompt), the default one when none is given.
+QWEN3_RERANKER_TEMPLATE = (
+    "{%- set instruction = messages | selectattr('role', 'eq', 'system') | map(attribute='content') | first "
+    "| default('Given a web search query, retrieve relevant passages that answer the query') -%}\n"
+    "{%- set query = messages | selectattr('role', 'eq', 'query') | map(attribute='content') | first -%}\n"
+    "{%- set document = messages | selectattr('role', 'eq', 'document') | map(attribute='content') "
+    "| first -%}\n"
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+    "<Instruct>: {{ instruction }}\n<Query>: {{ query }}\n<Document>: {{ document }}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+# bge-reranker-v2-gemma's prompt (structured messages: content is a list of typed parts); it
+# scores the logit of "Yes" alone.
+GEMMA_RERANKER_TEMPLATE = (
+    "{%- set ns = namespace(instruction=\"Given a query A and a passage B, determine whether the passage "
+    "contains an answer to the query by providing a prediction of either 'Yes' or 'No'.\", query='', "
+    "document='') -%}\n"
+    "{%- for message in messages -%}\n"
+    "{%- if message.role == 'system' -%}{%- set ns.instruction = message.content[0].text -%}\n"
+    "{%- elif message.role == 'query' -%}{%- set ns.query = message.content[0].text -%}\n"
+    "{%- elif message.role == 'document' -%}{%- set ns.document = message.content[0].text -%}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{{ bos_token }}A: {{ ns.query }}\nB: {{ ns.document }}\n{{ ns.instruction }}\n"
+)
+
+
+def _causal_reranker_tokenizer(special: list[str], answers: list[str], **tokens: str) -> Any:
+    """A byte-level BPE that knows the answer words ("yes", "no") as whole tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend = _train_byte_level_bpe(special, vocab_size=500)
+    backend.add_tokens(answers)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, padding_side="left",
+                                   model_max_length=LLM_MAX_LENGTH, **tokens)
+
+
+def _save_llm_reranker(hf_dir: Path, path: Path, true_token: str, false_token: str | None,
+                       prompts: dict[str, str] | None = None, default_prompt: str | None = None) -> Path:
+    """A causal-LM reranker folder as sentence-transformers 6 writes one: Transformer
+    (text-generation) and LogitScore."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.cross_encoder.modules import LogitScore
+
+    transformer = Transformer(str(hf_dir), transformer_task="text-generation", max_seq_length=LLM_MAX_LENGTH)
+    tokenizer = transformer.tokenizer
+    score = LogitScore(tokenizer.convert_tokens_to_ids(true_token),
+                       None if false_token is None else tokenizer.convert_tokens_to_ids(false_token))
+    model = CrossEncoder(modules=[transformer, score], device="cpu", prompts=prompts,
+                         default_prompt_name=default_prompt)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save(str(path))
+    return path
+
+
+def build_qwen3_reranker(
+    path: Path, prompts: dict[str, str] | None = None, default_prompt: str | None = None
+) -> Path:
+    """Tiny Qwen3-Reranker: a two-layer ``Qwen3ForCausalLM`` scored as log-odds of "yes" over
+    "no" at the last position, after its chat template (instruction, query, document);
+    ``prompts``/``default_prompt``: sentence-transformers' named instructions and the default."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _causal_reranker_tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], ["yes", "no"], eos_token="<|im_end|>",
+        pad_token="<|endoftext|>")
+    tokenizer.chat_template = QWEN3_RERANKER_TEMPLATE
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=LLM_MAX_LENGTH,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+        initializer_range=WIDE_INIT,
+    )
+    with tempfile.TemporaryDirectory(prefix="tiny-qwen3-rr-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            Qwen3ForCausalLM(config).save_pretrained(tmp)
+        return _save_llm_reranker(Path(tmp), path, "yes", "no", prompts, default_prompt)
+
+
+def build_gemma_reranker(path: Path) -> Path:
+    """Tiny bge-reranker-v2-gemma: a two-layer ``Gemma2ForCausalLM`` (logit soft-capping, a
+    <bos> in its template) scored by the logit of "Yes" alone."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tokenizer = _causal_reranker_tokenizer(["<pad>", "<eos>", "<bos>"], ["Yes", "No"], bos_token="<bos>",
+                                           eos_token="<eos>", pad_token="<pad>")
+    tokenizer.chat_template = GEMMA_RERANKER_TEMPLATE
+    config = Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=LLM_MAX_LENGTH,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, sliding_window=16, final_logit_softcapping=5.0,
+        initializer_range=WIDE_INIT,
+    )
+    with tempfile.TemporaryDirectory(prefix="tiny-gemma-rr-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            Gemma2ForCausalLM(config).save_pretrained(tmp)
+        return _save_llm_reranker(Path(tmp), path, "Yes", None)
+
+
 def _same_files(a: Path, b: Path) -> bool:
     """Byte-compare two built folders (the determinism check)."""
     files = sorted(f.relative_to(a) for f in a.rglob("*") if f.is_file())

@@ -116,6 +116,8 @@ CASES = [
     Case(P.RerankRequest, "max_tokens_per_doc", "/v2/rerank", {**RR, "documents": ["a b c d e", "a f"]},
          {"max_tokens_per_doc": 1}, "changes"),
     Case(P.RerankRequest, "max_tokens_per_doc", "/v2/rerank", RR, {"max_tokens_per_doc": 0}, 400),
+    # An LLM reranker reads it (tests/test_llm_reranker.py: it changes the scores); this one reads none.
+    Case(P.RerankRequest, "instruction", "/rerank", RR, {"instruction": "find a city"}, 400),
     # TEI's rerank, on Infinity's path
     Case(P.TeiRerankRequest, "model", "/rerank", TEI_RR, {"model": "emb"}, 400),
     Case(P.TeiRerankRequest, "query", "/rerank", TEI_RR, {"query": "another query"}, "changes"),

@@ -36,6 +36,8 @@ from infinity_cloud.text.tokenization import TextTokenizer
     ("decoder_embedder", {}, "text-encoder"),
     ("bert_reranker", {}, "cross-encoder"),
     ("bert_classifier", {}, "classifier"),
+    ("qwen3_reranker", {}, "llm-reranker"),
+    ("gemma_reranker", {}, "llm-reranker"),
     ("splade", {}, "splade"),
     ("colbert", {}, "colbert"),
     ("clip", {}, "clip"),

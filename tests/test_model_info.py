@@ -309,7 +309,7 @@ def test_sequence_classification(
 
 def test_text_config_nested(tmp_path: Path) -> None:
     text_config = {"hidden_size": 48, "vocab_size": 7}
-    config = {"architectures": ["Foo"], "model_type": "foo", "text_config": text_config}
+    config = {"architectures": ["FooModel"], "model_type": "foo", "text_config": text_config}
     info = read_model_info(write_folder(tmp_path, config))
     assert (info.hidden_size, info.vocab_size) == (48, 7)
 

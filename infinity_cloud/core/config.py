@@ -106,6 +106,10 @@ class ModelSpec(_Frozen):
         None, description="Override the pooling the model's files name: mean, cls, lasttoken, max, "
         "mean_sqrt_len; splade serves a masked-LM model as SPLADE (sparse)."
     )
+    instruction: str | None = Field(
+        None, description="An LLM reranker's instruction (what to rank for), in place of the model's own; a "
+        "request's `instruction` overrides it."
+    )
     normalize: bool | None = Field(
         None, description="Unit-length embeddings or not, whatever the model's own files say "
         "(default: as they say)."

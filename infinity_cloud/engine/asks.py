@@ -69,7 +69,8 @@ class RerankAsk:
     """A rerank request: a cross-encoder scores each pair; a multi-vector model (ColPali,
     ColBERT) scores the query against each document by late interaction (MaxSim sums, not
     probabilities), the documents read as `modality` (images: URLs or data URIs).
-    `max_tokens_per_doc`: each text document cut to that many tokens first (Cohere's field)."""
+    `max_tokens_per_doc`: each text document cut to that many tokens first (Cohere's field).
+    `instruction`: what to rank for, for a model that reads one (an LLM reranker); None: its own."""
 
     query: str
     documents: Sequence[str]
@@ -79,6 +80,7 @@ class RerankAsk:
     truncate: bool = True
     modality: Modality = "text"
     max_tokens_per_doc: int | None = None
+    instruction: str | None = None
     any_name: bool = False
 
 

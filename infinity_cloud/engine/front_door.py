@@ -408,7 +408,7 @@ class Engine:
                 param="modality",
             )
         call = RerankCall(ask.query, ask.documents, ask.top_n, ask.raw_scores, ask.truncate,
-                          ask.max_tokens_per_doc)
+                          ask.max_tokens_per_doc, ask.instruction)
         return await self.pipeline.run(TASKS[Capability.RERANK], call, served)
 
     async def _late_interaction(self, ask: RerankAsk, served: ServedModel) -> RerankResult:

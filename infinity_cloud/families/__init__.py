@@ -28,24 +28,34 @@ from infinity_cloud.families.colpali import ColPali
 from infinity_cloud.families.colqwen2 import ColQwen2
 from infinity_cloud.families.cross_encoder import CrossEncoder
 from infinity_cloud.families.folder import ModelFolder
+from infinity_cloud.families.llm_reranker import LlmReranker
 from infinity_cloud.families.siglip import Siglip
 from infinity_cloud.families.splade import Splade
-from infinity_cloud.families.text_encoder import TextEncoder
+from infinity_cloud.families.text_encoder import TextEncoder, unserved_reason
 
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
     CrossEncoder(), Classifier(),  # *ForSequenceClassification
+    LlmReranker(),  # *ForCausalLM with sentence-transformers' LogitScore, or a query/document template
     Splade(), ColBert(),  # sentence-transformers heads
     TextEncoder(),  # any other text folder
 ]
 
 
-def read_model_info(path: Path, pooling: str | None = None) -> ModelInfo:
+def read_model_info(path: Path, pooling: str | None = None, instruction: str | None = None) -> ModelInfo:
     """What the model in `path` is: the first family that recognises its folder reads it.
     `pooling` is the caller's override; "splade" serves a bare masked-LM folder as SPLADE,
-    as TEI's `--pooling splade` does."""
-    folder = ModelFolder(path, pooling)
+    as TEI's `--pooling splade` does. `instruction`: the caller's default for a model that
+    reads one (an LLM reranker)."""
+    folder = ModelFolder(path, pooling, instruction)
     family = next((f for f in FAMILIES if f.recognises(folder)), None)
+    if family is None and not folder.reads_media:
+        # A text folder no family serves as what it is (a causal LM without a reranker's
+        # template, a head of another task): refused, not read as an embedder.
+        raise UnsupportedError(
+            f"{path.name}: architecture {', '.join(folder.architectures)} is not served as any family here "
+            f"({unserved_reason(folder)}); the families served are {', '.join(f.name for f in FAMILIES)}"
+        )
     if family is None:
         served = sorted(f.name for f in FAMILIES if f.kinds)
         kinds = " and ".join(name for name in input_kinds().names if name != "text")

@@ -33,13 +33,14 @@ def _object(value: Any) -> dict[str, Any]:
 
 class ModelFolder:
     """What families look at to recognise a folder and read it. `pooling` is the caller's
-    override (`--pooling`), which can change what a folder is ("splade")."""
+    override (`--pooling`), which can change what a folder is ("splade"); `instruction`, the
+    caller's default instruction for a model that reads one (an LLM reranker)."""
 
-    def __init__(self, path: Path, pooling: str | None = None) -> None:
+    def __init__(self, path: Path, pooling: str | None = None, instruction: str | None = None) -> None:
         config = read_json(path / "config.json")
         if not isinstance(config, dict):
             raise ModelLoadError(f"{path} holds no readable config.json")
-        self.path, self.pooling, self.config = path, pooling, config
+        self.path, self.pooling, self.instruction, self.config = path, pooling, instruction, config
         self.model_type = str(config.get("model_type", ""))
         self.architectures = tuple(str(a) for a in config.get("architectures") or ())
         self._memo: dict[str, Any] = {}

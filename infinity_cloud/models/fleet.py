@@ -215,7 +215,7 @@ class Fleet:
         try:  # a folder that is not there, or not a model served here: the caller's to fix, now
             path = await asyncio.to_thread(model_dir_within, spec.model_id, spec.revision,
                                            server.admin_model_roots)
-            info = await asyncio.to_thread(read_model_info, path, spec.pooling)
+            info = await asyncio.to_thread(read_model_info, path, spec.pooling, spec.instruction)
             # What was checked is what loads: the folder itself, under the name the caller gave,
             # else one that says what the folder holds (a path is no name a URL can carry).
             spec = ModelSpec.model_validate({**spec.model_dump(exclude_unset=True), "model_id": str(path),

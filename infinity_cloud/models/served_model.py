@@ -111,7 +111,8 @@ class ServedModel:
         spec = self.spec
         info = self._info
         if info is None:
-            info = read_model_info(resolve_model_dir(spec.model_id, spec.revision), spec.pooling)
+            info = read_model_info(resolve_model_dir(spec.model_id, spec.revision), spec.pooling,
+                                   spec.instruction)
         path = info.path
         for layer in info.dense:
             if not supported_activation(layer.activation):

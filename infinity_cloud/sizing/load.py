@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -92,10 +93,12 @@ async def load(
     url: str, model: str | None, batches: Sequence[Batch], concurrency: int, seconds: float,
     headers: dict[str, str] | None = None, *, min_requests: int = 0, limit_s: float | None = None,
     tick: Callable[[LoadRun], None] | None = None,
+    request: Callable[[Batch], tuple[str, dict[str, Any]]] | None = None,
 ) -> LoadRun:
     """`concurrency` clients post `batches` (cycled, same order every run) back to back for
     `seconds`, and on until `min_requests` are answered, but never past `limit_s` (then the run
     is `cut_short`). `tick` is given the run so far (its `elapsed_s` so far) every TICK_S.
+    `request`: the route and body a batch is posted as (default: `/embeddings` of its texts).
 
     Requests in flight at the deadline are waited for and counted, so the server ends idle. A
     429 (a server that sheds load) is counted, its Retry-After waited, and the client goes on.
@@ -130,7 +133,9 @@ async def load(
                 batch = next(cycle)
                 started = time.perf_counter()
                 sent += 1
-                response = await c.post("/embeddings", json={"input": batch.texts, "model": model})
+                route, body = (request(batch) if request
+                               else ("/embeddings", {"input": batch.texts, "model": model}))
+                response = await c.post(route, json=body)
                 if response.status_code == 429:
                     sent -= 1
                     run.shed += 1

@@ -31,6 +31,7 @@ class RerankCall:
     raw_scores: bool = False
     truncate: bool = True
     max_tokens_per_doc: int | None = None  # each document cut to that many tokens first (Cohere's)
+    instruction: str | None = None  # what to rank for (an LLM reranker's); None: the model's own
 
 
 class RerankTask(Task[RerankCall, RerankResult]):
@@ -47,12 +48,15 @@ class RerankTask(Task[RerankCall, RerankResult]):
         super().check(call, served, limits)
         check_texts([call.query], limits, param="query")
         check_texts(call.documents, limits, param="documents")
+        if call.instruction is not None:
+            check_texts([call.instruction], limits, param="instruction")
         check_top_n(call.top_n)
         check_max_tokens_per_doc(call.max_tokens_per_doc)
 
     def cost(self, call: RerankCall, served: Served) -> Cost:
-        # Each pair is tokenized with its own copy of the query.
-        pairs = [len(call.query) + len(document) for document in call.documents]
+        # Each pair is tokenized with its own copy of the query (and instruction).
+        asked = len(call.query) + len(call.instruction or "")
+        pairs = [asked + len(document) for document in call.documents]
         return length_cost(pairs, served.loaded.tokenizer.max_length).answering(len(pairs), items=len(pairs))
 
     def encode(
@@ -62,7 +66,8 @@ class RerankTask(Task[RerankCall, RerankResult]):
         documents = list(call.documents)
         if call.max_tokens_per_doc is not None:
             documents = tokenizer.cut(documents, call.max_tokens_per_doc)
-        return tokenizer.encode_pairs(call.query, documents, call.truncate)
+        encoder = served.loaded.encoders["text"]
+        return encoder.encode_pairs(call.query, documents, call.truncate, call.instruction)
 
     def finish(
         self, rows: list[np.ndarray], call: RerankCall, served: Served, encodings: list[Encoded]

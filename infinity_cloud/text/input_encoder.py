@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from infinity_cloud.core.errors import UnsupportedError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -29,6 +31,16 @@ class TextInputEncoder:
         """The texts as token ids; `role` ("query", "document"): what they are for, where the
         model reads the two differently."""
         return self.tokenizer.encode(texts, truncate)
+
+    def encode_pairs(
+        self, query: str, documents: Sequence[str], truncate: bool = True, instruction: str | None = None
+    ) -> list[Encoded]:
+        """(query, document) pairs as a reranker reads them; `instruction`: what to rank for,
+        which only a model that reads one takes (an LLM reranker's encoder)."""
+        if instruction is not None:
+            raise UnsupportedError("this model reads no instruction (an LLM reranker does); omit it",
+                                   param="instruction")
+        return self.tokenizer.encode_pairs(query, documents, truncate)
 
     def kept(self, rows: list[np.ndarray], encodings: Sequence[Encoded], role: str) -> list[np.ndarray]:
         """Each text's per-token vectors, less those of tokens the model does not match on."""

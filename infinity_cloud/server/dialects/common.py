@@ -186,18 +186,22 @@ class RerankRequest(_DocumentsRerank):
         None, description="each document cut to this many tokens first (Cohere's; the model's own limit "
         "still holds)",
     )
+    instruction: Text | None = Field(
+        None, description="what to rank for, for an LLM reranker (Qwen3-Reranker's <Instruct>); absent: the "
+        "model's own. A model that reads no instruction answers 400",
+    )
 
 
 async def ranked(
     request: Request, model: str | None, query: str, documents: list[str], *, top_n: int | None,
     raw_scores: bool, truncate: bool, modality: str = "text", max_tokens_per_doc: int | None = None,
-    any_name: bool = False,
+    any_name: bool = False, instruction: str | None = None,
 ) -> RerankResult:
     """Every dialect's ranking: the engine's one call, with the route's metrics (`any_name`:
     TEI's, whose clients send a name of their own)."""
     ask = RerankAsk(query, documents, model, top_n=top_n, raw_scores=raw_scores, truncate=truncate,
                     modality=modality, max_tokens_per_doc=max_tokens_per_doc,  # type: ignore[arg-type]
-                    any_name=any_name)
+                    any_name=any_name, instruction=instruction)
     return await answer(request, model, len(documents), request.app.state.engine.rerank(ask),
                         (Capability.RERANK, Capability.MULTI_VECTOR), any_name=any_name)
 

@@ -86,7 +86,7 @@ async def rerank_infinity(body: RerankRequest, request: Request) -> Response:
     documents = body.docs()
     result = await ranked(request, body.model, body.query, documents, top_n=body.top_n,
                           raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality,
-                          max_tokens_per_doc=body.max_tokens_per_doc)
+                          max_tokens_per_doc=body.max_tokens_per_doc, instruction=body.instruction)
     return json_response(rerank_body(result, documents, body.return_documents))
 
 

@@ -22,7 +22,7 @@ async def rerank_v1(body: RerankRequest, request: Request) -> Response:
     documents = body.docs()
     result = await ranked(request, body.model, body.query, documents, top_n=body.top_n,
                           raw_scores=body.raw_scores, truncate=body.truncate, modality=body.modality,
-                          max_tokens_per_doc=body.max_tokens_per_doc)
+                          max_tokens_per_doc=body.max_tokens_per_doc, instruction=body.instruction)
     # Jina's answer always carries the documents; Cohere v1's SDK reads them when there.
     return json_response(cohere.rerank_body(result, documents, with_documents=True, version=1))
 
