@@ -1,0 +1,91 @@
+"""Architectures whose folder names a model class AutoModel does not give, and ones whose
+export needs another converter, served on every backend that runs them and checked against
+sentence-transformers through the real app over HTTP (/v1/embeddings):
+
+- T5 encoders (sentence-t5, gtr-t5): `architectures: ["T5EncoderModel"]`, the encoder alone;
+  AutoModel would give the encoder-decoder, whose decoder gets no input.
+- Gemma3 with bidirectional attention (EmbeddingGemma): torch.onnx cannot trace its mask, so
+  OpenVINO converts it from torch itself; ONNX Runtime refuses it with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cosines, serve_in_process, spec_of
+
+from infinity_cloud import Engine, ModelSpec
+from infinity_cloud.backends import exports
+from infinity_cloud.errors import ModelLoadError
+
+TEXTS = [
+    "What is the capital of France?",
+    "Paris is the capital of France.",
+    "the quick brown fox jumps over the lazy dog " * 6,
+    "xyzzy",
+]
+COSINE = 0.99999
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty export cache for each test: every export is built by the code under test."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv(exports.CACHE_ENV, str(folder))
+    return folder
+
+
+def reference(path: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu").encode(TEXTS, convert_to_numpy=True)
+
+
+async def served(path: Path, **options: str) -> tuple[np.ndarray, dict]:
+    """The embeddings of TEXTS from the app over HTTP, and the model's /models entry."""
+    spec = spec_of(ModelSpec(model_id=str(path), served_model_name="m", **options))
+    async with serve_in_process(spec) as client:
+        response = await client.post("/v1/embeddings", json={"model": "m", "input": TEXTS})
+        assert response.status_code == 200, response.text
+        (entry,) = (await client.get("/models")).json()["data"]
+    return np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32), entry
+
+
+# -- T5 encoders --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnx", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+async def test_t5_encoder_matches_sentence_transformers(build_model, backend: str, dtype: str) -> None:
+    path = build_model("t5_encoder")
+    got, entry = await served(path, backend=backend, dtype=dtype)
+    assert entry["backend"] == backend
+    cos = cosines(got, reference(path))
+    bound = COSINE if entry["dtype"] == "float32" else 0.999
+    assert cos.min() >= bound, (entry["dtype"], np.round(cos, 7))
+
+
+@pytest.mark.parametrize("backend", ["openvino", "torch"])
+async def test_a_t5_encoder_decoder_folder_embeds_with_its_encoder(build_model, backend: str) -> None:
+    path = build_model("t5_encoder", encoder_only=False)
+    got, _ = await served(path, backend=backend, dtype="float32")
+    assert cosines(got, reference(path)).min() >= COSINE
+
+
+async def test_t5_encoder_is_served_by_default(build_model) -> None:
+    path = build_model("t5_encoder")
+    got, entry = await served(path, dtype="float32")
+    assert entry["backend"] == "openvino"
+    assert cosines(got, reference(path)).min() >= COSINE
+
+
+async def test_ctranslate2_refuses_a_t5_encoder_with_the_backends_that_serve_it(build_model) -> None:
+    pytest.importorskip("ctranslate2")
+    spec = ModelSpec(model_id=str(build_model("t5_encoder")), backend="ctranslate2", device="cpu")
+    with pytest.raises(ModelLoadError) as raised:
+        async with Engine(spec):
+            pass
+    assert "cannot run t5 models" in raised.value.message
+    assert "openvino" in raised.value.message and "torch" in raised.value.message
