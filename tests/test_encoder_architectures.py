@@ -10,6 +10,7 @@ sentence-transformers through the real app over HTTP (/v1/embeddings):
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +90,40 @@ async def test_ctranslate2_refuses_a_t5_encoder_with_the_backends_that_serve_it(
             pass
     assert "cannot run t5 models" in raised.value.message
     assert "openvino" in raised.value.message and "torch" in raised.value.message
+
+
+# -- Gemma3 read both ways (EmbeddingGemma) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnx", "torch"])
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+async def test_bidirectional_gemma3_matches_sentence_transformers(
+    build_model, backend: str, dtype: str
+) -> None:
+    path = build_model("gemma3_embedder")
+    got, entry = await served(path, backend=backend, dtype=dtype)
+    assert entry["backend"] == backend
+    cos = cosines(got, reference(path))
+    bound = COSINE if entry["dtype"] == "float32" else 0.999
+    assert cos.min() >= bound, (entry["dtype"], np.round(cos, 7))
+
+
+async def test_bidirectional_gemma3_is_served_on_openvino_without_a_fallback(
+    build_model, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = build_model("gemma3_embedder")
+    with caplog.at_level(logging.WARNING, logger="infinity_cloud"):
+        got, entry = await served(path, dtype="float32")
+    assert entry["backend"] == "openvino"
+    assert not [r.getMessage() for r in caplog.records if "cannot serve" in r.getMessage()]
+    assert cosines(got, reference(path)).min() >= COSINE
+
+
+async def test_causal_gemma3_is_still_read_one_way(build_model) -> None:
+    """The same folder without `use_bidirectional_attention` is a causal decoder: its own
+    masks, and sentence-transformers' answer (which differs from the bidirectional one's)."""
+    causal, both = build_model("gemma3_embedder", bidirectional=False), build_model("gemma3_embedder")
+    got, entry = await served(causal, dtype="float32")
+    assert entry["backend"] == "openvino"
+    assert cosines(got, reference(causal)).min() >= COSINE
+    assert cosines(reference(causal), reference(both)).min() < 0.999

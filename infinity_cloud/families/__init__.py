@@ -20,6 +20,7 @@ from infinity_cloud.core.errors import UnsupportedError
 from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.core.input_kind import InputKinds
 from infinity_cloud.families.base import Family
+from infinity_cloud.families.bidirectional_decoder import BidirectionalDecoder
 from infinity_cloud.families.clap import Clap
 from infinity_cloud.families.classifier import Classifier
 from infinity_cloud.families.clip import Clip
@@ -36,6 +37,7 @@ FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
     CrossEncoder(), Classifier(),  # *ForSequenceClassification
     Splade(), ColBert(),  # sentence-transformers heads
+    BidirectionalDecoder(),  # a decoder read both ways (EmbeddingGemma)
     TextEncoder(),  # any other text folder
 ]
 
