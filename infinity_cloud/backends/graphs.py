@@ -37,7 +37,7 @@ def _model_class(info: ModelInfo, graph: Graph) -> Any:
     bare AutoModel, a bare model class the folder's `architectures` names (no head: no "For" in
     its name) is loaded as named. AutoModel picks by model_type, which for T5 gives the
     encoder-decoder where the folder holds `T5EncoderModel`, the encoder alone. Remote code
-    (`auto_map`) and names transformers lacks keep AutoModel."""
+    (`auto_map`), names transformers lacks and classes of another model_type keep AutoModel."""
     auto = getattr(transformers, graph.auto_class)
     if graph.auto_class != "AutoModel" or "AutoModel" in (info.raw.get("auto_map") or {}):
         return auto
@@ -45,7 +45,8 @@ def _model_class(info: ModelInfo, graph: Graph) -> Any:
         if "For" in name or name.endswith("PreTrainedModel"):
             continue
         named = getattr(transformers, name, None)
-        if isinstance(named, type) and issubclass(named, transformers.PreTrainedModel):
+        if (isinstance(named, type) and issubclass(named, transformers.PreTrainedModel)
+                and getattr(named.config_class, "model_type", None) == info.model_type):
             return named
     return auto
 
