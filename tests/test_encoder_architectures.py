@@ -82,13 +82,16 @@ async def test_t5_encoder_is_served_by_default(build_model) -> None:
     assert cosines(got, reference(path)).min() >= COSINE
 
 
-async def test_ctranslate2_refuses_a_t5_encoder_with_the_backends_that_serve_it(build_model) -> None:
+@pytest.mark.parametrize(("kind", "model_type"), [("t5_encoder", "t5"), ("gemma3_embedder", "gemma3_text")])
+async def test_ctranslate2_refuses_them_naming_the_backends_that_serve_them(
+    build_model, kind: str, model_type: str
+) -> None:
     pytest.importorskip("ctranslate2")
-    spec = ModelSpec(model_id=str(build_model("t5_encoder")), backend="ctranslate2", device="cpu")
+    spec = ModelSpec(model_id=str(build_model(kind)), backend="ctranslate2", device="cpu")
     with pytest.raises(ModelLoadError) as raised:
         async with Engine(spec):
             pass
-    assert "cannot run t5 models" in raised.value.message
+    assert f"cannot run {model_type} models" in raised.value.message
     assert "openvino" in raised.value.message and "torch" in raised.value.message
 
 
