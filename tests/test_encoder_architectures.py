@@ -19,7 +19,7 @@ from conftest import cosines, serve_in_process, spec_of
 
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.backends import exports
-from infinity_cloud.errors import ModelLoadError
+from infinity_cloud.core.errors import ModelLoadError
 
 TEXTS = [
     "What is the capital of France?",
