@@ -171,6 +171,7 @@ def _save_sentence_transformer(
     normalize: bool,
     dense_out: int | None = None,
     dense_activation: str | None = None,
+    dense_bias: bool = True,
 ) -> Path:
     """Wrap a saved HF model as a sentence-transformers folder using the library's own writer."""
     from sentence_transformers import SentenceTransformer
@@ -192,7 +193,7 @@ def _save_sentence_transformer(
                 if dense_activation is None
                 else import_from_string(dense_activation)()
             )
-            modules.append(Dense(dim, dense_out, activation_function=activation))
+            modules.append(Dense(dim, dense_out, bias=dense_bias, activation_function=activation))
         if normalize:
             modules.append(Normalize())
         model = SentenceTransformer(modules=modules, device="cpu")
@@ -364,6 +365,85 @@ def build_roberta_embedder(path: Path) -> Path:
         with _seeded():
             RobertaModel(config).save_pretrained(tmp)  # pooler kept, see _build_bert_base
         return _save_sentence_transformer(Path(tmp), path, "mean", normalize=True)
+
+
+def build_t5_encoder(path: Path, encoder_only: bool = True) -> Path:
+    """Tiny sentence-t5 / gtr-t5: ``T5EncoderModel`` (``architectures: ["T5EncoderModel"]``,
+    the encoder alone) with a unigram (SentencePiece-style) tokenizer, mean pooling, a Dense
+    without bias or activation, and Normalize, as the sentence-t5 folders are laid out.
+    ``encoder_only=False``: the weights saved as ``T5ForConditionalGeneration`` (decoder
+    included), which sentence-transformers still reads with the encoder alone."""
+    from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration, T5Tokenizer
+
+    pieces = ["\u2581" + w for w in _WORDS] + list(string.ascii_letters + string.digits) + _PUNCTUATION
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    vocab += [(piece, -1.0 - len(piece) / 10) for piece in dict.fromkeys(pieces)]
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=MAX_LENGTH)
+    config = T5Config(
+        vocab_size=len(tokenizer), d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=32, feed_forward_proj="relu",
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )
+    with tempfile.TemporaryDirectory(prefix="tiny-t5-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            (T5EncoderModel if encoder_only else T5ForConditionalGeneration)(config).save_pretrained(tmp)
+        return _save_sentence_transformer(
+            Path(tmp), path, "mean", normalize=True, dense_out=HIDDEN, dense_activation=None, dense_bias=False
+        )
+
+
+def build_gemma3_embedder(path: Path, bidirectional: bool = True) -> Path:
+    """Tiny EmbeddingGemma: ``Gemma3TextModel`` with ``use_bidirectional_attention`` (False:
+    the causal variant), a Gemma BPE with byte fallback, mean pooling, two Dense layers without
+    bias or activation (wider, then back), and Normalize, as embeddinggemma's folder is laid out.
+    Sliding window 4 on layer one, so that the windowed mask is exercised by ordinary texts."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import Gemma3TextConfig, Gemma3TextModel, GemmaTokenizer
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"] + [f"<0x{i:02X}>" for i in range(256)]
+    bpe = Tokenizer(models.BPE(byte_fallback=True))
+    bpe.normalizer = normalizers.Replace(" ", "\u2581")
+    bpe.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    bpe.train_from_iterator(_BPE_CORPUS, trainers.BpeTrainer(vocab_size=600, special_tokens=special,
+                                                             show_progress=False))
+    trained = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    tokenizer = GemmaTokenizer(vocab=trained["vocab"], merges=merges, padding_side="right",
+                               model_max_length=MAX_LENGTH)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=MAX_LENGTH,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention=bidirectional, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )
+    with tempfile.TemporaryDirectory(prefix="tiny-gemma3-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            Gemma3TextModel(config).save_pretrained(tmp)
+        st = _save_sentence_transformer(
+            Path(tmp), Path(tmp) / "st", "mean", normalize=False, dense_out=4 * HIDDEN, dense_activation=None,
+            dense_bias=False,
+        )
+        return _append_dense(st, path, HIDDEN)
+
+
+def _append_dense(st_dir: Path, path: Path, out: int) -> Path:
+    """The sentence-transformers folder at ``st_dir`` with one more Dense (no bias, identity)
+    and Normalize after its last module, saved to ``path`` by the library's writer."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    with _seeded(SEED + 2):
+        model = SentenceTransformer(str(st_dir), device="cpu")
+        width = model.get_embedding_dimension()
+        model.append(Dense(width, out, bias=False, activation_function=torch.nn.Identity()))
+        model.append(Normalize())
+    path.mkdir(parents=True, exist_ok=True)
+    model.save(str(path))
+    return path
 
 
 def build_splade(path: Path, sentence_transformers: bool = True) -> Path:

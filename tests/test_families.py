@@ -34,6 +34,9 @@ from infinity_cloud.text.tokenization import TextTokenizer
 @pytest.mark.parametrize(("kind", "options", "family"), [
     ("bert_embedder", {}, "text-encoder"),
     ("decoder_embedder", {}, "text-encoder"),
+    ("t5_encoder", {}, "text-encoder"),
+    ("gemma3_embedder", {}, "bidirectional-decoder"),
+    ("gemma3_embedder", {"bidirectional": False}, "text-encoder"),
     ("bert_reranker", {}, "cross-encoder"),
     ("bert_classifier", {}, "classifier"),
     ("qwen3_reranker", {}, "llm-reranker"),

@@ -24,16 +24,35 @@ def load_model(
 ) -> torch.nn.Module:
     """The transformers model that `graph` runs, in eval mode; loaded once per process while
     some graph holds it."""
-    key = (str(info.path), graph.auto_class, dtype, attention, spec.trust_remote_code)
+    model_class = _model_class(info, graph)
+    key = (str(info.path), model_class.__name__, dtype, attention, spec.trust_remote_code)
     model = _LOADED.get(key)
     if model is None:
-        model = _LOADED[key] = _load(info, spec, graph, dtype, attention)
+        model = _LOADED[key] = _load(info, spec, model_class, dtype, attention)
     return model
 
 
-def _load(info: ModelInfo, spec: ModelSpec, graph: Graph, dtype: torch.dtype, attention: str) -> Any:
+def _model_class(info: ModelInfo, graph: Graph) -> Any:
+    """The class `graph` is built from: its family's auto class, except that where that is the
+    bare AutoModel, a bare model class the folder's `architectures` names (no head: no "For" in
+    its name) is loaded as named. AutoModel picks by model_type, which for T5 gives the
+    encoder-decoder where the folder holds `T5EncoderModel`, the encoder alone. Remote code
+    (`auto_map`), names transformers lacks and classes of another model_type keep AutoModel."""
+    auto = getattr(transformers, graph.auto_class)
+    if graph.auto_class != "AutoModel" or "AutoModel" in (info.raw.get("auto_map") or {}):
+        return auto
+    for name in info.architectures:
+        if "For" in name or name.endswith("PreTrainedModel"):
+            continue
+        named = getattr(transformers, name, None)
+        if (isinstance(named, type) and issubclass(named, transformers.PreTrainedModel)
+                and getattr(named.config_class, "model_type", None) == info.model_type):
+            return named
+    return auto
+
+
+def _load(info: ModelInfo, spec: ModelSpec, auto_class: Any, dtype: torch.dtype, attention: str) -> Any:
     kwargs = {"dtype": dtype, "trust_remote_code": spec.trust_remote_code}
-    auto_class = getattr(transformers, graph.auto_class)
     try:
         try:
             model = auto_class.from_pretrained(str(info.path), attn_implementation=attention, **kwargs)
@@ -41,7 +60,16 @@ def _load(info: ModelInfo, spec: ModelSpec, graph: Graph, dtype: torch.dtype, at
             model = auto_class.from_pretrained(str(info.path), **kwargs)
     except OSError as exc:
         raise ModelLoadError(f"cannot load weights from {info.path}: {exc}") from exc
+    if auto_class is transformers.AutoModel and _is_encoder_decoder(model):
+        # An encoder-decoder (a T5ForConditionalGeneration folder) embeds with its encoder, as
+        # sentence-transformers does; its decoder would get no input.
+        model = model.get_encoder()
     return model.eval()
+
+
+def _is_encoder_decoder(model: torch.nn.Module) -> bool:
+    return isinstance(getattr(model, "encoder", None), torch.nn.Module) and isinstance(
+        getattr(model, "decoder", None), torch.nn.Module)
 
 
 class GraphModule(torch.nn.Module):

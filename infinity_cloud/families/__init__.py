@@ -20,6 +20,7 @@ from infinity_cloud.core.errors import UnsupportedError
 from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.core.input_kind import InputKinds
 from infinity_cloud.families.base import Family
+from infinity_cloud.families.bidirectional_decoder import BidirectionalDecoder
 from infinity_cloud.families.clap import Clap
 from infinity_cloud.families.classifier import Classifier
 from infinity_cloud.families.clip import Clip
@@ -38,6 +39,7 @@ FAMILIES: list[Family] = [
     CrossEncoder(), Classifier(),  # *ForSequenceClassification
     LlmReranker(),  # *ForCausalLM with sentence-transformers' LogitScore, or a query/document template
     Splade(), ColBert(),  # sentence-transformers heads
+    BidirectionalDecoder(),  # a decoder read both ways (EmbeddingGemma)
     TextEncoder(),  # any other text folder
 ]
 
