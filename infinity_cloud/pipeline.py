@@ -88,7 +88,7 @@ class Pipeline:
             finally:
                 queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
             queued_at = time.perf_counter()
-            if self.cache.enabled:  # only the misses go to the model
+            if self.cache.enabled and task.cached:  # only the misses go to the model
                 rows, ran = await self.cache.rows(
                     served.cache_namespace(tower), items,
                     lambda misses: served.run(misses, tower, background),

@@ -273,7 +273,6 @@ async def test_a_field_is_honoured_or_refused(client: httpx.AsyncClient, case: C
 @pytest.mark.parametrize(("route", "body", "field", "value", "harmless"), [
     ("/v1/rerank", RR, "rank_fields", ["text"], None),
     ("/v1/embeddings", EMB, "task", "retrieval.query", None),
-    ("/v1/embeddings", EMB, "late_chunking", True, False),
     ("/v1/embeddings", EMB, "normalized", False, True),
     ("/v1/rerank", RR, "truncate_prompt_tokens", 64, None),
 ])

@@ -157,11 +157,14 @@ class TowerBuilder:
         self.normalize = normalize
         self.observers = observers
 
-    def build(self, name: TowerName, graph: GraphOutput, encoder: TextInputEncoder | InputEncoder) -> Tower:
+    def build(
+        self, name: TowerName, graph: GraphOutput, encoder: TextInputEncoder | InputEncoder,
+        task: Task[Any, Any] | None = None,
+    ) -> Tower:
         """The tower `name`, running `graph` on what `encoder` makes of its inputs, its worker
-        started."""
+        started; `task`'s head on its output (default: the model's capability's task)."""
         spec, info, tokenizer = self.spec, self.info, self.tokenizer
-        task = task_for(info.capability)
+        task = task or task_for(info.capability)
         head = task.head(info, graph, spec.pooling or info.pooling, self.normalize)
         compared = head.reference  # what precisions are measured on
         collator = Collator.of(spec, tokenizer, encoder)
@@ -194,7 +197,7 @@ class TowerBuilder:
         sample = warm_up(runner, queue, probes) if spec.warmup else None
         if backend.free_device_bytes() is not None and not collator.encoder:
             fit_device_memory(backend, queue, probes, self.tokenizer.pad_id, self.tokenizer.max_length)
-        label = spec.name if len(info.towers) == 1 else f"{spec.name}:{name}"
+        label = spec.name if len(info.towers) == 1 and name in info.towers else f"{spec.name}:{name}"
         worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers)
         worker.start()
         return Tower(backend, queue, worker, sample)

@@ -94,6 +94,9 @@ class Cost:
 
 class Task(ABC, Generic[Call, Result]):
     capability: ClassVar[Capability]
+    # Whether its rows go through the result cache (not a window's token states: large, and
+    # keyed as the same text's pooled row would be).
+    cached: ClassVar[bool] = True
 
     @abstractmethod
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
