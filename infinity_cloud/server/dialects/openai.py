@@ -201,15 +201,20 @@ def late_chunking_ask(body: EmbeddingRequest) -> ChunkedEmbedAsk:
                            packed=body.encoding_format == "base64", late=True, pieces=True)
 
 
+async def late_chunked_embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    """Jina's late chunking, answered in OpenAI's shape: a vector per input."""
+    late = late_chunking_ask(body)
+    with in_own_terms(body.field_names()):
+        chunked = await answer(request, body.model, len(late.documents),
+                               request.app.state.engine.chunked_embeddings(late), (Capability.EMBED,))
+    vectors = EmbeddingResult(chunked.model, chunked.embeddings, chunked.prompt_tokens)
+    return json_response(embeddings_body(vectors, body.encoding_format))  # type: ignore[arg-type]
+
+
 @router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     if body.late_chunking:
-        late = late_chunking_ask(body)
-        with in_own_terms(body.field_names()):
-            chunked = await answer(request, body.model, len(late.documents),
-                                   request.app.state.engine.chunked_embeddings(late), (Capability.EMBED,))
-        vectors = EmbeddingResult(chunked.model, chunked.embeddings, chunked.prompt_tokens)
-        return json_response(embeddings_body(vectors, body.encoding_format))  # type: ignore[arg-type]
+        return await late_chunked_embeddings(body, request)
     ask = embed_ask(body, request)
     with in_own_terms(body.field_names()):
         result = await answer(request, body.model, len(ask.inputs),
