@@ -262,7 +262,9 @@ class Engine:
         if not ask.late:
             return await self.pipeline.run(CHUNKED, call, served)
         LATE_CHUNKED.check(call, served, self.pipeline.limits)  # a 400 before any tower is built
-        await asyncio.to_thread(served.build_token_states)
+        built = await asyncio.to_thread(served.build_token_states)
+        if built:  # its batches run beside the model's own: their working set is kept too
+            self.fleet.memory.set_aside(built)
         return await self.pipeline.run(LATE_CHUNKED, call, served)
 
     async def by_model_type(self, asks: Sequence[Ask]) -> Any:

@@ -150,7 +150,12 @@ async def test_the_token_states_tower_is_built_on_the_first_late_call_not_at_loa
         assert served.loaded.lazy == {}, "cold start and memory: nothing built for late chunking at load"
         assert (await client.post("/v1/embeddings", json={"input": ["a b", "c d"]})).status_code == 200
         assert served.loaded.lazy == {}
+        aside = engine.fleet.memory._aside
         late = await client.post("/v1/embeddings", json={"input": ["a b", "c d"], "late_chunking": True})
         assert late.status_code == 200, late.text
         assert list(served.loaded.lazy) == ["text:token_states"] and served.healthy
         assert served.towers == ("text",), "not a modality of the model"
+        tower = served.loaded.lazy["text:token_states"]
+        kept = served._bytes_per_batch_token() * tower.queue.batch_tokens
+        assert engine.fleet.memory._aside - aside == kept > 0, \
+            "its full batches' working set is kept in the memory budget, as the model's own towers' are"

@@ -161,7 +161,7 @@ class ServedModel:
         if self._loaded is None:
             return 0
         per_token = self._bytes_per_batch_token()
-        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.towers.values())
+        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.every_tower())
 
     def _bytes_per_batch_token(self) -> int:
         assert self._loaded is not None
@@ -290,13 +290,14 @@ class ServedModel:
     def queue(self, tower: TowerName = "text") -> BatchQueue:
         return self.loaded.tower(tower).queue
 
-    def build_token_states(self) -> None:
+    def build_token_states(self) -> int:
         """Blocking: build the token-states tower (`models.token_states`), once, on the first
-        call that needs it (late chunking)."""
+        call that needs it (late chunking). Returns its full batch's working set in bytes, for
+        the memory budget to set aside (0 if it was built already)."""
         loaded = self.loaded
         with self._building:
             if TOKEN_STATES_TOWER in loaded.lazy:
-                return
+                return 0
             assert loaded.builder is not None
             started = time.perf_counter()
             tower = build_token_states(loaded.builder, loaded.info, loaded.encoders["text"], self.name)
@@ -307,6 +308,7 @@ class ServedModel:
             loaded.lazy[TOKEN_STATES_TOWER] = tower
         log.info("model %s: its token-states tower built on first use (late chunking) in %.1fs", self.name,
                  time.perf_counter() - started)
+        return self._bytes_per_batch_token() * tower.queue.batch_tokens
 
     async def run(self, items: list[Any], tower: TowerName = "text", urgent: bool = False) -> list[Any]:
         """Each item through the tower's batch worker; its batch cost is its length (tokens).
