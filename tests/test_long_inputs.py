@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -75,3 +77,38 @@ async def test_openvino_says_at_load_which_attention_kernel_runs(modernbert, cap
     assert any(kind in said[0] for kind in kinds), said[0]
     assert "2 layer(s)" in said[0] or "(2 Softmax" in said[0], "one attention per layer of the 2"
     assert "2 ScaledDotProductAttention op(s) in the IR" in said[0], said[0]
+
+
+async def test_a_burst_of_long_inputs_is_refused_with_a_retry_after_that_holds(modernbert) -> None:
+    """Attention's square counted in the queue's work (`BatchQueue.work`): a burst of
+    8,192-token requests is admitted only as far as the deadline allows at their real cost,
+    and the rest get a 429 whose Retry-After covers the work admitted before them. Counted at a
+    short input's pace (tokens alone), three of six were admitted with a 3 s deadline on the
+    2-core EPYC, the last answered after 18 s, and the 429s said to retry after 2 to 5 s."""
+    deadline = 3
+    model = ModelSpec(model_id=str(modernbert), served_model_name="long", backend="openvino", dtype="float32",
+                      deadline_s=deadline)
+    engine = Engine(spec_of(model))
+    texts = [" ".join(["word"] * (LONG - 3)) + f" {i}" for i in range(6)]
+
+    async with serve_in_process(engine) as client:
+
+        async def post(text: str) -> tuple[httpx.Response, float]:
+            answer = await client.post("/v1/embeddings", json={"input": text, "truncate": False}, timeout=600)
+            return answer, time.monotonic() - started
+
+        started = time.monotonic()
+        answered = await asyncio.gather(*(post(text) for text in texts))
+        assert (await client.get("/health")).status_code == 200, "served on, nothing ran out of memory"
+    answers = [answer for answer, _ in answered]
+    statuses = sorted(a.status_code for a in answers)
+    assert set(statuses) <= {200, 429} and statuses[0] == 200, statuses
+    refused = [a for a in answers if a.status_code == 429]
+    assert refused, "a burst past the deadline's work is refused"
+    # When the work admitted was done: a client back after its Retry-After waits at most the
+    # deadline behind what is left of it (the server's promise, checked against what it did).
+    drained = max(at for answer, at in answered if answer.status_code == 200)
+    for answer in refused:
+        retry_after = int(answer.headers["Retry-After"])
+        assert retry_after + deadline >= drained, (retry_after, drained, statuses)
+        assert answer.json()["error"]["type"], answer.text  # the route's own error shape
