@@ -159,3 +159,33 @@ async def test_the_token_states_tower_is_built_on_the_first_late_call_not_at_loa
         kept = served._bytes_per_batch_token() * tower.queue.batch_tokens
         assert engine.fleet.memory._aside - aside == kept > 0, \
             "its full batches' working set is kept in the memory budget, as the model's own towers' are"
+
+
+async def test_a_models_dense_layer_follows_each_chunks_pooling(build_model) -> None:
+    """sentence-transformers' Pooling -> Dense -> Normalize, with the chunk's span as what is
+    pooled: the Dense layer maps each chunk's mean state (and not each token's)."""
+    from sentence_transformers import SentenceTransformer
+
+    path = build_model("bert_embedder", dense_out=16)
+    model = ModelSpec(model_id=str(path), served_model_name="dense", backend="torch", dtype="float32")
+    document = _document(11, 200)
+    async with serve_in_process(spec_of(model)) as client:
+        body = {"input": document, "chunk_tokens": 32, "late_chunking": True}
+        response = await client.post("/v1/embeddings/chunked", json=body)
+    assert response.status_code == 200, response.text
+    chunks = response.json()["data"][0]["chunks"]
+    got = np.array([c["embedding"] for c in chunks], np.float32)
+    assert got.shape[1] == 16
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    encoding = tokenizer.encode(document, add_special_tokens=False)
+    states = _hand_states(AutoModel.from_pretrained(str(path)).eval(), encoding.ids,
+                          tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"))
+    dense = SentenceTransformer(str(path), device="cpu")[2]
+    for vector, chunk in zip(got, chunks, strict=True):
+        own = [t for t, (s, _) in enumerate(encoding.offsets) if chunk["start"] <= s < chunk["end"]]
+        with torch.no_grad():
+            mapped = dense({"sentence_embedding": torch.tensor(states[own].mean(0))[None]})
+        want = mapped["sentence_embedding"][0].numpy()
+        assert float(vector @ want) / np.linalg.norm(want) / np.linalg.norm(vector) >= 0.99999
