@@ -305,6 +305,8 @@ class ServedModel:
                 tower.worker.stop()
                 tower.backend.close()
                 raise self._not_ready()
+            # Batches no larger than the text tower's, which the memory room may have cut at load.
+            tower.queue.batch_tokens = min(tower.queue.batch_tokens, loaded.towers["text"].queue.batch_tokens)
             loaded.lazy[TOKEN_STATES_TOWER] = tower
         log.info("model %s: its token-states tower built on first use (late chunking) in %.1fs", self.name,
                  time.perf_counter() - started)
