@@ -118,7 +118,7 @@ def _wordpiece_vocab() -> list[str]:
     return list(dict.fromkeys(vocab))  # de-duplicate, keep order
 
 
-def build_wordpiece_tokenizer(path: Path) -> Path:
+def build_wordpiece_tokenizer(path: Path, max_length: int = MAX_LENGTH) -> Path:
     """Write ``vocab.txt`` and a BERT fast tokenizer (``tokenizer.json``) into ``path``.
 
     Loading through ``from_pretrained`` on a bare ``vocab.txt`` is the one construction
@@ -129,7 +129,7 @@ def build_wordpiece_tokenizer(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(_wordpiece_vocab()) + "\n", encoding="utf-8")
     tokenizer = BertTokenizerFast.from_pretrained(
-        str(path), do_lower_case=True, model_max_length=MAX_LENGTH
+        str(path), do_lower_case=True, model_max_length=max_length
     )
     tokenizer.save_pretrained(str(path))
     return path
@@ -172,6 +172,7 @@ def _save_sentence_transformer(
     dense_out: int | None = None,
     dense_activation: str | None = None,
     dense_bias: bool = True,
+    max_length: int = MAX_LENGTH,
 ) -> Path:
     """Wrap a saved HF model as a sentence-transformers folder using the library's own writer."""
     from sentence_transformers import SentenceTransformer
@@ -184,7 +185,7 @@ def _save_sentence_transformer(
     from sentence_transformers.util import import_from_string
 
     with _seeded(SEED + 1):  # covers the Dense init and anything the loader initialises
-        transformer = Transformer(str(hf_dir), max_seq_length=MAX_LENGTH)
+        transformer = Transformer(str(hf_dir), max_seq_length=max_length)
         dim = transformer.get_embedding_dimension()
         modules: list[torch.nn.Module] = [transformer, Pooling(dim, pooling_mode=pooling)]
         if dense_out is not None:
@@ -197,7 +198,7 @@ def _save_sentence_transformer(
         if normalize:
             modules.append(Normalize())
         model = SentenceTransformer(modules=modules, device="cpu")
-    model.max_seq_length = MAX_LENGTH
+    model.max_seq_length = max_length
     path.mkdir(parents=True, exist_ok=True)
     model.save(str(path))
     return path
@@ -220,6 +221,32 @@ def build_bert_embedder(
         return _save_sentence_transformer(
             hf_dir, path, pooling, normalize, dense_out, dense_activation
         )
+
+
+# A long-context encoder's window (ModernBERT, bge-m3, nomic, gte: 8,192 tokens).
+LONG_LENGTH = 8192
+
+
+def build_modernbert_embedder(path: Path) -> Path:
+    """Tiny ModernBERT sentence-transformers folder (mean pooling, Normalize) with an 8,192-token
+    window: global attention in every layer, so attention's cost is the whole square."""
+    from transformers import AutoTokenizer, ModernBertConfig, ModernBertModel
+
+    with tempfile.TemporaryDirectory(prefix="tiny-modernbert-") as tmp:
+        hf_dir = build_wordpiece_tokenizer(Path(tmp), LONG_LENGTH)
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+               (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"))}
+        config = ModernBertConfig(
+            vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=LONG_LENGTH, global_attn_every_n_layers=1,
+            pad_token_id=ids["pad"], bos_token_id=ids["cls"], eos_token_id=ids["sep"],
+            cls_token_id=ids["cls"], sep_token_id=ids["sep"],
+        )
+        with _seeded():
+            model = ModernBertModel(config)
+        model.save_pretrained(str(hf_dir))
+        return _save_sentence_transformer(hf_dir, path, "mean", True, max_length=LONG_LENGTH)
 
 
 def build_bert_reranker(path: Path) -> Path:

@@ -125,7 +125,6 @@ async def test_base64_is_the_same_vectors(client) -> None:
     ({"input": "a b c", "chunk_tokens": 0}, 400, "chunk_tokens", ""),
     ({"input": ["fine", "   \n"]}, 400, "input", "only whitespace"),
     ({"input": ""}, 400, "input", ""),
-    ({"input": "a b c", "late_chunking": True}, 400, "late_chunking", "not served"),
     ({"input": "word " * (MAX_BYTES // 5 + 10)}, 413, None, str(MAX_BYTES)),
 ])
 async def test_bad_sizes_are_refused_naming_the_field(client, body, status, param, words) -> None:

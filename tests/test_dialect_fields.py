@@ -86,6 +86,7 @@ CASES = [
     Case(P.EmbeddingRequest, "user", "/v1/embeddings", EMB, {"user": "u-1"},
          "same: OpenAI's end-user id, for its abuse monitoring; it changes no answer"),
     Case(P.EmbeddingRequest, "output_dtype", "/v1/embeddings", EMB, {"output_dtype": "int8"}, "changes"),
+    Case(P.EmbeddingRequest, "late_chunking", "/v1/embeddings", EMB, {"late_chunking": True}, "changes"),
     Case(P.EmbeddingRequest, "output_dimension", "/v1/embeddings", EMB, {"output_dimension": 8},
          "changes"),
     Case(P.EmbeddingRequest, "truncation", "/v1/embeddings", {**EMB, "input": [LONG]},
@@ -101,6 +102,8 @@ CASES = [
          {"encoding_format": "base64"}, "changes"),
     Case(P.ChunkedEmbeddingRequest, "dimensions", "/v1/embeddings/chunked", CH, {"dimensions": 8}, "changes"),
     Case(P.ChunkedEmbeddingRequest, "input_type", "/v1/embeddings/chunked", CH, {"input_type": "query"},
+         "changes"),
+    Case(P.ChunkedEmbeddingRequest, "late_chunking", "/v1/embeddings/chunked", CH, {"late_chunking": True},
          "changes"),
     Case(P.ChunkedEmbeddingRequest, "prompt_name", "/v1/embeddings/chunked", CH, {"prompt_name": "query"},
          "changes"),
@@ -275,7 +278,6 @@ async def test_a_field_is_honoured_or_refused(client: httpx.AsyncClient, case: C
 @pytest.mark.parametrize(("route", "body", "field", "value", "harmless"), [
     ("/v1/rerank", RR, "rank_fields", ["text"], None),
     ("/v1/embeddings", EMB, "task", "retrieval.query", None),
-    ("/v1/embeddings", EMB, "late_chunking", True, False),
     ("/v1/embeddings", EMB, "normalized", False, True),
     ("/v1/rerank", RR, "truncate_prompt_tokens", 64, None),
 ])

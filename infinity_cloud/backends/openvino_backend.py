@@ -31,6 +31,7 @@ import openvino as ov
 from infinity_cloud.backends import exports
 from infinity_cloud.backends.base import Backend, Calibration
 from infinity_cloud.backends.onnx_export import OWN_OPENVINO_FILES, OnnxSource, own_export
+from infinity_cloud.backends.openvino_attention import attention_path
 from infinity_cloud.backends.openvino_probe import crash_of
 from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.errors import ConfigError, PrecisionCrashError
@@ -153,6 +154,9 @@ class OpenVinoBackend(Backend):
         self.compiled = exports.load_cached(converted, compiled)
         self.export_name, self.export_folder = folder[0].name, folder[0]
         self.streams = max(1, int(self.compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        # Said once at load: which attention kernel this CPU runs it with (a long input's cost).
+        self.attention = attention_path(self.compiled, folder[0] / IR_FILE)
+        log.info("%s: attention on OpenVINO (%s): %s", info.path.name, self.dtype, self.attention.describe())
         self.slots = self.streams * int(spec.backend_options.get("slices_per_stream", SLICES_PER_STREAM))
         # Lone batches run on every core on a second compilation (from its cached blob: 0.12 s
         # and 145 MB on MiniLM), made in the background so it adds nothing to a cold start;

@@ -70,6 +70,12 @@ class BatchQueue:
 
     An `urgent` request (the model's own background work that callers wait for, such as
     int8 calibration) goes first: every batch is anchored on it until it is done.
+
+    Waits are judged in work, not tokens (`work`): with `attention_crossover` (the length at
+    which a token's attention costs what its linear layers do), an input of L tokens is
+    L x (1 + L / crossover) of work, so an 8,192-token input on a long-context model counts
+    what attention's square makes it, and a burst of them is refused with a Retry-After that
+    holds, not admitted at a short input's pace. Without it, work is tokens.
     """
 
     def __init__(
@@ -81,8 +87,10 @@ class BatchQueue:
         padded_length: Callable[[int], int] | None = None,
         deadline_s: float | None = None,
         request_limit_s: float | None = None,
+        attention_crossover: float | None = None,
     ) -> None:
         self.capacity = capacity
+        self.attention_crossover = attention_crossover
         self.batch_tokens = batch_tokens
         self.max_batch_size = max_batch_size
         self.fill_wait_s = fill_wait_s
@@ -94,6 +102,7 @@ class BatchQueue:
         self._requests: deque[deque[WorkItem]] = deque()
         self._depth = 0
         self._tokens = 0  # lengths of everything waiting
+        self._work = 0.0  # their work (`work`)
         # Requests admitted (`admit`) and still being tokenized: their estimated tokens.
         self._pending_tokens = 0
         self._pending_requests = 0
@@ -123,6 +132,17 @@ class BatchQueue:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def work(self, length: int) -> float:
+        """An input of `length` tokens as work: its tokens, each weighed by the attention over
+        the others (linear in `length`)."""
+        crossover = self.attention_crossover
+        return float(length) if not crossover else length * (1.0 + length / crossover)
+
+    def request_work(self, tokens: int, inputs: int) -> int:
+        """A request's estimated `tokens` over `inputs` as work, at their mean length (what
+        `admit` and `settle` take)."""
+        return round(self.work(max(1, tokens // max(1, inputs))) * max(1, inputs)) if tokens else 0
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A finished saturated batch: `tokens` in `seconds` of the model's time."""
@@ -157,7 +177,7 @@ class BatchQueue:
         rate = self.rate or self._prior_rate
         if rate is None:
             return None
-        queued = self._tokens + self._pending_tokens
+        queued = self._work + self._pending_tokens
         others = len(self._requests) + self._pending_requests
         return (min(queued, others * tokens) + ahead[0]) / rate
 
@@ -172,8 +192,8 @@ class BatchQueue:
         rate = self.rate or self._prior_rate
         with self._cond:
             urgent = [r for r in self._requests if isinstance(r, _Urgent)]
-            tokens = sum(item.length for request in urgent for item in request if not item.cancelled)
-        return None if rate is None else tokens / rate
+            work = sum(self.work(item.length) for request in urgent for item in request if not item.cancelled)
+        return None if rate is None else work / rate
 
     @property
     def contended(self) -> bool:
@@ -182,10 +202,12 @@ class BatchQueue:
         return bool(self._depth or self._pending_requests or self._places)
 
     def admit(
-        self, tokens: int, key: str | None = None, inputs: int = 0, background: bool = False
+        self, tokens: int, key: str | None = None, inputs: int = 0, background: bool = False,
+        real_tokens: int | None = None,
     ) -> float | None:
         """Before a request is tokenized: refuse it when it cannot be served in time, else count
-        its estimated `tokens` as coming, until `settle`. Deciding here, not at `put`, keeps a
+        its estimated `tokens` (of work: `request_work`; `real_tokens`, its tokens, for the
+        413's message) as coming, until `settle`. Deciding here, not at `put`, keeps a
         flood of requests from waiting in the tokenizer pool unseen.
 
         - 413 when its own work alone, on an idle server at the model's pace measured under
@@ -211,7 +233,7 @@ class BatchQueue:
             # prior (a small batch's pace, which underrates the model).
             limit = self.request_limit_s
             if limit is not None and self.rate is not None and own > limit:
-                raise self._too_large(tokens, own, inputs)
+                raise self._too_large(tokens if real_tokens is None else real_tokens, own, inputs)
             # Kept places count for at most a deadline's work: more could not be served within
             # one anyway, and places of clients that gave up would push every estimate out.
             most = None if self.deadline_s is None else int(self.deadline_s * rate)
@@ -296,6 +318,7 @@ class BatchQueue:
                 self._requests.append(deque(items))
             self._depth += len(items)
             self._tokens += sum(item.length for item in items)
+            self._work += sum(self.work(item.length) for item in items)
             self._cond.notify()
 
     def close(self) -> None:
@@ -309,6 +332,7 @@ class BatchQueue:
             items = [item for request in self._requests for item in request]
             self._requests.clear()
             self._depth = self._tokens = 0
+            self._work = 0.0
             return items
 
     def _oldest(self) -> WorkItem | None:
@@ -325,6 +349,7 @@ class BatchQueue:
     def _forget(self, item: WorkItem) -> None:
         self._depth -= 1
         self._tokens -= item.length
+        self._work -= self.work(item.length)
 
     def take(self, timeout: float | None = None) -> Batch | None:
         """Block until a batch can be cut; None once closed and empty (or on timeout)."""

@@ -195,7 +195,8 @@ class BatchWorker:
         when busy)."""
         now = time.perf_counter()
         if items.saturated:
-            self.queue.observe(sum(item.length for item in items), now - max(started, self._last_finish))
+            work = sum(self.queue.work(item.length) for item in items)
+            self.queue.observe(round(work), now - max(started, self._last_finish))
         self._last_finish = now
 
     def _report(

@@ -125,7 +125,12 @@ class ChunkedEmbedAsk:
     """Documents cut into chunks of at most `chunk_tokens` of the model's own tokens (None: as
     many as its window holds beside its special tokens and the prompt), consecutive chunks
     sharing `overlap_tokens`, each chunk embedded on its own; never truncated. `use` and
-    `prompt_name` choose the prompt as `EmbedAsk`'s do."""
+    `prompt_name` choose the prompt as `EmbedAsk`'s do.
+
+    `late`: late chunking, each chunk pooled from the token states of its whole document, read
+    once (in overlapping windows of the model's room where it is longer). `pieces` (with
+    `late`): the documents are one document's consecutive pieces, joined by a space, and each
+    is a chunk (Jina's `late_chunking` on its embeddings route); chunk_tokens is not used."""
 
     documents: Sequence[str]
     model: str | None = None
@@ -136,6 +141,8 @@ class ChunkedEmbedAsk:
     prompt_name: str | None = None
     packed: bool = False
     any_name: bool = False
+    late: bool = False
+    pieces: bool = False
 
 
 # Any of them: `Engine.by_model_type` answers whichever the model's task is.

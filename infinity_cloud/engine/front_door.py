@@ -61,6 +61,7 @@ from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, list
 from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, prompt_for_use, prompted
+from infinity_cloud.tasks.late_chunking import LATE_CHUNKED
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role, require_multi_vector
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
@@ -251,12 +252,20 @@ class Engine:
 
     async def chunked_embeddings(self, ask: ChunkedEmbedAsk) -> ChunkedEmbeddingResult:
         """Documents cut into chunks of the model's own tokens, a vector each, never truncated
-        (`ChunkedEmbedAsk`); a dense text embedder's."""
+        (`ChunkedEmbedAsk`); a dense text embedder's. With `ask.late`, late chunking: the one
+        entry point for it (the HTTP routes and the bulk job), which builds the model's
+        token-states tower on its first call (off the event loop)."""
         served = self._served_for(ask)
         prompt = ask.prompt_name or prompt_for_use(ask.use, served.loaded.info.prompts)
         call = ChunkedCall(ask.documents, ask.chunk_tokens, ask.overlap_tokens, ask.dimensions, prompt,
-                           ask.packed)
-        return await self.pipeline.run(CHUNKED, call, served)
+                           ask.packed, late=ask.late, pieces=ask.pieces)
+        if not ask.late:
+            return await self.pipeline.run(CHUNKED, call, served)
+        LATE_CHUNKED.check(call, served, self.pipeline.limits)  # a 400 before any tower is built
+        built = await asyncio.to_thread(served.build_token_states)
+        if built:  # its batches run beside the model's own: their working set is kept too
+            self.fleet.memory.set_aside(built)
+        return await self.pipeline.run(LATE_CHUNKED, call, served)
 
     async def by_model_type(self, asks: Sequence[Ask]) -> Any:
         """The ask of `asks` that the model they name does (the first where it does none, whose

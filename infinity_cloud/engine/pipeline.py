@@ -74,7 +74,8 @@ class Pipeline:
         with self.memory.growing() as hold:
             hold(cost.memory)
             key = request_key(task, call, served.name) if queue.contended and not background else None
-            predicted = queue.admit(cost.tokens, key, cost.inputs, background)
+            work = queue.request_work(cost.tokens, cost.inputs)  # attention's square counted
+            predicted = queue.admit(work, key, cost.inputs, background, real_tokens=cost.tokens)
             try:
                 uris = task.media(call, served)
                 if uris:  # the fetched bytes join the hold as they arrive (counted once: not in `cost`)
@@ -86,9 +87,9 @@ class Pipeline:
                 else:
                     items = await self.in_tokenizer_pool(task.encode, call, served, self.limits)
             finally:
-                queue.settle(cost.tokens)  # now queued (right below, before any await) or failed
+                queue.settle(work)  # now queued (right below, before any await) or failed
             queued_at = time.perf_counter()
-            if self.cache.enabled:  # only the misses go to the model
+            if self.cache.enabled and task.cached:  # only the misses go to the model
                 rows, ran = await self.cache.rows(
                     served.cache_namespace(tower), items,
                     lambda misses: served.run(misses, tower, background),

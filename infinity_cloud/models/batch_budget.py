@@ -34,6 +34,14 @@ def batch_tokens(spec: ModelSpec, info: ModelInfo, graph: GraphOutput) -> int:
     return spec.batch_tokens
 
 
+def attention_crossover(info: ModelInfo) -> float:
+    """The input length at which a token's attention (Q x K^T and x V: 4 x length x width
+    operations a layer) costs what its linear layers do (the projections and the feed-forward:
+    about 24 x width^2): 6 x width. A 256-token input on MiniLM (384 wide) is 1.11 times its
+    tokens' linear work, an 8,192-token one on a 768-wide model 2.8 times (`BatchQueue.work`)."""
+    return 6.0 * info.hidden_size
+
+
 def max_batch_size(spec: ModelSpec, backend: str) -> int:
     """Inputs per batch: the spec's, else the backend's default, never past the largest static
     batch shape."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,9 +26,11 @@ from infinity_cloud.core.hardware import cpu_model, kernel_flags, usable_cores
 from infinity_cloud.core.results import ModelFacts
 from infinity_cloud.families import read_model_info
 from infinity_cloud.models.model_source import resolve_model_dir
+from infinity_cloud.models.token_states import build_token_states
 from infinity_cloud.models.tower_builder import Tower, TowerBuilder
 from infinity_cloud.numerics.inputs import InputEncoder
 from infinity_cloud.numerics.pooling import supported_activation
+from infinity_cloud.tasks.late_chunking import TOKEN_STATES_TOWER
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
@@ -47,6 +50,16 @@ class _Loaded:
     fingerprint: str
     # What each tower's rows are cached under (`ServedModel.cache_namespace`), once known.
     namespaces: dict[TowerName, str] = field(default_factory=dict)
+    # What builds a tower, kept for those built on first use (`ServedModel.build_token_states`).
+    builder: TowerBuilder | None = None
+    # Towers built on first use (the token-states tower): not the model's modalities.
+    lazy: dict[TowerName, Tower] = field(default_factory=dict)
+
+    def tower(self, name: TowerName) -> Tower:
+        return self.towers[name] if name in self.towers else self.lazy[name]
+
+    def every_tower(self) -> list[Tower]:
+        return [*self.towers.values(), *self.lazy.values()]
 
     @property
     def backend(self) -> Backend:
@@ -75,6 +88,7 @@ class ServedModel:
         self._observers = observers
         self._info = info
         self._loaded: _Loaded | None = None
+        self._building = threading.Lock()  # a tower built on first use, once
         self._stopped = False
         self.state = "loading"
         self.error: str | None = None
@@ -137,7 +151,7 @@ class ServedModel:
                 tower.worker.stop()
                 tower.backend.close()
             raise
-        return _Loaded(info, tokenizer, towers, normalize, encoders, model_fingerprint(path))
+        return _Loaded(info, tokenizer, towers, normalize, encoders, model_fingerprint(path), builder=builder)
 
     @property
     def working_set_bytes(self) -> int:
@@ -148,7 +162,7 @@ class ServedModel:
         if self._loaded is None:
             return 0
         per_token = self._bytes_per_batch_token()
-        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.towers.values())
+        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.every_tower())
 
     def _bytes_per_batch_token(self) -> int:
         assert self._loaded is not None
@@ -184,7 +198,7 @@ class ServedModel:
         both ask)."""
         if self._loaded is not None and not self._stopped:
             self._stopped = True
-            for tower in self._loaded.towers.values():
+            for tower in self._loaded.every_tower():
                 tower.worker.stop()
                 tower.backend.close()
         if self.state != "failed":  # a failure's reason stays what it says
@@ -216,7 +230,7 @@ class ServedModel:
         # Draining: the calls admitted before it began still finish.
         if self._loaded is None or self.state not in ("ready", "draining"):
             raise self._not_ready()
-        dead = next((t.worker for t in self._loaded.towers.values() if not t.worker.alive), None)
+        dead = next((t.worker for t in self._loaded.every_tower() if not t.worker.alive), None)
         if dead is not None:
             if self.state == "draining":  # its workers stop as it is unloaded
                 raise self._not_ready()
@@ -275,19 +289,41 @@ class ServedModel:
         return [] if self._loaded is None else list(self._loaded.namespaces.values())
 
     def queue(self, tower: TowerName = "text") -> BatchQueue:
-        return self.loaded.towers[tower].queue
+        return self.loaded.tower(tower).queue
+
+    def build_token_states(self) -> int:
+        """Blocking: build the token-states tower (`models.token_states`), once, on the first
+        call that needs it (late chunking). Returns its full batch's working set in bytes, for
+        the memory budget to set aside (0 if it was built already)."""
+        loaded = self.loaded
+        with self._building:
+            if TOKEN_STATES_TOWER in loaded.lazy:
+                return 0
+            assert loaded.builder is not None
+            started = time.perf_counter()
+            tower = build_token_states(loaded.builder, loaded.info, loaded.encoders["text"], self.name)
+            if self._stopped:  # unloaded while it was built
+                tower.worker.stop()
+                tower.backend.close()
+                raise self._not_ready()
+            # Batches no larger than the text tower's, which the memory room may have cut at load.
+            tower.queue.batch_tokens = min(tower.queue.batch_tokens, loaded.towers["text"].queue.batch_tokens)
+            loaded.lazy[TOKEN_STATES_TOWER] = tower
+        log.info("model %s: its token-states tower built on first use (late chunking) in %.1fs", self.name,
+                 time.perf_counter() - started)
+        return self._bytes_per_batch_token() * tower.queue.batch_tokens
 
     async def run(self, items: list[Any], tower: TowerName = "text", urgent: bool = False) -> list[Any]:
         """Each item through the tower's batch worker; its batch cost is its length (tokens).
         `urgent`: before every other request queued (the engine's own background work)."""
-        worker = self.loaded.towers[tower].worker
+        worker = self.loaded.tower(tower).worker
         return await worker.submit(items, [len(item) for item in items], urgent)
 
     @property
     def healthy(self) -> bool:
         return (
             self.state == "ready" and self._loaded is not None
-            and all(t.worker.alive for t in self._loaded.towers.values())
+            and all(t.worker.alive for t in self._loaded.every_tower())
         )
 
     @property

@@ -21,7 +21,13 @@ from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.core.family import Tower as TowerName
 from infinity_cloud.models.backend_choice import open_backend
-from infinity_cloud.models.batch_budget import batch_tokens, bucket, fit_device_memory, max_batch_size
+from infinity_cloud.models.batch_budget import (
+    attention_crossover,
+    batch_tokens,
+    bucket,
+    fit_device_memory,
+    max_batch_size,
+)
 from infinity_cloud.numerics.fidelity import CALIBRATION_BATCHES, CALIBRATION_ROWS, PROBES, STATISTICS_BATCHES
 from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import InputEncoder, ModelInputs
@@ -139,7 +145,7 @@ def warm_up(runner: BatchRunner, queue: BatchQueue, probes: list[Any]) -> tuple[
     sample = (runner.finish(runner.run(probes[:2]), probes[:2])[0], probes[0])
     started = time.perf_counter()
     runner.finish(runner.run(probes), probes)
-    queue.prior(sum(len(p) for p in probes), time.perf_counter() - started)
+    queue.prior(round(sum(queue.work(len(p)) for p in probes)), time.perf_counter() - started)
     return sample
 
 
@@ -157,11 +163,14 @@ class TowerBuilder:
         self.normalize = normalize
         self.observers = observers
 
-    def build(self, name: TowerName, graph: GraphOutput, encoder: TextInputEncoder | InputEncoder) -> Tower:
+    def build(
+        self, name: TowerName, graph: GraphOutput, encoder: TextInputEncoder | InputEncoder,
+        task: Task[Any, Any] | None = None,
+    ) -> Tower:
         """The tower `name`, running `graph` on what `encoder` makes of its inputs, its worker
-        started."""
+        started; `task`'s head on its output (default: the model's capability's task)."""
         spec, info, tokenizer = self.spec, self.info, self.tokenizer
-        task = task_for(info.capability)
+        task = task or task_for(info.capability)
         head = task.head(info, graph, spec.pooling or info.pooling, self.normalize)
         compared = head.reference  # what precisions are measured on
         collator = Collator.of(spec, tokenizer, encoder)
@@ -191,12 +200,13 @@ class TowerBuilder:
             spec.queue_size, batch_tokens(spec, info, graph), max_batch_size(spec, backend.name),
             fill_wait_s=spec.batch_wait_ms / 1000, padded_length=collator.padded_length,
             deadline_s=spec.deadline_s, request_limit_s=spec.request_limit_s,
+            attention_crossover=None if collator.encoder else attention_crossover(info),
         )
         runner = BatchRunner(backend, collator, task, head)
         sample = warm_up(runner, queue, probes) if spec.warmup else None
         if backend.free_device_bytes() is not None and not collator.encoder:
             fit_device_memory(backend, queue, probes, self.tokenizer.pad_id, self.tokenizer.max_length)
-        label = spec.name if len(info.towers) == 1 else f"{spec.name}:{name}"
+        label = spec.name if len(info.towers) == 1 and name in info.towers else f"{spec.name}:{name}"
         worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers)
         worker.start()
         return Tower(backend, queue, worker, sample)

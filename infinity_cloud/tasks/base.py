@@ -97,6 +97,9 @@ class Task(ABC, Generic[Call, Result]):
     capability: ClassVar[Capability]
     # How a reduced precision's outputs are judged against float32's (`numerics.fidelity`).
     fidelity: ClassVar[Check] = "cosine"
+    # Whether its rows go through the result cache (not a window's token states: large, and
+    # keyed as the same text's pooled row would be).
+    cached: ClassVar[bool] = True
 
     @abstractmethod
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:

@@ -39,6 +39,10 @@ class ChunkedCall:
     dimensions: int | None = None
     prompt_name: str | None = None
     packed: bool = False
+    # Late chunking (`tasks.late_chunking`): each chunk pooled from the whole document's token
+    # states; `pieces`: the documents are one document's consecutive pieces (Jina's shape).
+    late: bool = False
+    pieces: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -52,7 +56,7 @@ class ChunkInput(Encoded):
     own: int = 0
 
 
-def _prompt(call: ChunkedCall, served: Served) -> str:
+def call_prompt(call: ChunkedCall, served: Served) -> str:
     return prompted(served, [""], call.prompt_name)[0]
 
 
@@ -60,7 +64,7 @@ def room(call: ChunkedCall, served: Served) -> int:
     """The most tokens of a document a chunk may hold: the window less the model's special
     tokens and the prompt's."""
     tokenizer = served.loaded.tokenizer
-    return tokenizer.room - tokenizer.prompt_length(_prompt(call, served))
+    return tokenizer.room - tokenizer.prompt_length(call_prompt(call, served))
 
 
 def chunk_size(call: ChunkedCall, served: Served) -> int:
@@ -109,7 +113,7 @@ class ChunkedEmbedTask(EmbedTask):
     def encode(self, call: ChunkedCall, served: Served, limits: LimitsSpec) -> list[Any]:  # type: ignore[override]
         tokenizer = served.loaded.tokenizer
         cut = tokenizer.chunks(call.documents, chunk_size(call, served), call.overlap_tokens,
-                               _prompt(call, served))
+                               call_prompt(call, served))
         empty = next((d for d, pairs in enumerate(cut) if not pairs), None)
         if empty is not None:  # e.g. only characters the tokenizer drops: nothing to embed
             raise InvalidInputError(f"'input' item {empty} holds no token of model {served.name!r}'s "
@@ -120,13 +124,22 @@ class ChunkedEmbedTask(EmbedTask):
     def finish(  # type: ignore[override]
         self, rows: list[np.ndarray], call: ChunkedCall, served: Served, encodings: list[ChunkInput]
     ) -> ChunkedEmbeddingResult:
-        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=False)
-        if served.loaded.normalize:  # the model's Normalize module, after any Matryoshka cut
-            vectors = l2_normalize(vectors)
         spans: list[list[tuple[int, int, int]]] = [[] for _ in call.documents]
         for chunk in encodings:
             spans[chunk.document].append((chunk.start, chunk.end, chunk.own))
-        return ChunkedEmbeddingResult(served.name, vectors, spans, prompt_tokens(encodings))
+        return answer(np.stack(rows), call, served, spans, prompt_tokens(encodings))
+
+
+def answer(
+    vectors: np.ndarray, call: ChunkedCall, served: Served, spans: list[list[tuple[int, int, int]]],
+    tokens: int,
+) -> ChunkedEmbeddingResult:
+    """The chunks' vectors (before the model's Normalize) as the caller asked them: cut to
+    `dimensions`, then normalised where the model normalises."""
+    vectors = truncate_dimensions(vectors, call.dimensions, renormalize=False)
+    if served.loaded.normalize:  # the model's Normalize module, after any Matryoshka cut
+        vectors = l2_normalize(vectors)
+    return ChunkedEmbeddingResult(served.name, vectors, spans, tokens)
 
 
 CHUNKED = ChunkedEmbedTask()

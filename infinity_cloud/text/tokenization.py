@@ -18,7 +18,7 @@ from infinity_cloud.core.install_hint import install_command
 from infinity_cloud.core.results import Token
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.text import pool_cancellation
-from infinity_cloud.text.chunking import Chunk, cut
+from infinity_cloud.text.chunking import Chunk, Window, cut, windows
 
 
 def _load_fast_tokenizer(path: Path) -> Tokenizer:
@@ -259,6 +259,28 @@ class TextTokenizer:
                 out.append([(c, self._framed([*lead, *enc.ids[c.first : c.stop]]))
                             for c in cut(text, enc.offsets, chunk_tokens, overlap_tokens)])
         return out
+
+    def read_whole(
+        self, texts: Sequence[str], room: int, overlap: int, prompt: str = ""
+    ) -> list[tuple[list[tuple[int, int]], list[tuple[Window, Encoded]]]]:
+        """Each text's own tokens' character offsets, and the windows of at most `room` of
+        them that read the whole text (`chunking.windows`, consecutive ones sharing
+        `overlap`), each with its model input: its tokens behind `prompt`'s, framed by the
+        model's special tokens (late chunking). In `ENCODE_CHUNK`s of texts, as `encode`."""
+        lead = self._full.encode(prompt, add_special_tokens=False).ids if prompt else []
+        out = []
+        for start in range(0, len(texts), ENCODE_CHUNK):
+            pool_cancellation.check()
+            part = list(texts[start : start + ENCODE_CHUNK])
+            for enc in self._full.encode_batch(part, add_special_tokens=False):
+                out.append((enc.offsets, [(w, self._framed([*lead, *enc.ids[w.first : w.stop]]))
+                                          for w in windows(len(enc.ids), room, overlap)]))
+        return out
+
+    def lead_length(self, prompt: str = "") -> int:
+        """Positions before a text's first own token in its model input: the model's leading
+        special tokens and the prompt's."""
+        return len(self._prefix) + self.prompt_length(prompt)
 
     def _framed(self, ids: list[int]) -> Encoded:
         full = [*self._prefix, *ids, *self._suffix]

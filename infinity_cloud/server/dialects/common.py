@@ -111,7 +111,8 @@ UNSERVED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "rank_fields": ((), "Cohere's fields of structured documents; send each document's text"),
     "task": ((), "Jina's task adapters; say what texts are for with input_type (the model's "
              "query/document prompts)"),
-    "late_chunking": ((False,), "Jina's late chunking"),
+    "late_chunking": ((False,), "Jina's late chunking is served on /v1/embeddings and "
+                      "/v1/embeddings/chunked"),
     "normalized": ((True,), "Jina's normalized=false; embeddings are as the model makes them"),
     "truncate_prompt_tokens": ((), "vLLM's per-input token cap; inputs are cut at the model's limit "
                                "(truncate)"),

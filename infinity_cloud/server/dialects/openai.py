@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, StrictBool, model_validator
 from starlette.responses import Response
 
 from infinity_cloud.core.capability import Capability
+from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.core.results import (
     ChunkedEmbeddingResult,
     EmbeddingResult,
@@ -71,6 +72,10 @@ class EmbeddingRequest(_Request):
     )
     output_dimension: NonNegative | None = Field(None, description="Voyage's dimensions")
     truncation: StrictBool | None = Field(None, description="Voyage's truncate")
+    late_chunking: StrictBool = Field(
+        False, description="Jina's late chunking: the texts, joined by a space, are one document read "
+        "once; each text's vector is pooled from its own tokens' states in that context"
+    )
 
     @model_validator(mode="after")
     def _one_name_each(self) -> EmbeddingRequest:
@@ -179,8 +184,37 @@ def embeddings_response(result: Embeddings, encoding_format: str) -> Response:
     return json_response(embeddings_body(result, encoding_format))  # type: ignore[arg-type]
 
 
+def late_chunking_ask(body: EmbeddingRequest) -> ChunkedEmbedAsk:
+    """Jina's shape of late chunking: the texts are one document's pieces, a vector each."""
+    if body.modality != "text":
+        raise UnsupportedError(f"late_chunking reads texts, not modality {body.modality!r}", param="modality")
+    if body.kind not in (None, "float32") or body.encoding_format == "sparse":
+        sparse = body.encoding_format == "sparse"
+        field = "encoding_format" if sparse else body.field_names()["embedding_types"]
+        raise UnsupportedError("late_chunking answers float vectors (encoding_format float or base64)",
+                               param=field)
+    inputs = body.inputs()
+    if not inputs or not all(isinstance(text, str) for text in inputs):
+        raise InvalidInputError("late_chunking reads texts: send the document's pieces as a list of texts, "
+                                "not token ids", param="input")
+    return ChunkedEmbedAsk(inputs, body.model, dimensions=body.dims, use=body.input_type,  # type: ignore[arg-type]
+                           packed=body.encoding_format == "base64", late=True, pieces=True)
+
+
+async def late_chunked_embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    """Jina's late chunking, answered in OpenAI's shape: a vector per input."""
+    late = late_chunking_ask(body)
+    with in_own_terms(body.field_names()):
+        chunked = await answer(request, body.model, len(late.documents),
+                               request.app.state.engine.chunked_embeddings(late), (Capability.EMBED,))
+    vectors = EmbeddingResult(chunked.model, chunked.embeddings, chunked.prompt_tokens)
+    return json_response(embeddings_body(vectors, body.encoding_format))  # type: ignore[arg-type]
+
+
 @router.post("/embeddings", summary="Embed texts, token ids, images or audio (OpenAI-compatible)")
 async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    if body.late_chunking:
+        return await late_chunked_embeddings(body, request)
     ask = embed_ask(body, request)
     with in_own_terms(body.field_names()):
         result = await answer(request, body.model, len(ask.inputs),
@@ -202,6 +236,10 @@ class ChunkedEmbeddingRequest(_Request):
         None, description="what the documents are for: the model's prompt for that use, where it declares one"
     )
     prompt_name: str | None = Field(None, description="one of the model's named prompts")
+    late_chunking: StrictBool = Field(
+        False, description="pool each chunk from the token states of its whole document, read once (in "
+        "overlapping windows of the model's length where it is longer): chunks in their document's context"
+    )
 
     def documents(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
@@ -226,7 +264,8 @@ def chunked_body(result: ChunkedEmbeddingResult, encoding_format: str) -> dict[s
 async def chunked_embeddings(body: ChunkedEmbeddingRequest, request: Request) -> Response:
     ask = ChunkedEmbedAsk(body.documents(), body.model, chunk_tokens=body.chunk_tokens,
                           overlap_tokens=body.overlap_tokens, dimensions=body.dimensions, use=body.input_type,
-                          prompt_name=body.prompt_name, packed=body.encoding_format == "base64")
+                          prompt_name=body.prompt_name, packed=body.encoding_format == "base64",
+                          late=body.late_chunking)
     result = await answer(request, body.model, len(ask.documents),
                           request.app.state.engine.chunked_embeddings(ask), (Capability.EMBED,))
     return json_response(chunked_body(result, body.encoding_format))

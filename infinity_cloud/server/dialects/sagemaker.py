@@ -74,7 +74,7 @@ async def _embed_or_classify(request: Request, data: dict[str, Any]) -> Response
             raise
         return await _forward(request, "classify", data)
     assert isinstance(as_embed, EmbeddingRequest)
-    if as_classify is None or "/classify" not in request.app.state.bodies:
+    if as_classify is None or as_embed.late_chunking or "/classify" not in request.app.state.bodies:
         return await _forward(request, "embeddings", data)
     embed = embed_ask(as_embed, request)
     with in_own_terms(as_embed.field_names()):
