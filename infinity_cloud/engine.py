@@ -61,6 +61,7 @@ from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, list
 from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, prompt_for_use, prompted
+from infinity_cloud.tasks.hybrid import HYBRID, OUTPUTS, HybridCall
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role, require_multi_vector
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
@@ -360,12 +361,34 @@ class Engine:
         """One embedding of the inputs in each type `ask.dtype` names: the floats made once,
         each type made from them."""
         types = ask.dtype or ()
-        await quantization.ready_before_work(types, ask.dimensions, ask.wait,
+        dense_types = [kind for kind in types if kind not in OUTPUTS]
+        await quantization.ready_before_work(dense_types, ask.dimensions, ask.wait,
                                              functools.partial(self.fleet.ranges, served))
+        if len(dense_types) < len(types):
+            return await self._several_by_type(served, ask, prompt, dense_types)
         floats = await self._embed(served, replace(ask, prompt_name=prompt, dtype="float32", normalize=None,
                                                    openai_sender=False, packed=False, wait=True))
         by_type = {kind: await self._quantize(served, floats, kind, ask.dimensions, True) for kind in types}
         return EmbeddingsByType(floats.model, by_type, floats.prompt_tokens)
+
+    async def _several_by_type(
+        self, served: ServedModel, ask: EmbedAsk, prompt: str | None, dense_types: list[str]
+    ) -> EmbeddingsByType:
+        """A model that makes several outputs in one pass (bge-m3): each type asked (dense
+        types, "sparse", "multi_vector") from one run of the model over the inputs."""
+        if ask.modality != "text":
+            raise UnsupportedError("sparse and multi-vector embeddings are of text; send modality 'text'",
+                                   param="modality")
+        types = ask.dtype or ()
+        outputs = ("dense",) * bool(dense_types) + tuple(kind for kind in OUTPUTS if kind in types)
+        call = HybridCall(ask.inputs, outputs, ask.truncate, prompt, ask.dimensions)  # type: ignore[arg-type]
+        result = await self.pipeline.run(HYBRID, call, served)
+        by_type: dict[str, Any] = {"sparse": result.sparse, "multi_vector": result.multi_vector}
+        if result.dense is not None:
+            floats = EmbeddingResult(result.model, result.dense, result.prompt_tokens)
+            for kind in dense_types:
+                by_type[kind] = await self._quantize(served, floats, kind, ask.dimensions, True)
+        return EmbeddingsByType(result.model, {kind: by_type[kind] for kind in types}, result.prompt_tokens)
 
     async def _quantize(
         self, served: ServedModel, result: EmbeddingResult, kind: str, dimensions: int | None, wait: bool

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from infinity_cloud.errors import UnsupportedError
 from infinity_cloud.families.base import Family
+from infinity_cloud.families.bge_m3 import BgeM3
 from infinity_cloud.families.clap import Clap
 from infinity_cloud.families.classifier import Classifier
 from infinity_cloud.families.clip import Clip
@@ -35,6 +36,7 @@ from infinity_cloud.input_kind import InputKinds
 FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
     CrossEncoder(), Classifier(),  # *ForSequenceClassification
+    BgeM3(),  # FlagEmbedding's heads beside the encoder
     Splade(), ColBert(),  # sentence-transformers heads
     TextEncoder(),  # any other text folder
 ]
