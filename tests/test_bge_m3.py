@@ -94,3 +94,79 @@ async def test_default_precision_worst_differences(bge_m3: Path, flag_reference:
     print(f"default ({facts['backend']} {facts['dtype']}) worst: {worst}")
     assert worst["dense_cosine"] >= 0.999 and worst["colbert_cosine"] >= 0.999
     assert worst["sparse_abs"] <= 0.05
+
+
+def by_type_from_wire(items: list[dict[str, Any]]) -> EmbeddingsByType:
+    """An OpenAI body's items, answered by type, back as the engine's result (for comparing)."""
+    from infinity_cloud.results import SparseVector
+
+    return EmbeddingsByType("m3", {
+        "float": np.array([item["embedding"]["float"] for item in items], dtype=np.float32),
+        "sparse": [SparseVector(np.array(item["embedding"]["sparse"]["indices"]),
+                                np.array(item["embedding"]["sparse"]["values"], dtype=np.float32))
+                   for item in items],
+        "multi_vector": [np.array(item["embedding"]["multi_vector"], dtype=np.float32) for item in items],
+    }, 0)
+
+
+async def batches_done(client: Any) -> int:
+    """The model's batches run so far: a batch is one forward pass of the model."""
+    models = (await client.get("/v1/models")).json()["data"]
+    return next(m for m in models if m["id"] == "m3")["stats"]["batches_done"]
+
+
+async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dict[str, Any]) -> None:
+    """OpenAI's `/v1/embeddings` and Cohere's `/v2/embed` with all three types: each request
+    runs the model once (its batches counted), and answers what FlagEmbedding does."""
+    model = ModelSpec(model_id=str(bge_m3), served_model_name="m3", dtype="float32")
+    async with serve_in_process(spec_of(model)) as client:
+        before = await batches_done(client)
+        response = await client.post("/v1/embeddings", json={
+            "model": "m3", "input": TEXTS, "embedding_types": ["float", "sparse", "multi_vector"],
+        })
+        assert response.status_code == 200, response.text
+        one_request = await batches_done(client) - before
+        before = await batches_done(client)
+        cohere = await client.post("/v2/embed", json={
+            "model": "m3", "texts": TEXTS[::-1], "input_type": "search_document",
+            "embedding_types": ["float", "binary", "sparse", "multi_vector"],
+        })
+        assert cohere.status_code == 200, cohere.text
+        cohere_request = await batches_done(client) - before
+    assert (one_request, cohere_request) == (1, 1), "all three outputs of a request from one forward pass"
+    body = response.json()
+    assert [item["index"] for item in body["data"]] == [0, 1, 2, 3]
+    assert body["usage"]["prompt_tokens"] == sum(len(v) + 1 for v in flag_reference["colbert_vecs"])
+    worst = worst_differences(by_type_from_wire(body["data"]), flag_reference)
+    assert worst["dense_cosine"] >= 0.99999 and worst["colbert_cosine"] >= 0.99999
+    assert worst["sparse_abs"] <= 1e-4
+    embeddings = cohere.json()["embeddings"]
+    assert set(embeddings) == {"float", "binary", "sparse", "multi_vector"}
+    assert embeddings["sparse"][0] == body["data"][3]["embedding"]["sparse"] and len(embeddings["binary"][0]) == 4
+    np.testing.assert_allclose(embeddings["multi_vector"][-1], body["data"][0]["embedding"]["multi_vector"],
+                               atol=1e-6)
+
+
+async def test_several_types_refused_where_they_cannot_be_made(bge_m3: Path, tiny_embedder: Path) -> None:
+    """A model of one output asked for sparse beside dense: a 400 naming the field; several
+    types with another encoding or beside one type: a 422."""
+    models = (ModelSpec(model_id=str(bge_m3), served_model_name="m3", dtype="float32"),
+              ModelSpec(model_id=str(tiny_embedder), served_model_name="dense", dtype="float32"))
+    async with serve_in_process(spec_of(*models)) as client:
+        refused = await client.post("/v1/embeddings", json={
+            "model": "dense", "input": ["hello"], "embedding_types": ["float", "sparse"],
+        })
+        base64 = await client.post("/v1/embeddings", json={
+            "model": "m3", "input": ["hello"], "embedding_types": ["sparse"], "encoding_format": "base64",
+        })
+        both = await client.post("/v1/embeddings", json={
+            "model": "m3", "input": ["hello"], "embedding_types": ["sparse"], "embedding_type": "int8",
+        })
+        dense_only = await client.post("/v1/embeddings", json={"model": "dense", "input": ["hello"],
+                                                                "embedding_types": ["float", "binary"]})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "embedding_types"
+    assert "bge-m3" in refused.json()["error"]["message"]
+    assert (base64.status_code, both.status_code) == (422, 422), (base64.text, both.text)
+    assert dense_only.status_code == 200, dense_only.text
+    assert set(dense_only.json()["data"][0]["embedding"]) == {"float", "binary"}
