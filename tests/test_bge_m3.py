@@ -63,7 +63,8 @@ def worst_differences(result: EmbeddingsByType, reference: dict[str, Any]) -> di
 
 def test_bge_m3_folder_is_recognised(bge_m3: Path) -> None:
     info = read_model_info(bge_m3)
-    assert (info.family.name, info.capability.value, info.pooling, info.normalize) == ("bge-m3", "embed", "cls", True)
+    facts = (info.family.name, info.capability.value, info.pooling, info.normalize)
+    assert facts == ("bge-m3", "embed", "cls", True)
     assert info.towers == {"text": "hybrid"} and info.dimensions == 32
 
 
@@ -142,7 +143,8 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
     assert worst["sparse_abs"] <= 1e-4
     embeddings = cohere.json()["embeddings"]
     assert set(embeddings) == {"float", "binary", "sparse", "multi_vector"}
-    assert embeddings["sparse"][0] == body["data"][3]["embedding"]["sparse"] and len(embeddings["binary"][0]) == 4
+    assert embeddings["sparse"][0] == body["data"][3]["embedding"]["sparse"]
+    assert len(embeddings["binary"][0]) == 4  # 32 dimensions' bits
     np.testing.assert_allclose(embeddings["multi_vector"][-1], body["data"][0]["embedding"]["multi_vector"],
                                atol=1e-6)
 
