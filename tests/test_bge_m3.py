@@ -16,7 +16,7 @@ from conftest import serve_in_process, spec_of
 from infinity_cloud import Engine, ModelSpec
 from infinity_cloud.asks import EmbedAsk
 from infinity_cloud.families import read_model_info
-from infinity_cloud.results import EmbeddingsByType
+from infinity_cloud.results import EmbeddingsByType, SparseVector
 
 TEXTS = [
     "the cat sat on the mat",
@@ -99,8 +99,6 @@ async def test_default_precision_worst_differences(bge_m3: Path, flag_reference:
 
 def by_type_from_wire(items: list[dict[str, Any]]) -> EmbeddingsByType:
     """An OpenAI body's items, answered by type, back as the engine's result (for comparing)."""
-    from infinity_cloud.results import SparseVector
-
     return EmbeddingsByType("m3", {
         "float": np.array([item["embedding"]["float"] for item in items], dtype=np.float32),
         "sparse": [SparseVector(np.array(item["embedding"]["sparse"]["indices"]),
@@ -172,3 +170,52 @@ async def test_several_types_refused_where_they_cannot_be_made(bge_m3: Path, tin
     assert (base64.status_code, both.status_code) == (422, 422), (base64.text, both.text)
     assert dense_only.status_code == 200, dense_only.text
     assert set(dense_only.json()["data"][0]["embedding"]) == {"float", "binary"}
+
+
+async def test_bulk_job_writes_each_output_asked_from_one_pass(
+    bge_m3: Path, flag_reference: dict[str, Any]
+) -> None:
+    """`embed --output dense --output sparse --output multi_vector`: a column each, as
+    FlagEmbedding makes them, and a shard's rows run through the model once."""
+    from infinity_cloud.bulk.job import EmbedJob, embed_shard
+    from infinity_cloud.bulk.sources import Row
+
+    job = EmbedJob(files=(), out="unused", outputs=("dense", "sparse", "multi_vector"))
+    rows = [Row(i, f"doc-{i}", text) for i, text in enumerate(TEXTS)]
+    async with Engine(ModelSpec(model_id=str(bge_m3), backend="openvino", dtype="float32")) as engine:
+        before = engine.describe()[0]["stats"]["batches_done"]
+        shard = await embed_shard(engine, job, rows)
+        passes = engine.describe()[0]["stats"]["batches_done"] - before
+    assert passes == 1, "the three columns of a shard from one forward pass"
+    table = shard.table.sort_by("row")
+    assert table.column_names == ["id", "row", "embedding", "sparse", "multi_vector"]
+    by_type = EmbeddingsByType("m3", {
+        "float": np.array(table["embedding"].to_pylist(), dtype=np.float32),
+        "sparse": [SparseVector(np.array(v["indices"]), np.array(v["values"], dtype=np.float32))
+                   for v in table["sparse"].to_pylist()],
+        "multi_vector": [np.array(v, dtype=np.float32) for v in table["multi_vector"].to_pylist()],
+    }, 0)
+    worst = worst_differences(by_type, flag_reference)
+    assert worst["dense_cosine"] >= 0.99999 and worst["colbert_cosine"] >= 0.99999
+    assert worst["sparse_abs"] <= 1e-4
+
+
+def test_embed_command_writes_the_columns_asked(bge_m3: Path, tmp_path: Path) -> None:
+    """The command line's `--output`, each its column; an unknown output is refused by name."""
+    import json
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from infinity_cloud.cli import app as cli
+
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    common = [str(source), "--model-id", str(bge_m3), "--dtype", "float32"]
+    done = CliRunner().invoke(cli, ["embed", *common, "--out", str(tmp_path / "out"),
+                                    "--output", "sparse", "--output", "dense"])
+    assert done.exit_code == 0, done.output
+    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet")))
+    assert table.column_names == ["id", "row", "sparse", "embedding"] and table.num_rows == len(TEXTS)
+    bad = CliRunner().invoke(cli, ["embed", *common, "--out", str(tmp_path / "bad"), "--output", "colbert"])
+    assert bad.exit_code != 0 and "'colbert'" in bad.output
