@@ -54,6 +54,7 @@ from infinity_cloud.results import (
     MultiVectorResult,
     RerankResult,
     SimilarityResult,
+    SparseEmbeddingResult,
     Token,
 )
 from infinity_cloud.tasks import late_interaction, quantization
@@ -61,13 +62,17 @@ from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, list
 from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, prompt_for_use, prompted
-from infinity_cloud.tasks.hybrid import HYBRID, OUTPUTS, HybridCall
+from infinity_cloud.tasks.hybrid import HYBRID, OUTPUTS, HybridCall, makes_several
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role, require_multi_vector
 from infinity_cloud.tasks.registry import TASKS
 from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.sparse import SparseCall
 
 log = logging.getLogger(__name__)
+
+
+# The kinds of embedding a model that makes several in one pass answers alone, by its output's name.
+ONE_OF_SEVERAL = {Capability.SPARSE: "sparse", Capability.MULTI_VECTOR: "multi_vector"}
 
 
 class Engine:
@@ -320,6 +325,8 @@ class Engine:
 
     async def _embeddings(self, ask: EmbedAsk, served: ServedModel) -> Embeddings:
         kind = served.capability if served.capability in ask.accepts else ask.accepts[0]
+        if kind in ONE_OF_SEVERAL and makes_several(served.loaded.info):  # bge-m3 asked for one of its others
+            return await self._one_of_several(served, ask, ONE_OF_SEVERAL[kind])
         if kind is Capability.SPARSE:
             if ask.modality != "text":
                 raise UnsupportedError("sparse embeddings are of text; send modality 'text'",
@@ -389,6 +396,16 @@ class Engine:
             for kind in dense_types:
                 by_type[kind] = await self._quantize(served, floats, kind, ask.dimensions, True)
         return EmbeddingsByType(result.model, {kind: by_type[kind] for kind in types}, result.prompt_tokens)
+
+    async def _one_of_several(self, served: ServedModel, ask: EmbedAsk, output: str) -> Embeddings:
+        """A model that makes several outputs asked for its sparse or its multi-vector one
+        alone, in that kind's own result (`encoding_format: sparse`, TEI's routes)."""
+        result = await self._several_by_type(served, replace(ask, dtype=(output,)), ask.prompt_name, [])
+        values: Any = result.by_type[output]
+        if output == "sparse":
+            return SparseEmbeddingResult(result.model, values, result.prompt_tokens,
+                                         served.loaded.info.vocab_size or 0)
+        return MultiVectorResult(result.model, values, result.prompt_tokens)
 
     async def _quantize(
         self, served: ServedModel, result: EmbeddingResult, kind: str, dimensions: int | None, wait: bool

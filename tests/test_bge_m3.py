@@ -116,7 +116,8 @@ async def batches_done(client: Any) -> int:
 
 async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dict[str, Any]) -> None:
     """OpenAI's `/v1/embeddings` and Cohere's `/v2/embed` with all three types: each request
-    runs the model once (its batches counted), and answers what FlagEmbedding does."""
+    runs the model once (its batches counted), and answers what FlagEmbedding does; the
+    sparse output alone is asked for as a SPLADE model's (`encoding_format: sparse`)."""
     model = ModelSpec(model_id=str(bge_m3), served_model_name="m3", dtype="float32")
     async with serve_in_process(spec_of(model)) as client:
         before = await batches_done(client)
@@ -132,6 +133,9 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
         })
         assert cohere.status_code == 200, cohere.text
         cohere_request = await batches_done(client) - before
+        sparse_only = await client.post("/v1/embeddings", json={
+            "model": "m3", "input": TEXTS, "encoding_format": "sparse"})
+        assert sparse_only.status_code == 200, sparse_only.text
     assert (one_request, cohere_request) == (1, 1), "all three outputs of a request from one forward pass"
     body = response.json()
     assert [item["index"] for item in body["data"]] == [0, 1, 2, 3]
@@ -139,6 +143,9 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
     worst = worst_differences(by_type_from_wire(body["data"]), flag_reference)
     assert worst["dense_cosine"] >= 0.99999 and worst["colbert_cosine"] >= 0.99999
     assert worst["sparse_abs"] <= 1e-4
+    # Its sparse output alone, as a SPLADE model's is asked for.
+    assert [item["embedding"] for item in sparse_only.json()["data"]] == [
+        item["embedding"]["sparse"] for item in body["data"]]
     embeddings = cohere.json()["embeddings"]
     assert set(embeddings) == {"float", "binary", "sparse", "multi_vector"}
     assert embeddings["sparse"][0] == body["data"][3]["embedding"]["sparse"]
