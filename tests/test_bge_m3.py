@@ -41,18 +41,22 @@ def flag_reference(bge_m3: Path) -> dict[str, Any]:
     return model.encode(TEXTS, return_dense=True, return_sparse=True, return_colbert_vecs=True)
 
 
-def worst_differences(result: EmbeddingsByType, reference: dict[str, Any]) -> dict[str, float]:
+def worst_differences(result: EmbeddingsByType, reference: dict[str, Any], same_ids: bool = True
+                      ) -> dict[str, float]:
     """The worst dense cosine, sparse weight difference and ColBERT vector cosine to the
-    reference; the sparse terms must be the same token ids."""
+    reference; `same_ids`: the sparse terms must be the same token ids (else a term one side
+    lacks counts as a weight of 0 there: a reduced precision may cut a weight near 0)."""
     dense = np.asarray(result.by_type["float"])
     want = reference["dense_vecs"]
     dense_cosine = float(((dense * want).sum(1) / np.linalg.norm(dense, axis=1)
                           / np.linalg.norm(want, axis=1)).min())
     sparse_worst = 0.0
     for got, weights in zip(result.by_type["sparse"], reference["lexical_weights"], strict=True):
-        assert sorted(got.indices.tolist()) == sorted(int(i) for i in weights), "other token ids"
-        wanted = np.array([weights[str(i)] for i in got.indices], dtype=np.float32)
-        sparse_worst = max(sparse_worst, float(np.abs(got.values - wanted).max(initial=0.0)))
+        if same_ids:
+            assert sorted(got.indices.tolist()) == sorted(int(i) for i in weights), "other token ids"
+        mine = dict(zip(got.indices.tolist(), got.values.tolist(), strict=True))
+        for term in set(mine) | {int(i) for i in weights}:
+            sparse_worst = max(sparse_worst, abs(mine.get(term, 0.0) - float(weights.get(str(term), 0.0))))
     colbert_cosine = 1.0
     for got, want in zip(result.by_type["multi_vector"], reference["colbert_vecs"], strict=True):
         assert got.shape == want.shape
@@ -91,10 +95,11 @@ async def test_default_precision_worst_differences(bge_m3: Path, flag_reference:
     async with Engine(ModelSpec(model_id=str(bge_m3))) as engine:
         result = await engine.embeddings(EmbedAsk(TEXTS, dtype=ALL_THREE))
         facts = engine.describe()[0]
-    worst = worst_differences(result, flag_reference)
+    worst = worst_differences(result, flag_reference, same_ids=facts["dtype"] == "float32")
     print(f"default ({facts['backend']} {facts['dtype']}) worst: {worst}")
     assert worst["dense_cosine"] >= 0.999 and worst["colbert_cosine"] >= 0.999
-    assert worst["sparse_abs"] <= 0.05
+    largest = max(max(weights.values(), default=0.0) for weights in flag_reference["lexical_weights"])
+    assert worst["sparse_abs"] <= 0.02 * largest
 
 
 def by_type_from_wire(items: list[dict[str, Any]]) -> EmbeddingsByType:
