@@ -231,3 +231,15 @@ def test_embed_command_writes_the_columns_asked(bge_m3: Path, tmp_path: Path) ->
     assert table.column_names == ["id", "row", "sparse", "embedding"] and table.num_rows == len(TEXTS)
     bad = CliRunner().invoke(cli, ["embed", *common, "--out", str(tmp_path / "bad"), "--output", "colbert"])
     assert bad.exit_code != 0 and "'colbert'" in bad.output
+
+
+async def test_chunks_and_similarity_take_the_dense_vectors(bge_m3: Path) -> None:
+    """What reads a model's dense vectors (chunked embeddings, similarity) reads bge-m3's."""
+    from infinity_cloud.asks import ChunkedEmbedAsk, SimilarityAsk
+
+    async with Engine(ModelSpec(model_id=str(bge_m3), backend="torch", dtype="float32")) as engine:
+        dense = (await engine.embeddings(EmbedAsk(TEXTS))).embeddings
+        chunks = await engine.chunked_embeddings(ChunkedEmbedAsk(TEXTS))
+        similar = await engine.similarity(SimilarityAsk(TEXTS[0], TEXTS[1:]))
+    np.testing.assert_allclose(chunks.embeddings, dense, atol=1e-5)  # short texts: a chunk each
+    np.testing.assert_allclose(similar.scores, dense[1:] @ dense[0], atol=1e-5)

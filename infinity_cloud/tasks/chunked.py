@@ -25,7 +25,7 @@ from infinity_cloud.tasks.base import (
     prompt_tokens,
     require_tower,
 )
-from infinity_cloud.tasks.embed import EmbedTask, prompted
+from infinity_cloud.tasks.embed import EmbedTask, dense_vectors, prompted
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served
@@ -120,7 +120,7 @@ class ChunkedEmbedTask(EmbedTask):
     def finish(  # type: ignore[override]
         self, rows: list[np.ndarray], call: ChunkedCall, served: Served, encodings: list[ChunkInput]
     ) -> ChunkedEmbeddingResult:
-        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=False)
+        vectors = truncate_dimensions(dense_vectors(rows), call.dimensions, renormalize=False)
         if served.loaded.normalize:  # the model's Normalize module, after any Matryoshka cut
             vectors = l2_normalize(vectors)
         spans: list[list[tuple[int, int, int]]] = [[] for _ in call.documents]

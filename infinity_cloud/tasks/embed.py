@@ -89,6 +89,11 @@ def prompted(served: Served, texts: Sequence[str], name: str | None) -> list[str
     return [prompts[name] + text for text in texts]
 
 
+def dense_vectors(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """The dense vectors of a tower's rows: as they are, or a hybrid graph's dense output."""
+    return np.stack([hybrid.dense(row) if row.ndim == 2 else row for row in rows])
+
+
 class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     capability = Capability.EMBED
 
@@ -172,8 +177,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     def finish(
         self, rows: list[np.ndarray], call: EmbedCall, served: Served, encodings: list[Any]
     ) -> EmbeddingResult:
-        dense = [hybrid.dense(row) if row.ndim == 2 else row for row in rows]
-        vectors = truncate_dimensions(np.stack(dense), call.dimensions, renormalize=False)
+        vectors = truncate_dimensions(dense_vectors(rows), call.dimensions, renormalize=False)
         if served.loaded.normalize and call.normalize:  # the Normalize module, after any Matryoshka cut
             vectors = l2_normalize(vectors)
         return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))
