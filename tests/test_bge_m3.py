@@ -122,7 +122,8 @@ async def batches_done(client: Any) -> int:
 async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dict[str, Any]) -> None:
     """OpenAI's `/v1/embeddings` and Cohere's `/v2/embed` with all three types: each request
     runs the model once (its batches counted), and answers what FlagEmbedding does; the
-    sparse output alone is asked for as a SPLADE model's (`encoding_format: sparse`)."""
+    sparse output alone is asked for as a SPLADE model's (`encoding_format: sparse`, TEI's
+    `/embed_sparse`), the multi-vector one as a ColBERT model's (TEI's `/embed_all`)."""
     model = ModelSpec(model_id=str(bge_m3), served_model_name="m3", dtype="float32")
     async with serve_in_process(spec_of(model)) as client:
         before = await batches_done(client)
@@ -141,6 +142,9 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
         sparse_only = await client.post("/v1/embeddings", json={
             "model": "m3", "input": TEXTS, "encoding_format": "sparse"})
         assert sparse_only.status_code == 200, sparse_only.text
+        tei_sparse = await client.post("/embed_sparse", json={"inputs": TEXTS})
+        tei_all = await client.post("/embed_all", json={"inputs": TEXTS})
+        assert (tei_sparse.status_code, tei_all.status_code) == (200, 200), (tei_sparse.text, tei_all.text)
     assert (one_request, cohere_request) == (1, 1), "all three outputs of a request from one forward pass"
     body = response.json()
     assert [item["index"] for item in body["data"]] == [0, 1, 2, 3]
@@ -151,6 +155,11 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
     # Its sparse output alone, as a SPLADE model's is asked for.
     assert [item["embedding"] for item in sparse_only.json()["data"]] == [
         item["embedding"]["sparse"] for item in body["data"]]
+    # And in TEI's shapes, on its sparse and per-token routes.
+    assert [[term["index"] for term in row] for row in tei_sparse.json()] == [
+        item["embedding"]["sparse"]["indices"] for item in body["data"]]
+    for matrix, item in zip(tei_all.json(), body["data"], strict=True):
+        np.testing.assert_allclose(matrix, item["embedding"]["multi_vector"], atol=1e-6)
     embeddings = cohere.json()["embeddings"]
     assert set(embeddings) == {"float", "binary", "sparse", "multi_vector"}
     assert embeddings["sparse"][0] == body["data"][3]["embedding"]["sparse"]
