@@ -92,9 +92,8 @@ class BgeM3(Family):
 
     def read(self, folder: ModelFolder) -> ModelInfo:
         head = sentence_transformers.head(folder)
-        unused = tuple(dict.fromkeys(
-            token for name in UNUSED_TOKENS if (token := folder.token(name, "")) or False
-        ))
+        named = (folder.token(name, "") for name in UNUSED_TOKENS)
+        unused = tuple(dict.fromkeys(token for token in named if token))
         # FlagEmbedding pools CLS and normalises, whatever sentence-transformers' files say.
         return TextFacts.of(folder).info(
             folder, self, capability=Capability.EMBED, pooling="cls", normalize=True,
