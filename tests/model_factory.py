@@ -473,6 +473,37 @@ def _append_dense(st_dir: Path, path: Path, out: int) -> Path:
     return path
 
 
+def build_bge_m3(path: Path) -> Path:
+    """Tiny bge-m3: an XLM-R encoder (byte-level BPE vocabulary) saved as sentence-transformers
+    writes bge-m3 (CLS pooling, Normalize), with FlagEmbedding's two heads beside it, drawn
+    here: ``sparse_linear.pt`` (Linear(hidden, 1)) and ``colbert_linear.pt`` (Linear(hidden,
+    hidden)), as FlagEmbedding saves them (each Linear's state dict)."""
+    from transformers import RobertaTokenizerFast, XLMRobertaConfig, XLMRobertaModel
+
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # XLM-R's ids 0..3: <s>, <pad>, </s>, <unk>
+    backend = _train_byte_level_bpe(specials, vocab_size=400)
+    with tempfile.TemporaryDirectory(prefix="tiny-xlmr-") as tmp:
+        backend.model.save(tmp)
+        tokenizer = RobertaTokenizerFast.from_pretrained(tmp, model_max_length=MAX_LENGTH)
+        config = XLMRobertaConfig(
+            vocab_size=len(tokenizer), hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=64, max_position_embeddings=MAX_LENGTH + 2, type_vocab_size=1,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        )
+        tokenizer.save_pretrained(tmp)
+        with _seeded():
+            XLMRobertaModel(config).save_pretrained(tmp)
+        _save_sentence_transformer(Path(tmp), path, "cls", normalize=True)
+    with _seeded(SEED + 2):
+        sparse, colbert = torch.nn.Linear(HIDDEN, 1), torch.nn.Linear(HIDDEN, HIDDEN)
+        # Half the tokens' sparse weights above zero, the rest cut by relu: both paths tested.
+        torch.nn.init.normal_(sparse.weight, std=0.5)
+        torch.nn.init.constant_(sparse.bias, 1.5)
+    torch.save(sparse.state_dict(), path / "sparse_linear.pt")
+    torch.save(colbert.state_dict(), path / "colbert_linear.pt")
+    return path
+
+
 def build_splade(path: Path, sentence_transformers: bool = True) -> Path:
     """Tiny SPLADE: ``BertForMaskedLM``; with ``sentence_transformers`` saved as a
     SparseEncoder folder (MLMTransformer + SpladePooling, the library's own writer), else the

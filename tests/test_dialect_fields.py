@@ -80,6 +80,8 @@ CASES = [
     Case(P.EmbeddingRequest, "modality", "/v1/embeddings", EMB, {"modality": "image"}, 400),
     Case(P.EmbeddingRequest, "embedding_type", "/v1/embeddings", EMB, {"embedding_type": "ubinary"},
          "changes"),
+    Case(P.EmbeddingRequest, "embedding_types", "/v1/embeddings", EMB,
+         {"embedding_types": ["float", "binary"]}, "changes"),
     Case(P.EmbeddingRequest, "input_type", "/v1/embeddings", EMB, {"input_type": "query"}, "changes"),
     Case(P.EmbeddingRequest, "truncate", "/v1/embeddings", {**EMB, "input": [LONG]}, {"truncate": False},
          400),

@@ -45,6 +45,9 @@ class EmbedJob:
     # holds a path, s3:// URI, URL or data: URI.
     modality: str = "text"
     max_error_rate: float = 0.01  # a job with a larger share of bad rows fails (`outcome.verdict`)
+    # A model that makes several outputs in one pass (bge-m3): those written, each its column
+    # ("dense" in `embedding`, "sparse", "multi_vector"), from one pass; none: the model's one kind.
+    outputs: tuple[str, ...] = ()
 
     def fingerprint(self, model: ModelSpec) -> dict[str, Any]:
         """What the vectors depend on, and where the rows come from: a run that differs in any
@@ -55,6 +58,10 @@ class EmbedJob:
             options.pop(name)
         options["files"] = list(self.files)
         options["keep"] = list(self.keep)
+        if self.outputs:  # absent otherwise: a dataset written before it resumes as it was
+            options["outputs"] = list(self.outputs)
+        else:
+            options.pop("outputs")
         served = model.model_dump(mode="json", include=set(ANSWER_FIELDS))
         return {**options, "model": served, "infinity_cloud": __version__}
 
@@ -139,32 +146,58 @@ async def embed_shard(
 
 def embed_ask(texts: list[str], job: EmbedJob, model: str | None) -> EmbedAsk:
     """The job's rows as the engine's ask: whatever kind of embedding the model makes (a
-    multi-vector model reads texts as documents, ColPali page images)."""
+    multi-vector model reads texts as documents, ColPali page images); the outputs asked of a
+    model that makes several, by type, from one pass."""
+    dtype: str | tuple[str, ...] | None = job.output_dtype
+    if job.outputs:
+        dtype = tuple(_dense_type(job) if output == "dense" else output for output in job.outputs)
     return EmbedAsk(texts, model, accepts=(Capability.EMBED, Capability.SPARSE, Capability.MULTI_VECTOR),
                     truncate=job.truncate, modality=job.modality,  # type: ignore[arg-type]
-                    prompt_name=job.prompt_name, dtype=job.output_dtype)
+                    prompt_name=job.prompt_name, dtype=dtype)
+
+
+def _dense_type(job: EmbedJob) -> str:
+    """The dense column's type by its name among several (float for float32)."""
+    return job.output_dtype if job.output_dtype not in (None, "float32") else "float"  # type: ignore[return-value]
 
 
 def _table(rows: list[Row], result: Any, capability: str, dimensions: int, job: EmbedJob) -> Any:
     """The shard's `embedding` column for the model's kind of vectors, of one type in every
-    shard (the model's width, whatever rows this one has), in a `shard_table`."""
+    shard (the model's width, whatever rows this one has), in a `shard_table`; with
+    `job.outputs`, a column each (`embedding` the dense one)."""
+    import numpy as np
+
+    if job.outputs:
+        by_type = result.by_type if result else {}
+        columns = {
+            "embedding" if output == "dense" else output: _column(
+                "embed" if output == "dense" else output,
+                by_type.get(_dense_type(job) if output == "dense" else output, []), dimensions, job)
+            for output in job.outputs
+        }
+        return shard_table(rows, columns, job)
+    vectors = result.embeddings if result else []
+    if capability == "embed" and not result:
+        vectors = np.zeros((0, dimensions))
+    return shard_table(rows, {"embedding": _column(capability, vectors, dimensions, job)}, job)
+
+
+def _column(capability: str, vectors: Any, dimensions: int, job: EmbedJob) -> Any:
+    """One kind of vectors as a column: sparse, multi-vector, or dense of the job's type."""
     import numpy as np
     import pyarrow as pa
 
-    vectors = result.embeddings if result else []
     if capability == "sparse":
-        column = pa.array(
+        return pa.array(
             [{"indices": v.indices.astype(np.int64), "values": v.values.astype(np.float32)} for v in vectors],
             pa.struct([("indices", pa.list_(pa.int64())), ("values", pa.list_(pa.float32()))]),
         )
-    elif capability == "multi_vector":
-        column = pa.array([v.astype(np.float32).tolist() for v in vectors],
-                          pa.list_(pa.list_(pa.float32(), dimensions)))
-    else:
-        kind = job.output_dtype or "float32"
-        width = dimensions // 8 if kind in ("binary", "ubinary") else dimensions
-        column = dense_column(result.embeddings if result else np.zeros((0, width)), width, kind)
-    return shard_table(rows, column, job)
+    if capability == "multi_vector":
+        return pa.array([v.astype(np.float32).tolist() for v in vectors],
+                        pa.list_(pa.list_(pa.float32(), dimensions)))
+    kind = job.output_dtype or "float32"
+    width = dimensions // 8 if kind in ("binary", "ubinary") else dimensions
+    return dense_column(vectors if len(vectors) else np.zeros((0, width)), width, kind)
 
 
 def dense_column(matrix: Any, width: int, kind: str = "float32") -> Any:
@@ -178,15 +211,15 @@ def dense_column(matrix: Any, width: int, kind: str = "float32") -> Any:
     return pa.FixedSizeListArray.from_arrays(flat, width)
 
 
-def shard_table(rows: list[Row], embedding: Any, job: EmbedJob) -> Any:
+def shard_table(rows: list[Row], embeddings: dict[str, Any], job: EmbedJob) -> Any:
     """The shard as columns: `id` (the input's, as text), `row` (its place in the input),
-    `embedding`, then the kept fields."""
+    the embeddings' (`embedding`, or each output's), then the kept fields."""
     import pyarrow as pa
 
     columns: dict[str, Any] = {
         "id": pa.array([str(r.id) for r in rows], pa.string()),
         "row": pa.array([r.number for r in rows], pa.int64()),
-        "embedding": embedding,
+        **embeddings,
     }
     for name in job.keep:
         columns[name] = pa.array([r.kept.get(name) for r in rows])

@@ -108,6 +108,11 @@ class EmbedModelUse:
     truncate: Annotated[bool, typer.Option(
         "--truncate/--no-truncate", help="Cut texts past the model's length (else they are bad rows).",
     )] = True
+    output: Annotated[list[str] | None, typer.Option(
+        "--output", help="A model that makes several outputs in one pass (bge-m3): dense, sparse or "
+        "multi_vector, each written to its column (embedding, sparse, multi_vector), all from one pass; "
+        "repeatable (default: the model's one kind, in embedding).",
+    )] = None
 
 
 def embed_job(spec: DeploymentSpec, source: EmbedSource, output: EmbedOutput, rows: EmbedRows,
@@ -117,12 +122,17 @@ def embed_job(spec: DeploymentSpec, source: EmbedSource, output: EmbedOutput, ro
     from infinity_cloud.bulk.job import EmbedJob
 
     kind = spec.models[0].embedding_dtype
+    outputs = tuple(dict.fromkeys(model_use.output or ()))
+    unknown = [name for name in outputs if name not in ("dense", "sparse", "multi_vector")]
+    if unknown:
+        raise typer.BadParameter(f"{unknown[0]!r}: an output is dense, sparse or multi_vector",
+                                 param_hint="--output")
     return EmbedJob(
         files=tuple(sources.expand(source.inputs)), out=output.out, text_field=source.text_field,
         id_field=source.id_field, keep=tuple(source.keep_field or ()), shard_rows=rows.shard_rows,
         max_errors=rows.max_errors, output_dtype=None if kind in ("float", "float32") else kind,
         prompt_name=model_use.prompt_name, truncate=model_use.truncate, modality=source.modality,
-        max_error_rate=rows.max_error_rate,
+        max_error_rate=rows.max_error_rate, outputs=outputs,
     )
 
 

@@ -31,8 +31,10 @@ Tower = str
 # - vectors: (batch, width), pooled inside the graph (CLIP's towers);
 # - scores: (batch, labels) logits;
 # - terms: (batch, vocabulary) term weights (SPLADE), pooled inside the graph;
-# - token_vectors: (batch, length, width) final per-token vectors, normalised, zero where masked.
-Returns = Literal["token_states", "vectors", "scores", "terms", "token_vectors"]
+# - token_vectors: (batch, length, width) final per-token vectors, normalised, zero where masked;
+# - hybrid: (batch, length, 1 + width) a dense, a sparse and a multi-vector output packed
+#   (bge-m3's, `numerics/hybrid.py`).
+Returns = Literal["token_states", "vectors", "scores", "terms", "token_vectors", "hybrid"]
 # An export example: the traced inputs (torch tensors, in the graph's input order) and each
 # input's dynamic axes.
 Example = tuple[tuple[Any, ...], dict[str, dict[int, str]]]
@@ -62,7 +64,7 @@ class Graph:
     @property
     def per_token(self) -> bool:
         """Whether its output has a row per position (its sequence axis varies)."""
-        return self.returns in ("token_states", "token_vectors")
+        return self.returns in ("token_states", "token_vectors", "hybrid")
 
 
 class ModelFamily(Protocol):

@@ -32,7 +32,21 @@ class EmbeddingsByType:
     """One embedding of the inputs, in each of several types (Cohere's `embedding_types`)."""
 
     model: str
-    by_type: dict[str, np.ndarray]  # type -> (inputs, dimensions) as `EmbeddingResult.dtype` says
+    # type -> (inputs, dimensions) as `EmbeddingResult.dtype` says; a model that makes several
+    # outputs (bge-m3) also "sparse" (a SparseVector per input) and "multi_vector" (a matrix each)
+    by_type: dict[str, np.ndarray | list[SparseVector] | list[np.ndarray]]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class HybridEmbeddingResult:
+    """The outputs asked of a model that makes several in one pass (bge-m3), each in input
+    order; None where not asked."""
+
+    model: str
+    dense: np.ndarray | None  # (inputs, dimensions) float32
+    sparse: list[SparseVector] | None
+    multi_vector: list[np.ndarray] | None  # (tokens, width) float32 each
     prompt_tokens: int
 
 

@@ -39,6 +39,7 @@ from infinity_cloud.core.results import (
     MultiVectorResult,
     RerankResult,
     SimilarityResult,
+    SparseEmbeddingResult,
     Token,
 )
 from infinity_cloud.engine.asks import (
@@ -61,6 +62,7 @@ from infinity_cloud.tasks.base import Call, Result, Task, decoded_ids_cost, list
 from infinity_cloud.tasks.chunked import CHUNKED, ChunkedCall
 from infinity_cloud.tasks.classify import ClassifyCall
 from infinity_cloud.tasks.embed import EmbedCall, prompt_for_use, prompted
+from infinity_cloud.tasks.hybrid import HYBRID, OUTPUTS, HybridCall, makes_several
 from infinity_cloud.tasks.late_chunking import LATE_CHUNKED
 from infinity_cloud.tasks.multi_vector import MultiVectorCall, Role, require_multi_vector
 from infinity_cloud.tasks.registry import TASKS
@@ -68,6 +70,10 @@ from infinity_cloud.tasks.rerank import RerankCall
 from infinity_cloud.tasks.sparse import SparseCall
 
 log = logging.getLogger(__name__)
+
+
+# The kinds of embedding a model that makes several in one pass answers alone, by its output's name.
+ONE_OF_SEVERAL = {Capability.SPARSE: "sparse", Capability.MULTI_VECTOR: "multi_vector"}
 
 
 class Engine:
@@ -328,6 +334,8 @@ class Engine:
 
     async def _embeddings(self, ask: EmbedAsk, served: ServedModel) -> Embeddings:
         kind = served.capability if served.capability in ask.accepts else ask.accepts[0]
+        if kind in ONE_OF_SEVERAL and makes_several(served.loaded.info):  # bge-m3 asked for one of its others
+            return await self._one_of_several(served, ask, ONE_OF_SEVERAL[kind])
         if kind is Capability.SPARSE:
             if ask.modality != "text":
                 raise UnsupportedError("sparse embeddings are of text; send modality 'text'",
@@ -369,12 +377,44 @@ class Engine:
         """One embedding of the inputs in each type `ask.dtype` names: the floats made once,
         each type made from them."""
         types = ask.dtype or ()
-        await quantization.ready_before_work(types, ask.dimensions, ask.wait,
+        dense_types = [kind for kind in types if kind not in OUTPUTS]
+        await quantization.ready_before_work(dense_types, ask.dimensions, ask.wait,
                                              functools.partial(self.fleet.ranges, served))
+        if len(dense_types) < len(types):
+            return await self._several_by_type(served, ask, prompt, dense_types)
         floats = await self._embed(served, replace(ask, prompt_name=prompt, dtype="float32", normalize=None,
                                                    openai_sender=False, packed=False, wait=True))
         by_type = {kind: await self._quantize(served, floats, kind, ask.dimensions, True) for kind in types}
         return EmbeddingsByType(floats.model, by_type, floats.prompt_tokens)
+
+    async def _several_by_type(
+        self, served: ServedModel, ask: EmbedAsk, prompt: str | None, dense_types: list[str]
+    ) -> EmbeddingsByType:
+        """A model that makes several outputs in one pass (bge-m3): each type asked (dense
+        types, "sparse", "multi_vector") from one run of the model over the inputs."""
+        if ask.modality != "text":
+            raise UnsupportedError("sparse and multi-vector embeddings are of text; send modality 'text'",
+                                   param="modality")
+        types = ask.dtype or ()
+        outputs = ("dense",) * bool(dense_types) + tuple(kind for kind in OUTPUTS if kind in types)
+        call = HybridCall(ask.inputs, outputs, ask.truncate, prompt, ask.dimensions)  # type: ignore[arg-type]
+        result = await self.pipeline.run(HYBRID, call, served)
+        by_type: dict[str, Any] = {"sparse": result.sparse, "multi_vector": result.multi_vector}
+        if result.dense is not None:
+            floats = EmbeddingResult(result.model, result.dense, result.prompt_tokens)
+            for kind in dense_types:
+                by_type[kind] = await self._quantize(served, floats, kind, ask.dimensions, True)
+        return EmbeddingsByType(result.model, {kind: by_type[kind] for kind in types}, result.prompt_tokens)
+
+    async def _one_of_several(self, served: ServedModel, ask: EmbedAsk, output: str) -> Embeddings:
+        """A model that makes several outputs asked for its sparse or its multi-vector one
+        alone, in that kind's own result (`encoding_format: sparse`, TEI's routes)."""
+        result = await self._several_by_type(served, replace(ask, dtype=(output,)), ask.prompt_name, [])
+        values: Any = result.by_type[output]
+        if output == "sparse":
+            return SparseEmbeddingResult(result.model, values, result.prompt_tokens,
+                                         served.loaded.info.vocab_size or 0)
+        return MultiVectorResult(result.model, values, result.prompt_tokens)
 
     async def _quantize(
         self, served: ServedModel, result: EmbeddingResult, kind: str, dimensions: int | None, wait: bool

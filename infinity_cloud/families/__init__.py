@@ -20,6 +20,7 @@ from infinity_cloud.core.errors import UnsupportedError
 from infinity_cloud.core.family import ModelInfo
 from infinity_cloud.core.input_kind import InputKinds
 from infinity_cloud.families.base import Family
+from infinity_cloud.families.bge_m3 import BgeM3
 from infinity_cloud.families.bidirectional_decoder import BidirectionalDecoder
 from infinity_cloud.families.clap import Clap
 from infinity_cloud.families.classifier import Classifier
@@ -38,6 +39,7 @@ FAMILIES: list[Family] = [
     ColPali(), ColQwen2(), Clap(), Clip(), Siglip(),  # recognised by their model type
     CrossEncoder(), Classifier(),  # *ForSequenceClassification
     LlmReranker(),  # *ForCausalLM with sentence-transformers' LogitScore, or a query/document template
+    BgeM3(),  # FlagEmbedding's heads beside the encoder
     Splade(), ColBert(),  # sentence-transformers heads
     BidirectionalDecoder(),  # a decoder read both ways (EmbeddingGemma)
     TextEncoder(),  # any other text folder

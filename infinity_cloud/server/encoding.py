@@ -22,3 +22,11 @@ def vector_base64(vector: np.ndarray) -> str:
     bytes (int8, uint8, packed bits)."""
     dtype = "<f4" if vector.dtype.kind == "f" else vector.dtype
     return base64.b64encode(np.ascontiguousarray(vector, dtype=dtype).tobytes()).decode("ascii")
+
+
+def by_type_json(value: Any) -> Any:
+    """One input's embedding of one type as JSON takes it: a vector or a matrix as it is, a
+    sparse vector as its `indices` and `values`."""
+    if hasattr(value, "indices") and hasattr(value, "values"):  # results.SparseVector
+        return {"indices": value.indices, "values": value.values}
+    return value

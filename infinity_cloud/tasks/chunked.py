@@ -25,7 +25,7 @@ from infinity_cloud.tasks.base import (
     prompt_tokens,
     require_tower,
 )
-from infinity_cloud.tasks.embed import EmbedTask, prompted
+from infinity_cloud.tasks.embed import EmbedTask, dense_vectors, prompted
 
 if TYPE_CHECKING:
     from infinity_cloud.tasks.base import Served
@@ -127,7 +127,7 @@ class ChunkedEmbedTask(EmbedTask):
         spans: list[list[tuple[int, int, int]]] = [[] for _ in call.documents]
         for chunk in encodings:
             spans[chunk.document].append((chunk.start, chunk.end, chunk.own))
-        return answer(np.stack(rows), call, served, spans, prompt_tokens(encodings))
+        return answer(dense_vectors(rows), call, served, spans, prompt_tokens(encodings))
 
 
 def answer(

@@ -19,7 +19,8 @@ from infinity_cloud.core.config import LimitsSpec
 from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.core.family import GraphOutput, ModelInfo, Tower
 from infinity_cloud.core.results import EmbeddingResult
-from infinity_cloud.numerics.heads import Head
+from infinity_cloud.numerics import hybrid
+from infinity_cloud.numerics.heads import FINAL, Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.numerics.pooling import l2_normalize, truncate_dimensions
 from infinity_cloud.tasks.base import (
@@ -88,15 +89,28 @@ def prompted(served: Served, texts: Sequence[str], name: str | None) -> list[str
     return [prompts[name] + text for text in texts]
 
 
+def dense_vectors(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """The dense vectors of a tower's rows: as they are, or a hybrid graph's dense output."""
+    return np.stack([hybrid.dense(row) if row.ndim == 2 else row for row in rows])
+
+
 class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     capability = Capability.EMBED
 
     def head(self, info: ModelInfo, graph: GraphOutput, pooling: str, normalize: bool) -> Head:
         # Rows (and cached rows) are the vectors before the model's Normalize module: `finish`
         # normalises per call, since a call may ask for them as they are (TEI's normalize=false).
-        if info.family.graph(graph).returns == "token_states":
+        returns = info.family.graph(graph).returns
+        if returns == "token_states":
             return Head("pool", pooling, info.dense)
+        if returns == "hybrid":  # bge-m3's three outputs, final per position (`numerics/hybrid.py`)
+            return FINAL
         return Head("vectors")  # pooled inside the graph (CLIP's towers)
+
+    def rows(self, batch: np.ndarray, items: Sequence[Any]) -> Sequence[Any]:
+        if batch.ndim == 3:  # a hybrid graph's: each input's own positions, all three outputs in them
+            return [np.ascontiguousarray(row[: len(item)]) for row, item in zip(batch, items, strict=True)]
+        return batch
 
     def check(self, call: EmbedCall, served: Served, limits: LimitsSpec) -> None:
         if served.loaded.info.capability is Capability.SPARSE:
@@ -163,7 +177,7 @@ class EmbedTask(Task[EmbedCall, EmbeddingResult]):
     def finish(
         self, rows: list[np.ndarray], call: EmbedCall, served: Served, encodings: list[Any]
     ) -> EmbeddingResult:
-        vectors = truncate_dimensions(np.stack(rows), call.dimensions, renormalize=False)
+        vectors = truncate_dimensions(dense_vectors(rows), call.dimensions, renormalize=False)
         if served.loaded.normalize and call.normalize:  # the Normalize module, after any Matryoshka cut
             vectors = l2_normalize(vectors)
         return EmbeddingResult(served.name, vectors, prompt_tokens(encodings))

@@ -25,11 +25,12 @@ from infinity_cloud.server.dialects.common import (
     ranked,
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
-from infinity_cloud.server.encoding import json_response
+from infinity_cloud.server.encoding import by_type_json, json_response
 from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.openapi import Checked, Limit
 from infinity_cloud.server.parsing import JsonRoute
+from infinity_cloud.tasks.hybrid import OUTPUTS
 from infinity_cloud.tasks.quantization import EMBEDDING_TYPES
 
 
@@ -42,8 +43,9 @@ class CohereEmbedRequest(_Request):
     input_type: (
         Literal["search_document", "search_query", "classification", "clustering", "image"] | None
     ) = Field(None, description="mapped to the model's matching prompt when it declares one")
-    embedding_types: list[Annotated[StrictStr, Checked(enum=list(EMBEDDING_TYPES))]] | None = Field(
-        None, description="float, int8, uint8 (calibrated per model, offline), binary, ubinary"
+    embedding_types: list[Annotated[StrictStr, Checked(enum=[*EMBEDDING_TYPES, *OUTPUTS])]] | None = Field(
+        None, description="float, int8, uint8 (calibrated per model, offline), binary, ubinary; and a "
+        "bge-m3 model's sparse and multi_vector, all from one pass"
     )
     truncate: Literal["NONE", "START", "END"] = Field("END", description="NONE: too long is a 400")
     output_dimension: NonNegative | None = Field(None, description="Matryoshka truncation")
@@ -69,7 +71,9 @@ def cohere_embed_body(result: Embeddings, texts: list[str], version: int) -> dic
                  "billed_units": {"input_tokens": result.prompt_tokens}},
     }
     if isinstance(result, EmbeddingsByType):
-        return {**body, "response_type": "embeddings_by_type", "embeddings": result.by_type}
+        embeddings = {kind: [by_type_json(v) for v in values] if kind in OUTPUTS else values
+                      for kind, values in result.by_type.items()}
+        return {**body, "response_type": "embeddings_by_type", "embeddings": embeddings}
     assert isinstance(result, EmbeddingResult)  # a dense model: what the ask accepts
     if result.dtype == "float32" and version == 1:
         return {**body, "response_type": "embeddings_floats", "embeddings": result.embeddings}

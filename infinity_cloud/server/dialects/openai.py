@@ -15,6 +15,7 @@ from infinity_cloud.core.errors import InvalidInputError, UnsupportedError
 from infinity_cloud.core.results import (
     ChunkedEmbeddingResult,
     EmbeddingResult,
+    EmbeddingsByType,
     MultiVectorResult,
     SparseEmbeddingResult,
 )
@@ -32,7 +33,7 @@ from infinity_cloud.server.dialects.common import (
     not_both,
 )
 from infinity_cloud.server.dialects.registry import Dialect, Mount
-from infinity_cloud.server.encoding import json_response, vector_base64
+from infinity_cloud.server.encoding import by_type_json, json_response, vector_base64
 from infinity_cloud.server.engine_calls import answer, in_own_terms
 from infinity_cloud.server.errors import error_responses
 from infinity_cloud.server.parsing import JsonRoute
@@ -41,6 +42,11 @@ from infinity_cloud.server.parsing import JsonRoute
 VOYAGE_NAMES = (
     ("embedding_type", "output_dtype"), ("dimensions", "output_dimension"), ("truncate", "truncation"),
 )
+
+
+# The types `embedding_types` may name: dense types (Cohere's names), and the outputs a model
+# that makes several in one pass (bge-m3) gives beside them.
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "sparse", "multi_vector"]
 
 
 class EmbeddingRequest(_Request):
@@ -57,6 +63,11 @@ class EmbeddingRequest(_Request):
     modality: Kind = "text"
     embedding_type: Literal["float32", "int8", "uint8", "binary", "ubinary"] | None = Field(
         None, description="quantised output for this request; default: the model's --embedding-dtype"
+    )
+    embedding_types: Annotated[list[EmbeddingType], Field(min_length=1)] | None = Field(
+        None, description="several embeddings of each input at once, each item's `embedding` then an object "
+        "by type: dense types, and a bge-m3 model's 'sparse' ({indices, values}) and 'multi_vector' (a "
+        "vector per token), all from one pass of the model"
     )
     input_type: Literal["query", "document"] | None = Field(
         None, description="what the texts are for (Voyage): a multi-vector (ColBERT) model reads them as "
@@ -82,7 +93,17 @@ class EmbeddingRequest(_Request):
         for ours, voyage in VOYAGE_NAMES:
             if voyage in self.model_fields_set and ours in self.model_fields_set:
                 raise ValueError(f"send '{ours}' or Voyage's '{voyage}', not both")
+        if self.embedding_types is not None:
+            if self.kind is not None:
+                raise ValueError("send 'embedding_types' (several) or one embedding type, not both")
+            if self.encoding_format != "float":
+                raise ValueError("'embedding_types' answers each type as JSON; send encoding_format 'float'")
         return self
+
+    @property
+    def kinds(self) -> str | tuple[str, ...] | None:
+        """The types asked: several (`embedding_types`), answered by type; else one, or None."""
+        return tuple(self.embedding_types) if self.embedding_types is not None else self.kind
 
     @property
     def kind(self) -> str | None:
@@ -97,7 +118,7 @@ class EmbeddingRequest(_Request):
 
     def field_names(self) -> dict[str, str]:
         """The engine's names for this request's fields where they differ (Voyage's where sent)."""
-        names = {"embedding_types": "embedding_type"}
+        names = {} if self.embedding_types is not None else {"embedding_types": "embedding_type"}
         for ours, voyage in (("embedding_types", "output_dtype"), ("dimensions", "output_dimension"),
                              ("truncate", "truncation")):
             if voyage in self.model_fields_set:
@@ -143,6 +164,17 @@ def multi_vector_body(
     return {**envelope("list", result.model, result.prompt_tokens), "data": data}
 
 
+def by_type_body(result: EmbeddingsByType) -> dict[str, Any]:
+    """OpenAI's envelope, each item's `embedding` an object by type (`embedding_types`)."""
+    count = len(next(iter(result.by_type.values())))
+    data = [
+        {"object": "embedding", "index": i,
+         "embedding": {kind: by_type_json(values[i]) for kind, values in result.by_type.items()}}
+        for i in range(count)
+    ]
+    return {**envelope("list", result.model, result.prompt_tokens), "data": data}
+
+
 def sparse_embeddings_body(result: SparseEmbeddingResult) -> dict[str, Any]:
     """OpenAI's envelope, each embedding `{"indices": [...], "values": [...]}` (ids ascending)."""
     data = [
@@ -169,7 +201,7 @@ def embed_ask(body: EmbeddingRequest, request: Request) -> EmbedAsk:
     return EmbedAsk(
         body.inputs(), body.model, accepts=(Capability.SPARSE,) if sparse else ANY_EMBEDDING,
         dimensions=body.dims, truncate=body.truncates, modality=body.modality, use=body.input_type,
-        dtype=body.kind, openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
+        dtype=body.kinds, openai_sender=from_openai_sdk(request), packed=body.encoding_format == "base64",
         wait=False,
     )
 
@@ -180,6 +212,8 @@ def embeddings_response(result: Embeddings, encoding_format: str) -> Response:
         return json_response(sparse_embeddings_body(result))
     if isinstance(result, MultiVectorResult):
         return json_response(multi_vector_body(result, encoding_format))  # type: ignore[arg-type]
+    if isinstance(result, EmbeddingsByType):
+        return json_response(by_type_body(result))
     assert isinstance(result, EmbeddingResult)
     return json_response(embeddings_body(result, encoding_format))  # type: ignore[arg-type]
 
