@@ -104,11 +104,7 @@ class ChunkedEmbedTask(EmbedTask):
     def cost(self, call: ChunkedCall, served: Served) -> Cost:  # type: ignore[override]
         lengths = [len(document) for document in call.documents]
         estimate = length_cost(lengths, max(lengths) + 2)  # about four characters a token, uncapped
-        step = max(1, chunk_size(call, served) - call.overlap_tokens)
-        chunks = sum(-(-tokens // step) for tokens in (length // 4 + 1 for length in lengths))
-        width = call.dimensions or served.loaded.info.dimensions or 0
-        wire = PACKED_BYTES_PER_NUMBER if call.packed else JSON_BYTES_PER_NUMBER
-        return estimate.answering(chunks * width, wire, items=chunks)
+        return with_answer(estimate, call, served, chunk_count(call, served, lengths))
 
     def encode(self, call: ChunkedCall, served: Served, limits: LimitsSpec) -> list[Any]:  # type: ignore[override]
         tokenizer = served.loaded.tokenizer
@@ -128,6 +124,20 @@ class ChunkedEmbedTask(EmbedTask):
         for chunk in encodings:
             spans[chunk.document].append((chunk.start, chunk.end, chunk.own))
         return answer(dense_vectors(rows), call, served, spans, prompt_tokens(encodings))
+
+
+def chunk_count(call: ChunkedCall, served: Served, lengths: Sequence[int]) -> int:
+    """About how many chunks documents of `lengths` characters are cut into (four characters
+    a token), before they are tokenized."""
+    step = max(1, chunk_size(call, served) - call.overlap_tokens)
+    return sum(-(-tokens // step) for tokens in (length // 4 + 1 for length in lengths))
+
+
+def with_answer(work: Cost, call: ChunkedCall, served: Served, chunks: int) -> Cost:
+    """`work`, and the answer's `chunks` vectors as the caller asked them sent."""
+    width = call.dimensions or served.loaded.info.dimensions or 0
+    wire = PACKED_BYTES_PER_NUMBER if call.packed else JSON_BYTES_PER_NUMBER
+    return work.answering(chunks * width, wire, items=chunks)
 
 
 def answer(

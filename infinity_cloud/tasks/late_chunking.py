@@ -23,13 +23,20 @@ from infinity_cloud.core.results import ChunkedEmbeddingResult
 from infinity_cloud.numerics.heads import Head
 from infinity_cloud.numerics.inputs import Encoded
 from infinity_cloud.tasks.base import (
-    JSON_BYTES_PER_NUMBER,
-    PACKED_BYTES_PER_NUMBER,
     Cost,
     length_cost,
     prompt_tokens,
 )
-from infinity_cloud.tasks.chunked import ChunkedCall, ChunkedEmbedTask, answer, call_prompt, chunk_size, room
+from infinity_cloud.tasks.chunked import (
+    ChunkedCall,
+    ChunkedEmbedTask,
+    answer,
+    call_prompt,
+    chunk_count,
+    chunk_size,
+    room,
+    with_answer,
+)
 from infinity_cloud.text.chunking import Chunk, cut
 
 if TYPE_CHECKING:
@@ -113,14 +120,8 @@ class LateChunkedTask(ChunkedEmbedTask):
         width = served.loaded.info.hidden_size
         memory = estimate.memory + tokens * width * STATE_BYTES_PER_WIDTH
         states = Cost(tokens, memory, inputs=estimate.inputs)
-        if call.pieces:
-            chunks = len(call.documents)
-        else:
-            step = max(1, chunk_size(call, served) - call.overlap_tokens)
-            chunks = sum(-(-tokens // step) for tokens in (length // 4 + 1 for length in lengths))
-        dimensions = call.dimensions or served.loaded.info.dimensions or 0
-        wire = PACKED_BYTES_PER_NUMBER if call.packed else JSON_BYTES_PER_NUMBER
-        return states.answering(chunks * dimensions, wire, items=chunks)
+        chunks = len(call.documents) if call.pieces else chunk_count(call, served, lengths)
+        return with_answer(states, call, served, chunks)
 
     def encode(self, call: ChunkedCall, served: Served, limits: LimitsSpec) -> list[Any]:  # type: ignore[override]
         tokenizer, prompt = served.loaded.tokenizer, call_prompt(call, served)
