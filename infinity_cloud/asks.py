@@ -123,7 +123,8 @@ class ChunkedEmbedAsk:
     """Documents cut into chunks of at most `chunk_tokens` of the model's own tokens (None: as
     many as its window holds beside its special tokens and the prompt), consecutive chunks
     sharing `overlap_tokens`, each chunk embedded on its own; never truncated. `use` and
-    `prompt_name` choose the prompt as `EmbedAsk`'s do."""
+    `prompt_name` choose the prompt as `EmbedAsk`'s do. `late_chunking`: each chunk's tokens
+    read in the context of its whole document, then pooled."""
 
     documents: Sequence[str]
     model: str | None = None
@@ -134,6 +135,7 @@ class ChunkedEmbedAsk:
     prompt_name: str | None = None
     packed: bool = False
     any_name: bool = False
+    late_chunking: bool = False
 
 
 # Any of them: `Engine.by_model_type` answers whichever the model's task is.
