@@ -177,9 +177,16 @@ async def _answer(engine: Any, lines: list[bytes], first: int) -> list[bytes]:
 
 
 def _call(engine: Any, texts: list[str], chunks: Chunking) -> Any:
-    if chunks is None:
-        return engine.embeddings(EmbedAsk(texts))
-    chunk_tokens, overlap_tokens, late_chunking = chunks
+    return _embedded(engine, texts) if chunks is None else _chunked(engine, texts, *chunks)
+
+
+def _embedded(engine: Any, texts: list[str]) -> Any:
+    return engine.embeddings(EmbedAsk(texts))
+
+
+def _chunked(
+    engine: Any, texts: list[str], chunk_tokens: int, overlap_tokens: int, late_chunking: bool
+) -> Any:
     return engine.chunked_embeddings(ChunkedEmbedAsk(
         texts, chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, late_chunking=late_chunking))
 
