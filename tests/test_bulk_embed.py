@@ -830,3 +830,44 @@ def test_a_killed_chunked_run_resumes_and_lands_every_chunk_exactly_once(
         want.select(["row", "chunk", "start", "end", "text"]))
     vectors = [np.array(t["embedding"].to_pylist()) for t in (got, want)]
     np.testing.assert_allclose(*vectors)
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 24])
+def test_a_shards_inputs_are_batched_by_length_so_padding_is_near_zero(
+    tiny_embedder: Path, chunk_tokens: int | None
+) -> None:
+    """A shard's texts (or chunks) of mixed lengths in random order: the batches the backend
+    is handed hold inputs of nearly one length (their padded tokens within 2 % of the real
+    ones; in the order they came, 3 to 5 %), and each row's vector is still its own text's."""
+    import asyncio
+
+    from infinity_cloud.batching.worker import BatchReport
+    from infinity_cloud.bulk.job import EmbedJob, embed_shard
+    from infinity_cloud.bulk.sources import Row
+    from infinity_cloud.config import ModelSpec
+    from infinity_cloud.engine import Engine
+
+    rng = np.random.default_rng(11)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 100)))) for _ in range(600)]  # within its 128
+    rows = [Row(i, f"t{i}", text) for i, text in enumerate(texts)]
+    job = EmbedJob(files=(), out="unused", shard_rows=600, chunk_tokens=chunk_tokens)
+    reports: list[BatchReport] = []
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="torch", dtype="float32", max_batch_size=16)
+
+    async def run() -> tuple[Any, Any]:
+        async with Engine(spec, observers=[reports.append]) as engine:
+            shard = await embed_shard(engine, job, rows)
+            reports_of_shard = list(reports)
+            alone = await embed_shard(engine, job, rows[:1] + rows[300:301])  # batches of their own
+            return shard, alone, reports_of_shard
+
+    shard, alone, shard_reports = asyncio.run(run())
+    real = sum(r.real_tokens for r in shard_reports)
+    padded = sum(r.padded_tokens for r in shard_reports)
+    assert padded <= 1.02 * real, (padded, real)
+    table, pair = shard.table, alone.table
+    for first in (0, 300):  # the rows of texts 0 and 300, in the input's order
+        got = np.array(table.filter(pa.compute.equal(table["row"], first))["embedding"].to_pylist())
+        want = np.array(pair.filter(pa.compute.equal(pair["row"], first))["embedding"].to_pylist())
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert table["row"].to_pylist() == sorted(table["row"].to_pylist())
