@@ -123,8 +123,9 @@ class ChunkedEmbedAsk:
     """Documents cut into chunks of at most `chunk_tokens` of the model's own tokens (None: as
     many as its window holds beside its special tokens and the prompt), consecutive chunks
     sharing `overlap_tokens`, each chunk embedded on its own; never truncated. `use` and
-    `prompt_name` choose the prompt as `EmbedAsk`'s do. `late_chunking`: each chunk's tokens
-    read in the context of its whole document, then pooled."""
+    `prompt_name` choose the prompt as `EmbedAsk`'s do.
+
+    `late`: late chunking, each chunk pooled from the token states of its whole document."""
 
     documents: Sequence[str]
     model: str | None = None
@@ -135,7 +136,7 @@ class ChunkedEmbedAsk:
     prompt_name: str | None = None
     packed: bool = False
     any_name: bool = False
-    late_chunking: bool = False
+    late: bool = False
 
 
 # Any of them: `Engine.by_model_type` answers whichever the model's task is.

@@ -252,7 +252,7 @@ class Engine:
     async def chunked_embeddings(self, ask: ChunkedEmbedAsk) -> ChunkedEmbeddingResult:
         """Documents cut into chunks of the model's own tokens, a vector each, never truncated
         (`ChunkedEmbedAsk`); a dense text embedder's."""
-        if ask.late_chunking:  # until late chunking is served: refused by name, never ignored
+        if ask.late:  # until late chunking is served: refused by name, never ignored
             raise UnsupportedError("late chunking is not served yet: chunk without it", param="late_chunking")
         served = self._served_for(ask)
         prompt = ask.prompt_name or prompt_for_use(ask.use, served.loaded.info.prompts)

@@ -171,7 +171,7 @@ async def embed_chunks(
 
 def chunked_ask(texts: list[str], job: EmbedJob, model: str | None) -> ChunkedEmbedAsk:
     return ChunkedEmbedAsk(texts, model, chunk_tokens=job.chunk_tokens, overlap_tokens=job.overlap_tokens,
-                           prompt_name=job.prompt_name, late_chunking=job.late_chunking)
+                           prompt_name=job.prompt_name, late=job.late_chunking)
 
 
 def chunk_table(

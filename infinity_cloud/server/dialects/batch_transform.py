@@ -188,7 +188,7 @@ def _chunked(
     engine: Any, texts: list[str], chunk_tokens: int, overlap_tokens: int, late_chunking: bool
 ) -> Any:
     return engine.chunked_embeddings(ChunkedEmbedAsk(
-        texts, chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, late_chunking=late_chunking))
+        texts, chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, late=late_chunking))
 
 
 async def _answer_admitted(engine: Any, lines: list[bytes], first: int) -> list[bytes]:
