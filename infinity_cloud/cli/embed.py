@@ -115,8 +115,31 @@ class EmbedModelUse:
     )] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class EmbedChunks:
+    """Whether each text is cut into chunks of the model's own tokens, a row each."""
+
+    chunk_tokens: Annotated[int | None, typer.Option(
+        "--chunk-tokens", min=1, help="Cut each text into chunks of at most this many of the model's own "
+        "tokens (within its window), a row each: id, row, chunk, start, end, tokens, text, embedding.",
+    )] = None
+    overlap_tokens: Annotated[int, typer.Option(
+        "--overlap-tokens", min=0, help="With --chunk-tokens: tokens consecutive chunks share.")] = 0
+    late_chunking: Annotated[bool, typer.Option(
+        "--late-chunking", help="With --chunk-tokens: each chunk read in the context of its whole text, "
+        "then pooled (late chunking).")] = False
+
+    def check(self) -> None:
+        if self.chunk_tokens is None and (self.overlap_tokens or self.late_chunking):
+            raise fail(f"{'--overlap-tokens' if self.overlap_tokens else '--late-chunking'} is for chunks: "
+                       "give --chunk-tokens too")
+        if self.chunk_tokens is not None and self.overlap_tokens >= self.chunk_tokens:
+            raise fail(f"--overlap-tokens {self.overlap_tokens} must be below --chunk-tokens "
+                       f"{self.chunk_tokens}, so each chunk moves on")
+
+
 def embed_job(spec: DeploymentSpec, source: EmbedSource, output: EmbedOutput, rows: EmbedRows,
-              model_use: EmbedModelUse) -> "EmbedJob":
+              model_use: EmbedModelUse, chunks: EmbedChunks | None = None) -> "EmbedJob":
     """The bulk job the groups describe (`EmbedJob`), its vectors in the model's embedding dtype."""
     from infinity_cloud.bulk import sources
     from infinity_cloud.bulk.job import EmbedJob
@@ -127,12 +150,17 @@ def embed_job(spec: DeploymentSpec, source: EmbedSource, output: EmbedOutput, ro
     if unknown:
         raise typer.BadParameter(f"{unknown[0]!r}: an output is dense, sparse or multi_vector",
                                  param_hint="--output")
+    chunks = chunks or EmbedChunks()
+    if chunks.chunk_tokens is not None and set(outputs) - {"dense"}:
+        raise fail("--chunk-tokens writes each chunk's dense vector: drop --output sparse/multi_vector, "
+                   "or embed without chunks")
     return EmbedJob(
         files=tuple(sources.expand(source.inputs)), out=output.out, text_field=source.text_field,
         id_field=source.id_field, keep=tuple(source.keep_field or ()), shard_rows=rows.shard_rows,
         max_errors=rows.max_errors, output_dtype=None if kind in ("float", "float32") else kind,
         prompt_name=model_use.prompt_name, truncate=model_use.truncate, modality=source.modality,
-        max_error_rate=rows.max_error_rate, outputs=outputs,
+        max_error_rate=rows.max_error_rate, outputs=outputs, chunk_tokens=chunks.chunk_tokens,
+        overlap_tokens=chunks.overlap_tokens, late_chunking=chunks.late_chunking,
     )
 
 
@@ -141,7 +169,7 @@ def embed_job(spec: DeploymentSpec, source: EmbedSource, output: EmbedOutput, ro
 @with_option_groups
 def embed(
     spec: DeploymentSpec, output: EmbedOutput, run: EmbedRunner, source: EmbedSource, rows: EmbedRows,
-    model_use: EmbedModelUse,
+    model_use: EmbedModelUse, chunks: EmbedChunks,
 ) -> None:
     """Embed a corpus into a Parquet dataset: resumable (a run started again with the same
     arguments embeds only the shards not yet written), every row exactly once."""
@@ -157,9 +185,10 @@ def embed(
 
     if source.modality not in (kinds := input_kinds()):
         raise fail(f"--modality {source.modality!r}: use {', '.join(kinds.names)}")
+    chunks.check()
     runner = run.runner
     with reported_errors():
-        job = embed_job(spec, source, output, rows, model_use)
+        job = embed_job(spec, source, output, rows, model_use, chunks)
         names = registry.target_names()
         detaching = [n for n in names if registry.target_class(n).detaches_jobs]
         if run.detach and runner.replace("-", "_") not in detaching:

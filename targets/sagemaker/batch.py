@@ -21,7 +21,7 @@ from typing import Any
 
 from infinity_cloud.bulk import sources
 from infinity_cloud.bulk.dataset import Dataset, filesystem
-from infinity_cloud.bulk.job import EmbedJob, dense_column, shard_outcome, shard_table
+from infinity_cloud.bulk.job import EmbedJob, chunk_table, dense_column, shard_outcome, shard_table
 from infinity_cloud.bulk.meter import Meter
 from infinity_cloud.bulk.outcome import conclude
 from infinity_cloud.bulk.workers import plan_job
@@ -59,9 +59,14 @@ def run_batch_transform(
     if todo:
         fs, _ = filesystem(staging)
         name = f"embed-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"  # and its staging prefix
+        # A chunking job's records ask the container for their chunks (`batch_transform._chunking`).
+        chunking = {} if job.chunk_tokens is None else {
+            "chunk_tokens": job.chunk_tokens, "overlap_tokens": job.overlap_tokens,
+            "late_chunking": job.late_chunking}
         for shard in todo:  # one object a shard: its good rows' texts, one a line
             rows = sources.read_shard(shard, job.text_field, job.id_field, job.keep)
-            lines = "".join(json.dumps({"text": r.text}) + "\n" for r in rows if r.text is not None)
+            lines = "".join(json.dumps({"text": r.text, **chunking}) + "\n"
+                            for r in rows if r.text is not None)
             with fs.open_output_stream(input_key(staging, name, shard.shard).removeprefix("s3://")) as handle:
                 handle.write(lines.encode())
         client = clients(region)("sagemaker")
@@ -79,7 +84,8 @@ def run_batch_transform(
         # A failed or stopped job wrote the objects it finished: those shards are kept.
         finished = todo if failure is None else [s for s in todo if _written(fs, staging, name, s.shard)]
         answers = {shard.shard: _answers(fs, staging, name, shard.shard) for shard in finished}
-        found = (len(a["embedding"]) for lines in answers.values() for a in lines if "embedding" in a)
+        found = (len(a["embedding"]) for lines in answers.values() for answer in lines
+                 for a in answer.get("chunks", [answer]) if "embedding" in a)
         width = next(found, 0)
         with meter:
             for shard in finished:
@@ -135,15 +141,23 @@ def _collect(
         raise AwsError(f"the job answered {len(answers)} lines for the {len(good)} of shard {shard.shard}: "
                        "its output cannot be matched to the input")
     errors = [{"row": r.number, "id": r.id, "error": r.problem} for r in rows if r.text is None]
-    kept, vectors = [], []
+    answer_key = "embedding" if job.chunk_tokens is None else "chunks"
+    kept, vectors, spans = [], [], []
     for row, answer in zip(good, answers, strict=True):
-        if "embedding" in answer:
+        if answer_key in answer:
             kept.append(row)
-            vectors.append(answer["embedding"])
+            if job.chunk_tokens is None:
+                vectors.append(answer["embedding"])
+                continue
+            spans.append([(c["start"], c["end"], c["tokens"]) for c in answer["chunks"]])
+            vectors += [c["embedding"] for c in answer["chunks"]]
         else:
-            errors.append({"row": row.number, "id": row.id, "error": answer.get("error", "no embedding")})
+            errors.append({"row": row.number, "id": row.id, "error": answer.get("error", f"no {answer_key}")})
     errors.sort(key=lambda e: e["row"])
     matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), width)
-    result = shard_outcome(rows, shard_table(kept, dense_column(matrix, width), job), errors, 0)
+    column = dense_column(matrix, width)
+    chunked = job.chunk_tokens is not None
+    table = chunk_table(kept, spans, column, job) if chunked else shard_table(kept, column, job)
+    result = shard_outcome(rows, table, errors, 0)
     dataset.write_shard(shard.shard, result.table, result.errors, result.digest)
     meter.add(result.report(len(rows)))

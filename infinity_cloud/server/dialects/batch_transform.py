@@ -22,7 +22,7 @@ from starlette.responses import StreamingResponse
 from infinity_cloud.core.errors import MemoryExhaustedError, QueueFullError
 from infinity_cloud.core.per_input import setting_aside
 from infinity_cloud.core.results import SparseEmbeddingResult
-from infinity_cloud.engine.asks import EmbedAsk
+from infinity_cloud.engine.asks import ChunkedEmbedAsk, EmbedAsk
 
 MB = 2**20
 # SageMaker's own bounds (CreateTransformJob): MaxPayloadInMB at most 100, and
@@ -87,11 +87,29 @@ def records(body: bytes, size: int) -> Iterator[list[bytes]]:
         yield batch
 
 
-def _texts(lines: list[bytes], first: int) -> tuple[list[str], list[int], dict[int, bytes]]:
+# A record's fields that ask for its text cut into chunks (`ChunkedEmbedAsk`), and their types.
+CHUNK_FIELDS = {"chunk_tokens": int, "overlap_tokens": int, "late_chunking": bool}
+Chunking = tuple[int, int, bool] | None  # a record's chunk_tokens, overlap_tokens, late_chunking
+
+
+def _chunking(record: Any) -> Chunking | str:
+    """A record's chunking (None: embedded whole), or why its chunk fields are not."""
+    if not isinstance(record, dict) or "chunk_tokens" not in record:
+        return None
+    for name, kind in CHUNK_FIELDS.items():
+        value = record.get(name)
+        if value is not None and (type(value) is not kind):
+            return f"'{name}' is {value!r}, not {'an integer' if kind is int else 'true or false'}"
+    return record["chunk_tokens"], record.get("overlap_tokens") or 0, bool(record.get("late_chunking"))
+
+
+def _texts(lines: list[bytes], first: int) -> tuple[list[str], list[int], dict[int, bytes], list[Chunking]]:
     """Each line's text (`{"text": ...}`, `{"input": ...}` or a JSON string), its place in
-    `lines`, and the answer of each line that has none; lines are numbered from `first`."""
+    `lines`, its chunking, and the answer of each line that has none; lines are numbered from
+    `first`."""
     texts: list[str] = []
     where: list[int] = []
+    chunking: list[Chunking] = []
     answers: dict[int, bytes] = {}
     for i, line in enumerate(lines):
         try:
@@ -105,9 +123,14 @@ def _texts(lines: list[bytes], first: int) -> tuple[list[str], list[int], dict[i
             answers[i] = _error(f"line {first + i} has no text (a JSON string, or an object with a "
                                 "\"text\" field)")
             continue
+        chunks = _chunking(record)
+        if isinstance(chunks, str):
+            answers[i] = _error(f"line {first + i}: {chunks}")
+            continue
         texts.append(text)
         where.append(i)
-    return texts, where, answers
+        chunking.append(chunks)
+    return texts, where, answers, chunking
 
 
 def _error(reason: str) -> bytes:
@@ -125,19 +148,47 @@ def _vector(result: Any, row: int) -> Any:
 
 async def _answer(engine: Any, lines: list[bytes], first: int) -> list[bytes]:
     """One engine batch: each line's answer line, in order. A record the model refuses on its
-    own is answered with the reason, the others embedded in one `Engine.embeddings` call."""
-    texts, where, answers = _texts(lines, first)
-    result, kept, refused = await setting_aside(
-        lambda batch: engine.embeddings(EmbedAsk(batch)), texts,
-        name=lambda i: f"line {first + where[i]}",
-    )
-    for index, reason in refused.items():
-        answers[where[index]] = _error(reason)
-    if result is not None:
-        for row, index in enumerate(kept):
-            answers[where[index]] = orjson.dumps({"embedding": _vector(result, row)},
+    own is answered with the reason, the others embedded in one engine call per chunking
+    (`Engine.embeddings`, or `Engine.chunked_embeddings` for records that ask for chunks:
+    {"chunks": [{"start", "end", "tokens", "embedding"}, ...]})."""
+    texts, all_where, answers, chunking = _texts(lines, first)
+    for chunks in dict.fromkeys(chunking):
+        at = [i for i, c in enumerate(chunking) if c == chunks]
+        where = [all_where[i] for i in at]
+        result, kept, refused = await setting_aside(
+            lambda batch, chunks=chunks: _call(engine, batch, chunks), [texts[i] for i in at],
+            name=lambda i, where=where: f"line {first + where[i]}",
+        )
+        for index, reason in refused.items():
+            answers[where[index]] = _error(reason)
+        if result is None:
+            continue
+        if chunks is None:
+            for row, index in enumerate(kept):
+                answers[where[index]] = orjson.dumps({"embedding": _vector(result, row)},
+                                                     option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+            continue
+        vectors = iter(result.embeddings)
+        for spans, index in zip(result.spans, kept, strict=True):
+            chunked = [{"start": s, "end": e, "tokens": t, "embedding": next(vectors)} for s, e, t in spans]
+            answers[where[index]] = orjson.dumps({"chunks": chunked},
                                                  option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
     return [answers[i] for i in range(len(lines))]
+
+
+def _call(engine: Any, texts: list[str], chunks: Chunking) -> Any:
+    return _embedded(engine, texts) if chunks is None else _chunked(engine, texts, *chunks)
+
+
+def _embedded(engine: Any, texts: list[str]) -> Any:
+    return engine.embeddings(EmbedAsk(texts))
+
+
+def _chunked(
+    engine: Any, texts: list[str], chunk_tokens: int, overlap_tokens: int, late_chunking: bool
+) -> Any:
+    return engine.chunked_embeddings(ChunkedEmbedAsk(
+        texts, chunk_tokens=chunk_tokens, overlap_tokens=overlap_tokens, late=late_chunking))
 
 
 async def _answer_admitted(engine: Any, lines: list[bytes], first: int) -> list[bytes]:
