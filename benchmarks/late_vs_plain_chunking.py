@@ -1,8 +1,8 @@
 """Late chunking's cost against plain chunking, in process, one engine, interleaved rounds.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/late_vs_plain_chunking.py \\
-        --corpus /work/shared/data/corpus.jsonl --documents 50 --words 2000 --chunk-tokens 128 \\
-        --overlap-tokens 16 --out benchmarks/results/avx2-minilm-late-vs-plain-chunking.json
+        --corpus /work/shared/data/corpus.jsonl --documents 20 --words 2000 --chunk-tokens 128 \\
+        --overlap-tokens 16 --rounds 2 --out benchmarks/results/avx2-epyc-minilm-late-vs-plain-chunking.json
 
 The same documents (the corpus's passages joined to `--words` words each, as
 benchmarks/chunked_vs_splitter.py makes them), the same `chunk_tokens` and `overlap_tokens`, go
