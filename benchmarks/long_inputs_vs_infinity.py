@@ -2,7 +2,7 @@
 against Infinity's, same machine, same model folder, interleaved rounds, one run.
 
     HF_HUB_OFFLINE=1 DO_NOT_TRACK=1 .venv/bin/python benchmarks/long_inputs_vs_infinity.py \\
-        --corpus /work/shared/data/corpus.jsonl \\
+        --corpus /work/shared/data/corpus.jsonl --seconds 15 --rounds 2 --texts 6 \\
         --out benchmarks/results/avx2-epyc-modernbert-long-inputs-vs-infinity.json \\
         --markdown benchmarks/results/avx2-epyc-modernbert-long-inputs-vs-infinity.md
 
