@@ -157,7 +157,8 @@ def _collect(
     matrix = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), width)
     column = dense_column(matrix, width)
     chunked = job.chunk_tokens is not None
-    table = chunk_table(kept, spans, column, job) if chunked else shard_table(kept, column, job)
+    table = (chunk_table(kept, spans, column, job) if chunked
+             else shard_table(kept, {"embedding": column}, job))
     result = shard_outcome(rows, table, errors, 0)
     dataset.write_shard(shard.shard, result.table, result.errors, result.digest)
     meter.add(result.report(len(rows)))
