@@ -136,12 +136,7 @@ async def embed_shard(
     if job.modality != "text" and capability == "sparse":  # before any file is read
         raise ConfigError(f"a sparse model embeds text, not {job.modality}: drop --modality")
     if job.modality in (kinds := input_kinds()) and kinds[job.modality].fetched:  # else the value as it is
-        # Each file read off the event loop the engine batches on (a file that cannot be is a bad row).
-        found = await asyncio.to_thread(lambda: [media_url(value) for value in inputs])
-        pairs = list(zip(good, found, strict=True))
-        errors += [{"row": r.number, "id": r.id, "error": why} for r, (_, why) in pairs if why]
-        good = [r for r, (url, _) in pairs if url is not None]
-        inputs = [url for url, _ in found if url is not None]
+        good, inputs = await _fetched(good, inputs, errors)
     # The engine checks each text as it checks the server's (an empty one is refused, one of
     # spaces is a text); the reason names the row by its place in the input, not in the call.
     result, kept, refused = await setting_aside(
@@ -152,6 +147,16 @@ async def embed_shard(
     errors.sort(key=lambda e: e["row"])
     table = _table([good[i] for i in kept], result, capability, dimensions, job)
     return shard_outcome(rows, table, errors, result.prompt_tokens if result else 0)
+
+
+async def _fetched(good: list[Row], inputs: list[str], errors: list[dict[str, Any]]
+                   ) -> tuple[list[Row], list[str]]:
+    """The rows whose media file could be read, and each one's data URL; a file that cannot be
+    is a bad row (added to `errors`). Read off the event loop the engine batches on."""
+    found = await asyncio.to_thread(lambda: [media_url(value) for value in inputs])
+    pairs = list(zip(good, found, strict=True))
+    errors += [{"row": r.number, "id": r.id, "error": why} for r, (_, why) in pairs if why]
+    return [r for r, (url, _) in pairs if url is not None], [url for url, _ in found if url is not None]
 
 
 async def embed_chunks(
