@@ -170,7 +170,7 @@ async def test_all_three_over_http_in_one_pass(bge_m3: Path, flag_reference: dic
 
 async def test_several_types_refused_where_they_cannot_be_made(bge_m3: Path, tiny_embedder: Path) -> None:
     """A model of one output asked for sparse beside dense: a 400 naming the field; several
-    types with another encoding or beside one type: a 422."""
+    types with another encoding or beside one type: a 400 naming the field (each is valid alone)."""
     models = (ModelSpec(model_id=str(bge_m3), served_model_name="m3", dtype="float32"),
               ModelSpec(model_id=str(tiny_embedder), served_model_name="dense", dtype="float32"))
     async with serve_in_process(spec_of(*models)) as client:
@@ -188,7 +188,9 @@ async def test_several_types_refused_where_they_cannot_be_made(bge_m3: Path, tin
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "embedding_types"
     assert "bge-m3" in refused.json()["error"]["message"]
-    assert (base64.status_code, both.status_code) == (422, 422), (base64.text, both.text)
+    assert (base64.status_code, both.status_code) == (400, 400), (base64.text, both.text)
+    params = (base64.json()["error"]["param"], both.json()["error"]["param"])
+    assert params == ("encoding_format", "embedding_types")
     assert dense_only.status_code == 200, dense_only.text
     assert set(dense_only.json()["data"][0]["embedding"]) == {"float", "binary"}
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import serve_in_process, spec_of
 
-from infinity_cloud import ModelSpec, hardware
+from infinity_cloud import ModelSpec
 from infinity_cloud.backends import exports
+from infinity_cloud.core import hardware
 from infinity_cloud.numerics import fidelity
 
 # name -> (seed offset, classifier weight scale, classifier bias), drawn as `build_cross_encoder`

@@ -90,14 +90,18 @@ class EmbeddingRequest(_Request):
 
     @model_validator(mode="after")
     def _one_name_each(self) -> EmbeddingRequest:
+        # Each field is valid alone: a pair that contradicts itself is a client's mistake the
+        # schema cannot state, a 400 naming the field (as api.md's table has it), not a 422.
         for ours, voyage in VOYAGE_NAMES:
             if voyage in self.model_fields_set and ours in self.model_fields_set:
-                raise ValueError(f"send '{ours}' or Voyage's '{voyage}', not both")
+                raise InvalidInputError(f"send '{ours}' or Voyage's '{voyage}', not both", param=voyage)
         if self.embedding_types is not None:
             if self.kind is not None:
-                raise ValueError("send 'embedding_types' (several) or one embedding type, not both")
+                raise InvalidInputError("send 'embedding_types' (several) or one embedding type, not both",
+                                        param="embedding_types")
             if self.encoding_format != "float":
-                raise ValueError("'embedding_types' answers each type as JSON; send encoding_format 'float'")
+                raise InvalidInputError("'embedding_types' answers each type as JSON; send encoding_format "
+                                        "'float'", param="encoding_format")
         return self
 
     @property
