@@ -18,6 +18,12 @@ cosine between different texts' reference vectors, says how much), which makes t
 close to 1 whatever the precision; the centred one compares what tells texts apart. The JSON is
 rewritten after every step, so a run stopped by its time limit still leaves what it measured.
 
+`replicas`: data parallel (issue 56). Our in-process Engine (torch, --dtype) on one device and
+then on every device it sees (`--device cuda` without device ids: a replica per GPU; on a CPU,
+`--cpu-replicas N` replicas sharing the cores, which exercises the path but cannot speed it
+up), real tokens/s at 32 tasks x 32 passages (best of --throughput-rounds after a warm-up),
+each device's batches as the engine counts them, and the ratio of all to one.
+
 `summary`: one markdown page from both JSON reports (either may be missing or partial): the
 issue's goals checked one per line ("goal met" / "goal missed" / "no data", with the numbers),
 per model the fidelity and in-process tables with float16 and bfloat16 speed-ups over float32,
@@ -269,6 +275,64 @@ def fidelity(args: argparse.Namespace) -> int:
     if args.markdown:
         args.markdown.write_text(text)
     return 1 if failed else 0
+
+
+# -- replicas --------------------------------------------------------------------------------
+
+
+async def replicated_rate(
+    model: Path, spec_options: dict[str, Any], passages: list[str], rounds: int
+) -> dict[str, Any]:
+    """Tokens/s at 32 x 32 passages with the engine spread as `spec_options` say, and each
+    device's share of the batches."""
+    spec = ModelSpec(model_id=str(model), backend="torch", deadline_s=None, **spec_options)
+    async with Engine(spec) as engine:
+        await run(engine, passages[:64], 8, 2)  # warm-up
+        rates = []
+        for _ in range(rounds):
+            seconds, tokens = await run(engine, passages, 32, 32)
+            rates.append(tokens / seconds)
+        facts = engine.describe()[0]
+    devices = facts["stats"]["devices"]
+    return {"spec": {k: list(v) if isinstance(v, tuple) else v for k, v in spec_options.items()},
+            "served_dtype": facts["dtype"], "tokens_per_s": round(max(rates)),
+            "rounds_tokens_per_s": [round(r) for r in rates],
+            "batches_by_device": {d: own["batches_done"] for d, own in devices.items()}}
+
+
+def replicas(args: argparse.Namespace) -> int:
+    passages = load_texts(args.corpus, "passage")[: args.throughput_texts]
+    if args.device.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count()
+        one = {"device": "cuda:0", "dtype": args.dtype}
+        every = {"device": "cuda", "dtype": args.dtype}
+    else:
+        count = args.cpu_replicas
+        one = {"device": "cpu", "dtype": args.dtype}
+        every = {"device": "cpu", "dtype": args.dtype, "device_ids": tuple(range(count))}
+    report: dict[str, Any] = {"device": args.device, "devices_seen": count, "texts": len(passages),
+                              "environment": environment(args.device), "model": str(args.model[1])}
+    sides = [("one", one)] + ([("every", every)] if count > 1 else [])
+    if count < 2:
+        report["note"] = f"{count} device seen: the data-parallel side needs two or more"
+    for name, options in sides:
+        print(f"[replicas] {name}: {options} ...", flush=True)
+        try:
+            report[name] = asyncio.run(
+                replicated_rate(args.model[1], options, passages, args.throughput_rounds))
+        except Exception as exc:  # the other side's numbers still count
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        print(f"  {report[name]}", flush=True)
+    if "tokens_per_s" in report.get("every", {}) and "tokens_per_s" in report["one"]:
+        report["every_vs_one"] = round(report["every"]["tokens_per_s"] / report["one"]["tokens_per_s"], 2)
+    text = json.dumps(report, indent=2) + "\n"
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text)
+    return 0 if all("error" not in report[name] for name, _ in sides) else 1
 
 
 def models_of(report: dict[str, Any]) -> dict[str, Any]:
@@ -588,6 +652,16 @@ def main() -> None:
                    "ours are compared with)")
     f.add_argument("--out", type=Path, default=None)
     f.add_argument("--markdown", type=Path, default=None)
+    r = sub.add_parser("replicas", help="data parallel: one device against every device, in process")
+    r.add_argument("--model", type=parse_model, required=True, help="NAME=PATH (or PATH)")
+    add_corpus_argument(r)
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--dtype", default="auto")
+    r.add_argument("--cpu-replicas", type=int, default=2,
+                   help="with --device cpu: replicas sharing the cores")
+    r.add_argument("--throughput-texts", type=int, default=1024)
+    r.add_argument("--throughput-rounds", type=int, default=2)
+    r.add_argument("--out", type=Path, default=None)
     s = sub.add_parser("summary", help="one markdown page from the fidelity and vs_infinity reports")
     s.add_argument("--fidelity", type=Path, default=None)
     s.add_argument("--http", type=Path, default=None)
@@ -604,7 +678,7 @@ def main() -> None:
             args.dtypes.insert(0, "float32")
         if args.st_devices is None:
             args.st_devices = [args.device]
-    sys.exit(fidelity(args) if args.command == "fidelity" else summary(args))
+    sys.exit({"fidelity": fidelity, "replicas": replicas, "summary": summary}[args.command](args))
 
 
 if __name__ == "__main__":

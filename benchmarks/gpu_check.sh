@@ -16,8 +16,11 @@
 #      HTTP sides would need ten server start-ups and twice the cells: more than the budget holds, and the
 #      issue's goals are for the large model;
 #   4. summary.md: the goals, one line each ("goal met" / "goal missed" / "no data"), and the tables.
-# $OUT gets 7 files (the device tool returns 8 at most): summary.md, fidelity.json, vs_infinity.json,
-# vs_infinity.md, gpu_check.log, phases.txt (seconds since start at each phase), server_logs.tar.gz.
+#   5. data parallel (benchmarks/gpu_check.py replicas) on the HTTP model, on a machine with several GPUs
+#      (135 s kept for it): in process, one GPU against a replica on every GPU (one GPU: skipped, said so).
+# $OUT gets 8 files (the device tool returns 8 at most): summary.md, fidelity.json, vs_infinity.json,
+# vs_infinity.md, replicas.json, gpu_check.log, phases.txt (seconds since start at each phase),
+# server_logs.tar.gz.
 #
 # Needs, carried beside the working tree (built by benchmarks/gpu_check_prepare.sh on a networked
 # machine): .whl (cp312 wheels: fastapi, pydantic, uvicorn, orjson, ..., installed into /tmp/site) and
@@ -146,7 +149,11 @@ main() {
         --throughput-texts "$THROUGHPUT_TEXTS" --out "$OUT/fidelity.json" --markdown "$WORK/fidelity.md"
     echo "fidelity exit code $?"
 
-    t=$(cap 600 15)
+    # Several GPUs: time is kept for the data-parallel phase after HTTP; one GPU has nothing to spread over.
+    local gpus=1
+    command -v nvidia-smi >/dev/null && gpus=$(nvidia-smi -L | grep -c '^GPU')
+    [[ $DEVICE == cpu ]] && gpus=2
+    t=$(cap 600 $((gpus > 1 ? 135 : 15)))
     stamp "HTTP on $HTTP_MODEL: ours vs Infinity (timeout $t s)"
     mkdir -p "$WORK/tmp"
     local ours_flags="--backend torch --device $DEVICE --deadline-s 86400"  # nothing shed, as Infinity
@@ -162,6 +169,16 @@ main() {
         --startup-timeout "$STARTUP_TIMEOUT" --time-budget $((t - 45)) --reference-device "$DEVICE" \
         --no-roofline --no-in-process --keep-logs --out "$OUT/vs_infinity.json" --markdown "$OUT/vs_infinity.md"
     echo "vs_infinity exit code $?"
+
+    if ((gpus > 1)); then
+        t=$(cap 240 0)
+        stamp "data parallel on $HTTP_MODEL: one device against all $gpus (timeout $t s)"
+        timeout -k 10 "$t" "$PY" benchmarks/gpu_check.py replicas --model "$MODELS/$HTTP_MODEL" \
+            --corpus "$CORPUS" --device "$DEVICE" --throughput-texts "$THROUGHPUT_TEXTS" --out "$OUT/replicas.json"
+        echo "replicas exit code $?"
+    else
+        echo "{\"note\": \"one GPU: no data-parallel side to measure\"}" >"$OUT/replicas.json"
+    fi
     tar -czf "$OUT/server_logs.tar.gz" -C "$WORK" tmp 2>/dev/null
 }
 

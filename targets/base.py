@@ -36,7 +36,7 @@ CLIENT_KEY_ENV = "INFINITY_CLOUD_ENDPOINT_KEY"
 # several separated by spaces. Not the CLI's INFINITY_CLOUD_API_KEY, which a deploying
 # shell may hold for itself.
 ENDPOINT_KEYS_ENV = "INFINITY_CLOUD_ENDPOINT_KEYS"
-# Set in a GPU image (to "cuda"): it stops at start when it finds no usable GPU (targets.gpu).
+# Set in a GPU image (to "cuda"): it stops at start when it finds no usable GPU (backends/cuda_check.py).
 IMAGE_DEVICE_ENV = "INFINITY_CLOUD_IMAGE_DEVICE"
 # How much of an answer that is not JSON an error shows.
 ANSWER_SHOWN = 300

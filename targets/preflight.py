@@ -73,6 +73,12 @@ def device_problems(model: ModelSpec) -> list[str]:
     if kind == "cuda" and not has_nvidia_gpu():
         return [f"model {model.name}: --device {model.device}, but this machine shows no NVIDIA GPU "
                 "(no /dev/nvidia0 or nvidia-smi): use --device cpu, or auto"]
+    if kind == "cuda" and model.backend in ("auto", "torch"):  # a driver, but can torch use it?
+        from infinity_cloud.backends.cuda_check import cuda_facts, cuda_problem
+
+        if problem := cuda_problem(cuda_facts()):
+            return [f"model {model.name}: --device {model.device}, but {problem}; refusing to serve on the "
+                    "CPU"]
     if kind == "neuron" and not has_neuron_device():
         return [f"model {model.name}: --device neuron, but this machine has no Neuron device: "
                 "use --device cpu"]

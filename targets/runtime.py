@@ -43,7 +43,7 @@ def check_image_device() -> None:
     """A GPU image stops here, saying why, when it has no usable GPU: `device auto` would
     otherwise load its models on the CPU and serve, many times slower, with nothing said."""
     if os.environ.get(IMAGE_DEVICE_ENV) == "cuda":
-        from infinity_cloud.targets.gpu import require_usable_gpu
+        from infinity_cloud.backends.cuda_check import require_usable_gpu
 
         require_usable_gpu()
 

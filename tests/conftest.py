@@ -129,6 +129,18 @@ def tiny_classifier(build_model: Callable[..., Path]) -> Path:
     return build_model("bert_classifier")
 
 
+@pytest.fixture(scope="session")
+def rare_id(tiny_embedder: Path) -> int:
+    """A token id of the tiny embedder's that no good request in the tests holds: a batch
+    holding it can be made to fail (the fake backend's `exit_token_id`)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json"))
+    rare = tokenizer.get_vocab_size() - 1
+    assert all(rare not in tokenizer.encode(text).ids for text in ("fine", "q", "a", "b"))
+    return rare
+
+
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 
 

@@ -208,7 +208,7 @@ async def test_cancelled_request_inputs_never_reach_the_backend(tiny_embedder: P
     engine = Engine(fault_spec(tiny_embedder, backend=FAKE, max_batch_size=1))
     async with serve_in_process(engine) as client:
         loaded = engine.models["tiny"].loaded
-        forward, queue = loaded.backend.forward, loaded.worker.queue
+        forward, queue = loaded.backend.forward, loaded.replicas()[0].queue
         gate, entered = threading.Event(), threading.Event()
         rows: list[int] = []
 

@@ -303,11 +303,14 @@ async def test_metrics_per_model_series(client):
     assert after[("infinity_cloud_queue_depth", frozenset({("model", "emb")}))] == 0
     # The autoscalers' metric (targets/kubernetes).
     assert after[("infinity_cloud_queued_tokens", frozenset({("model", "emb")}))] == 0
+    on_cpu = frozenset({("model", "emb"), ("device", "cpu")})  # its one replica's, by device
+    assert after[("infinity_cloud_device_queued_tokens", on_cpu)] == 0
+    assert after[("infinity_cloud_device_up", on_cpu)] == 1
     assert after[("infinity_cloud_memory_held_bytes", frozenset())] == 0  # nothing in progress
     assert after[("infinity_cloud_memory_budget_bytes", frozenset())] > 0
     assert after[("process_resident_memory_bytes", frozenset())] > 0
     for histogram in ("batch_size", "batch_tokens", "queue_wait_seconds", "inference_seconds"):
-        assert delta(f"infinity_cloud_{histogram}_count", model="emb") >= 1
+        assert delta(f"infinity_cloud_{histogram}_count", model="emb", device="cpu") >= 1  # each replica's
     assert delta("infinity_cloud_request_seconds_count", model="emb", route="/embeddings") == 1
     assert any(
         name == "infinity_cloud_batch_size_bucket" and ("model", "emb") in labels for name, labels in after

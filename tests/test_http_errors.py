@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 from conftest import fake, serve_in_process, spec_of, unwaited, wait_healthy, wait_until
-from tokenizers import Tokenizer
 
 from infinity_cloud.admission.memory import MB, MemoryBudget
 from infinity_cloud.core.config import ModelSpec
@@ -331,15 +330,6 @@ async def test_a_batch_out_of_device_memory_is_a_503_to_retry_and_the_worker_sur
         await assert_still_serving(c)
 
 
-@pytest.fixture(scope="module")
-def rare_id(tiny_embedder) -> int:
-    """A token id no good request here holds: a batch holding it can be made to fail."""
-    tokenizer = Tokenizer.from_file(str(tiny_embedder / "tokenizer.json"))
-    rare = tokenizer.get_vocab_size() - 1
-    assert all(rare not in tokenizer.encode(text).ids for text in ("fine", "q", "a", "b"))
-    return rare
-
-
 # -- 401 ---------------------------------------------------------------------------------
 
 
@@ -540,7 +530,7 @@ async def test_shutting_down_is_503(tiny_embedder, monkeypatch):
         running = asyncio.ensure_future(c.post("/embeddings", json={"input": ["slow"]}))
         await wait_until(entered.is_set)  # the worker is in that batch's forward pass
         stopping = asyncio.ensure_future(asyncio.to_thread(engine.models["emb"].stop))
-        await wait_until(lambda: loaded.worker.queue.closed)  # stop() closed the queue, and waits
+        await wait_until(lambda: loaded.replicas()[0].queue.closed)  # stop() closed the queue, and waits
         response = await c.post("/embeddings", json={"input": ["late"]})
         release.set()
         await asyncio.gather(running, stopping, return_exceptions=True)

@@ -156,7 +156,7 @@ async def test_the_token_states_tower_is_built_on_the_first_late_call_not_at_loa
         assert list(served.loaded.lazy) == ["text:token_states"] and served.healthy
         assert served.towers == ("text",), "not a modality of the model"
         tower = served.loaded.lazy["text:token_states"]
-        kept = served._bytes_per_batch_token() * tower.queue.batch_tokens
+        kept = served._bytes_per_batch_token() * tower.replicas[0].queue.batch_tokens
         assert engine.fleet.memory._aside - aside == kept > 0, \
             "its full batches' working set is kept in the memory budget, as the model's own towers' are"
 

@@ -25,10 +25,10 @@ import yaml
 from conftest import FAKE, ROOT, free_port, serve_in_process, spec_of
 from typer.testing import CliRunner
 
+from infinity_cloud.backends.cuda_check import CudaFacts, cuda_problem
 from infinity_cloud.cli import app as cli
 from infinity_cloud.core.config import ModelSpec, load_spec
 from infinity_cloud.targets.base import IMAGE_DEVICE_ENV
-from infinity_cloud.targets.gpu import CudaFacts, cuda_problem
 from infinity_cloud.targets.sagemaker.serve import with_model_data
 from infinity_cloud.targets.sagemaker.spec import REALTIME_PAYLOAD_BYTES, SERVERLESS_PAYLOAD_BYTES
 

@@ -98,6 +98,12 @@ class Backend(ABC):
         """The device `spec` runs on, as specific as a measurement on it needs (a GPU's model)."""
         return spec.device
 
+    @classmethod
+    def visible_devices(cls, kind: str) -> int:
+        """Devices of `kind` (cuda) this backend can run on in this process: what a model is
+        replicated onto by default (`models.replicas`)."""
+        return 1
+
     def fuse(self, head: Head) -> bool:
         """Run `head` inside the graph from now on, if this backend can (`forward` then returns
         the head's rows): on a GPU only what the answer needs is copied to the host."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from infinity_cloud.backends.base import Backend
 from infinity_cloud.core.errors import BackendUnavailableError, ConfigError
-from infinity_cloud.core.hardware import has_neuron_device, has_nvidia_gpu
+from infinity_cloud.core.hardware import has_neuron_device
 from infinity_cloud.core.install_hint import install_command
 
 DEFAULT_BATCH_SIZE = 64
@@ -168,7 +168,9 @@ def installed(name: str) -> bool:
 def auto_backends(device: str) -> list[str]:
     """What `backend auto` tries on this machine, fastest first, among those installed."""
     if device == "auto":
-        device = "neuron" if has_neuron_device() else "cuda" if has_nvidia_gpu() else "cpu"
+        from infinity_cloud.backends.cuda_check import usable_gpu
+
+        device = "neuron" if has_neuron_device() else "cuda" if usable_gpu() else "cpu"
     found = [name for name in auto_order(device) if installed(name)]
     if not found:
         raise BackendUnavailableError(

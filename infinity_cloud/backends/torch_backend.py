@@ -130,6 +130,10 @@ class TorchBackend(Backend):
         return ("float32", *native_reduced_dtypes(resolve_device(spec.device)))
 
     @classmethod
+    def visible_devices(cls, kind: str) -> int:
+        return torch.cuda.device_count() if kind == "cuda" else 1
+
+    @classmethod
     def device_name(cls, spec: ModelSpec) -> str:
         device = resolve_device(spec.device)
         return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

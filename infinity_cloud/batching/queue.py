@@ -130,6 +130,11 @@ class BatchQueue:
         return self._tokens
 
     @property
+    def backlog(self) -> float:
+        """The work waiting and admitted to come (`work`): how loaded this queue's replica is."""
+        return self._work + self._pending_tokens
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -40,6 +40,7 @@ class BatchReport:
     started_at: float = 0.0  # the forward pass's start
     ran_s: float = 0.0  # the forward pass alone
     origins: tuple[Any, ...] = ()  # each input's ORIGIN, as queue_wait_s
+    device: str = ""  # the replica's device (`models.replicas`): cpu, cuda:1
 
 
 Observer = Callable[[BatchReport], None]
@@ -58,8 +59,10 @@ class BatchWorker:
         run: RunBatch,
         finish: FinishBatch,
         observers: Sequence[Observer] = (),
+        device: str = "",
     ) -> None:
         self.name = name
+        self.device = device  # its replica's (`models.replicas`)
         self.queue = batch_queue
         self._run = run
         self._finish = finish
@@ -76,6 +79,10 @@ class BatchWorker:
         self.batches_failed = 0
         self._last_finish = 0.0
         self.inputs_done = 0
+        # Work taken from the queue, and of it answered (each written by one thread only):
+        # a replica running a batch is not idle (`running_work`).
+        self._taken_work = 0.0
+        self._answered_work = 0.0
         self.death: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -83,6 +90,11 @@ class BatchWorker:
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    @property
+    def running_work(self) -> float:
+        """Work (`BatchQueue.work`) taken for batches and not yet answered."""
+        return max(0.0, self._taken_work - self._answered_work)
 
     @property
     def alive(self) -> bool:
@@ -160,27 +172,31 @@ class BatchWorker:
                 self._handoff.put(_STOP)
                 return
             started = time.perf_counter()
+            work = self._work(items)
+            self._taken_work += work
             try:
                 output = self._run([item.payload for item in items])
             except Exception as exc:
                 log.exception("model %s: a batch of %d inputs failed", self.name, len(items))
+                self._taken_work -= work
                 self._report(items, started, failed=True)
                 self._fail(items, _batch_error(exc, "inference"))
                 continue
             except BaseException as exc:  # kills this thread (see _guard)
                 self._die(exc, items)
                 raise
-            self._handoff.put((items, output, started, time.perf_counter() - started))
+            self._handoff.put((items, output, started, time.perf_counter() - started, work))
 
     def _finish_loop(self) -> None:
         while True:
             job = self._handoff.get()
             if job is _STOP:
                 return
-            items, output, started, ran_s = job
+            items, output, started, ran_s, work = job
             try:
                 results = self._finish(output, [item.payload for item in items])
             except Exception as exc:
+                self._answered_work += work
                 log.exception("model %s: postprocessing a batch failed", self.name)
                 self._report(items, started, failed=True, ran_s=ran_s)
                 self._fail(items, _batch_error(exc, "inference or postprocessing"))
@@ -188,9 +204,13 @@ class BatchWorker:
             except BaseException as exc:
                 self._die(exc, items)
                 raise
+            self._answered_work += work
             self._report(items, started, failed=False, ran_s=ran_s)
             self._observe_throughput(items, started)
             _on_loops(items, _resolve, results)
+
+    def _work(self, items: Batch) -> float:
+        return sum(self.queue.work(item.length) for item in items)
 
     def _observe_throughput(self, items: Batch, started: float) -> None:
         """Tell the queue how fast the model clears tokens under load: per saturated batch, the
@@ -198,8 +218,7 @@ class BatchWorker:
         when busy)."""
         now = time.perf_counter()
         if items.saturated:
-            work = sum(self.queue.work(item.length) for item in items)
-            self.queue.observe(round(work), now - max(started, self._last_finish))
+            self.queue.observe(round(self._work(items)), now - max(started, self._last_finish))
         self._last_finish = now
 
     def _report(
@@ -225,6 +244,7 @@ class BatchWorker:
             started_at=started,
             ran_s=elapsed if ran_s is None else ran_s,
             origins=tuple(item.origin for item in items),
+            device=self.device,
         )
         for observer in self._observers:
             try:

@@ -66,6 +66,12 @@ class ModelSpec(_Frozen):
         "auto", description="auto (the fastest installed), openvino, onnx, torch, ctranslate2 or neuron."
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or neuron.")
+    device_ids: tuple[int, ...] | None = Field(
+        None, description="Data parallel: a replica of the model (its own backend, queue and batch worker) "
+        "on each of these devices, each request sent to the one with the least queued work. With cuda (or "
+        "auto on a GPU machine): GPU indices, default every visible GPU; with cpu: that many replicas "
+        "sharing the cores (default one). Not with cuda:N or neuron.",
+    )
     dtype: Dtype = Field(
         "auto", description="auto, fastest, float32, float16, bfloat16 or int8 (auto: bfloat16 on a CPU with "
         "AMX or AVX512-BF16 where it agrees with float32; fastest: each precision the backend has, int8 "
@@ -210,7 +216,23 @@ class ModelSpec(_Frozen):
                              "serves one precision: drop min_agreement, or use dtype fastest")
         return self
 
-    @field_validator("length_buckets", "batch_buckets", mode="before")
+    @model_validator(mode="after")
+    def _replicable_device(self) -> ModelSpec:
+        if self.device_ids is not None and re.fullmatch(r"neuron|mps|(cuda|xpu):\d+", self.device):
+            whole = self.device.split(":")[0]
+            raise ValueError(f"device_ids picks the devices to replicate on; device {self.device} names one "
+                             f"device: use device {whole if whole != self.device else 'cuda or cpu'} with "
+                             "device_ids, or drop device_ids")
+        return self
+
+    @field_validator("device_ids")
+    @classmethod
+    def _distinct_ids(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or min(value) < 0 or len(set(value)) < len(value)):
+            raise ValueError("device_ids are distinct device indices, 0 or more, at least one")
+        return value
+
+    @field_validator("length_buckets", "batch_buckets", "device_ids", mode="before")
     @classmethod
     def _parse_buckets(cls, value: Any) -> Any:
         """Accept "128,256,512" (a flag or env value) as well as a list."""

@@ -68,7 +68,9 @@ class Pipeline:
         tower = task.tower(call)
         # Admitted (or shed with a 429, or a 413 past the memory budget) before any work:
         # fetching and tokenizing count as waiting.
-        queue, cost = served.queue(tower), task.cost(call, served)
+        # The replica it runs on is chosen now, the least loaded (`models.replicas`), and admits it.
+        replica, cost = served.replica(tower), task.cost(call, served)
+        queue = replica.queue
         check_answer_size(cost.answer_bytes, self.limits)
         # Held until the answer is made; one hold for the request, so a refusal judges all of it.
         with self.memory.growing() as hold:
@@ -92,11 +94,11 @@ class Pipeline:
             if self.cache.enabled and task.cached:  # only the misses go to the model
                 rows, ran = await self.cache.rows(
                     served.cache_namespace(tower), items,
-                    lambda misses: served.run(misses, tower, background),
+                    lambda misses: served.run(misses, tower, background, replica),
                     offload=self.in_tokenizer_pool,
                 )
             else:
-                rows, ran = await served.run(items, tower, background), len(items)
+                rows, ran = await served.run(items, tower, background, replica), len(items)
             if predicted is not None and ran == len(items):  # a prediction of the whole request's work
                 queue.calibrate(predicted, time.perf_counter() - queued_at)
             return task.finish(rows, call, served, items)

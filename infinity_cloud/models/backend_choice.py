@@ -10,7 +10,8 @@ import numpy as np
 
 from infinity_cloud.backends import Backend, backend_class, exports
 from infinity_cloud.backends.base import Calibration
-from infinity_cloud.backends.registry import auto_backends
+from infinity_cloud.backends.cuda_check import require_usable_gpu
+from infinity_cloud.backends.registry import auto_backends, device_kind
 from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.errors import (
     BackendUnavailableError,
@@ -34,7 +35,10 @@ def open_backend(
     """The backend `spec` asks for to run `graph`; for `auto`, the first installed one that
     loads it. `probes` (fixed inputs) and `head` measure a reduced precision against float32,
     as the task's `check` says (`numerics.fidelity`); `calibration` makes the inputs a
-    precision built by measuring (int8) is built with."""
+    precision built by measuring (int8) is built with. A model asked onto a GPU torch cannot
+    use refuses to load, saying why, rather than serve on the CPU."""
+    if device_kind(spec.device) == "cuda" and spec.backend in ("auto", "torch"):
+        require_usable_gpu(asked=f"model {spec.name} asks for device {spec.device}")
     if spec.backend != "auto":
         return _verified(backend_class(spec.backend), info, spec, graph, probes, head, calibration, check)
     failures: list[tuple[str, Exception]] = []

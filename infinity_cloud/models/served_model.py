@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinity_cloud.backends import Backend, exports
-from infinity_cloud.batching import BatchQueue, BatchWorker
+from infinity_cloud.batching import BatchQueue
 from infinity_cloud.batching.worker import Observer
 from infinity_cloud.cache.integrity import RowForm
 from infinity_cloud.cache.model_identity import ModelIdentity
@@ -27,7 +27,7 @@ from infinity_cloud.core.results import ModelFacts
 from infinity_cloud.families import read_model_info
 from infinity_cloud.models.model_source import resolve_model_dir
 from infinity_cloud.models.token_states import build_token_states
-from infinity_cloud.models.tower_builder import Tower, TowerBuilder
+from infinity_cloud.models.tower_builder import Replica, Tower, TowerBuilder
 from infinity_cloud.numerics.inputs import InputEncoder
 from infinity_cloud.numerics.pooling import supported_activation
 from infinity_cloud.tasks.late_chunking import TOKEN_STATES_TOWER
@@ -65,9 +65,10 @@ class _Loaded:
     def backend(self) -> Backend:
         return next(iter(self.towers.values())).backend
 
-    @property
-    def worker(self) -> BatchWorker:
-        return next(iter(self.towers.values())).worker
+    def replicas(self, every: bool = False) -> list[Replica]:
+        """Each tower's replicas (`every`: the lazily built towers' too)."""
+        towers = self.every_tower() if every else self.towers.values()
+        return [replica for tower in towers for replica in tower.replicas]
 
 
 class ServedModel:
@@ -148,8 +149,7 @@ class ServedModel:
                 towers[name] = builder.build(name, graph, encoders[name])
         except BaseException:
             for tower in towers.values():
-                tower.worker.stop()
-                tower.backend.close()
+                tower.stop()
             raise
         return _Loaded(info, tokenizer, towers, normalize, encoders, model_fingerprint(path), builder=builder)
 
@@ -162,7 +162,7 @@ class ServedModel:
         if self._loaded is None:
             return 0
         per_token = self._bytes_per_batch_token()
-        return sum(per_token * tower.queue.batch_tokens for tower in self._loaded.every_tower())
+        return sum(per_token * replica.queue.batch_tokens for replica in self._loaded.replicas(every=True))
 
     def _bytes_per_batch_token(self) -> int:
         assert self._loaded is not None
@@ -176,11 +176,11 @@ class ServedModel:
         Lambda function has."""
         if self._loaded is None or self.working_set_bytes <= room:
             return
-        towers = self._loaded.towers.values()
-        tokens = max(64, room // len(towers) // self._bytes_per_batch_token())
-        before = next(iter(towers)).queue.batch_tokens
-        for tower in towers:
-            tower.queue.batch_tokens = min(tower.queue.batch_tokens, tokens)
+        queues = [replica.queue for replica in self._loaded.replicas()]  # each runs its batches at once
+        tokens = max(64, room // len(queues) // self._bytes_per_batch_token())
+        before = queues[0].batch_tokens
+        for queue in queues:
+            queue.batch_tokens = min(queue.batch_tokens, tokens)
         log.warning(
             "model %s: batches cut to %d tokens (from %d) so their working set fits the memory budget; "
             "a longer input still runs alone, and may not fit: lower --max-length or raise "
@@ -190,8 +190,8 @@ class ServedModel:
     def settle(self) -> None:
         """Wait for what the backends still build in the background (`Backend.settle`)."""
         if self._loaded is not None:
-            for tower in self._loaded.towers.values():
-                tower.backend.settle()
+            for replica in self._loaded.replicas():
+                replica.backend.settle()
 
     def stop(self) -> None:
         """Stop its workers and close its backends, once (an unload and the engine's close may
@@ -199,8 +199,7 @@ class ServedModel:
         if self._loaded is not None and not self._stopped:
             self._stopped = True
             for tower in self._loaded.every_tower():
-                tower.worker.stop()
-                tower.backend.close()
+                tower.stop()
         if self.state != "failed":  # a failure's reason stays what it says
             self.state = "stopped"
 
@@ -230,11 +229,12 @@ class ServedModel:
         # Draining: the calls admitted before it began still finish.
         if self._loaded is None or self.state not in ("ready", "draining"):
             raise self._not_ready()
-        dead = next((t.worker for t in self._loaded.every_tower() if not t.worker.alive), None)
+        # A tower serves while one of its replicas lives: a dead one took only its own requests.
+        dead = next((t for t in self._loaded.every_tower() if not t.serving), None)
         if dead is not None:
             if self.state == "draining":  # its workers stop as it is unloaded
                 raise self._not_ready()
-            reason = dead.death or "its worker stopped"
+            reason = "; ".join(r.worker.death or "its worker stopped" for r in dead.replicas)
             raise ModelNotReadyError(f"model {self.name!r} is not serving: {reason}")
         return self._loaded
 
@@ -288,8 +288,17 @@ class ServedModel:
         """The namespaces its rows were cached under so far (to forget them when unloaded)."""
         return [] if self._loaded is None else list(self._loaded.namespaces.values())
 
+    def replica(self, tower: TowerName = "text") -> Replica:
+        """Where a call on `tower` goes now: its live replica with the least work queued, coming
+        and running (`models.replicas`)."""
+        replica = self.loaded.tower(tower).least_loaded()
+        if replica is None:  # its last replica died since `loaded` looked
+            raise ModelNotReadyError(f"model {self.name!r} is not serving: every replica of it stopped")
+        return replica
+
     def queue(self, tower: TowerName = "text") -> BatchQueue:
-        return self.loaded.tower(tower).queue
+        """The queue a call on `tower` would join now (`replica`)."""
+        return self.replica(tower).queue
 
     def build_token_states(self) -> int:
         """Blocking: build the token-states tower (`models.token_states`), once, on the first
@@ -303,27 +312,32 @@ class ServedModel:
             started = time.perf_counter()
             tower = build_token_states(loaded.builder, loaded.info, loaded.encoders["text"], self.name)
             if self._stopped:  # unloaded while it was built
-                tower.worker.stop()
-                tower.backend.close()
+                tower.stop()
                 raise self._not_ready()
             # Batches no larger than the text tower's, which the memory room may have cut at load.
-            tower.queue.batch_tokens = min(tower.queue.batch_tokens, loaded.towers["text"].queue.batch_tokens)
+            text_tokens = loaded.towers["text"].replicas[0].queue.batch_tokens
+            for replica in tower.replicas:
+                replica.queue.batch_tokens = min(replica.queue.batch_tokens, text_tokens)
             loaded.lazy[TOKEN_STATES_TOWER] = tower
         log.info("model %s: its token-states tower built on first use (late chunking) in %.1fs", self.name,
                  time.perf_counter() - started)
-        return self._bytes_per_batch_token() * tower.queue.batch_tokens
+        return self._bytes_per_batch_token() * sum(r.queue.batch_tokens for r in tower.replicas)
 
-    async def run(self, items: list[Any], tower: TowerName = "text", urgent: bool = False) -> list[Any]:
-        """Each item through the tower's batch worker; its batch cost is its length (tokens).
+    async def run(
+        self, items: list[Any], tower: TowerName = "text", urgent: bool = False,
+        replica: Replica | None = None,
+    ) -> list[Any]:
+        """Each item through a batch worker of the tower (`replica`'s, the one the call was
+        admitted on; else the least loaded now); its batch cost is its length (tokens).
         `urgent`: before every other request queued (the engine's own background work)."""
-        worker = self.loaded.tower(tower).worker
+        worker = (replica or self.replica(tower)).worker
         return await worker.submit(items, [len(item) for item in items], urgent)
 
     @property
     def healthy(self) -> bool:
         return (
             self.state == "ready" and self._loaded is not None
-            and all(t.worker.alive for t in self._loaded.every_tower())
+            and all(t.serving for t in self._loaded.every_tower())
         )
 
     @property
@@ -352,7 +366,8 @@ class ServedModel:
         facts = self.facts
         if self._loaded is None or facts is None:
             return out
-        workers = [t.worker for t in self._loaded.towers.values()]
+        replicas = self._loaded.replicas()
+        workers = [r.worker for r in replicas]
         backend = self._loaded.backend
         out.update(
             backend=facts.backend,  # `auto` resolved
@@ -382,12 +397,33 @@ class ServedModel:
                 "inputs_done": sum(w.inputs_done for w in workers),
                 "worker_alive": all(w.alive for w in workers),
                 "load_seconds": round(self.load_seconds or 0.0, 3),
+                # Each replica's own (`models.replicas`): /metrics labels them by device.
+                "devices": _by_device(replicas),
             },
         )
         deaths = [w.death for w in workers if w.death]
-        if deaths:
-            out["error"] = "; ".join(deaths)
+        if deaths:  # a model serving on its other replicas is degraded, not failed: said, per device
+            key = "error" if any(not t.serving for t in self._loaded.towers.values()) else "degraded"
+            out[key] = "; ".join(deaths)
         return out
+
+
+def _by_device(replicas: list[Replica]) -> dict[str, dict[str, Any]]:
+    """Each device's replicas' queue and worker, summed over the towers on it."""
+    devices: dict[str, dict[str, Any]] = {}
+    for replica in replicas:
+        worker, queue = replica.worker, replica.queue
+        entry = devices.setdefault(replica.device, {
+            "queue_depth": 0, "queued_tokens": 0, "batches_done": 0, "batches_failed": 0, "alive": True,
+        })
+        entry["queue_depth"] += queue.depth
+        entry["queued_tokens"] += queue.queued_tokens
+        entry["batches_done"] += worker.batches_done
+        entry["batches_failed"] += worker.batches_failed
+        entry["alive"] = entry["alive"] and worker.alive
+        if worker.death:
+            entry["error"] = worker.death
+    return devices
 
 
 def prepare_model(spec: ModelSpec, *, build_exports: bool = True) -> str:

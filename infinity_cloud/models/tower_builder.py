@@ -6,6 +6,7 @@ and the batch worker that runs it all. `ServedModel` asks for each of its towers
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from infinity_cloud.batching.worker import Observer
 from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.core.family import Tower as TowerName
+from infinity_cloud.models import replicas
 from infinity_cloud.models.backend_choice import open_backend
 from infinity_cloud.models.batch_budget import (
     attention_crossover,
@@ -37,17 +39,52 @@ from infinity_cloud.tasks.registry import task_for
 from infinity_cloud.text.input_encoder import TextInputEncoder
 from infinity_cloud.text.tokenization import TextTokenizer
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
-class Tower:
-    """One graph of a model with what feeds it: a text model has one tower, CLIP two (text
-    and image), each with its own backend, queue and batch worker."""
+class Replica:
+    """A tower's copy on one device (`models.replicas`): its own backend, queue and batch
+    worker."""
 
     backend: Backend
     queue: BatchQueue
     worker: BatchWorker
+    device: str  # cpu:0, cuda:1: what /metrics and /models label it by
+
+    @property
+    def load(self) -> float:
+        """The work queued, coming and running on it: what a request is routed by."""
+        return self.queue.backlog + self.worker.running_work
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One graph of a model with what feeds it: a text model has one tower, CLIP two (text
+    and image), each with a replica (backend, queue and batch worker) per device it runs on."""
+
+    replicas: tuple[Replica, ...]
     # A row the model answered at warm-up and its input: the form its cached rows must have.
     sample: tuple[Any, Any] | None = None
+
+    @property
+    def backend(self) -> Backend:
+        """What it runs: every replica runs the same backend in the same precision."""
+        return self.replicas[0].backend
+
+    @property
+    def serving(self) -> list[Replica]:
+        """Its replicas whose workers are alive: a dead one takes only its own requests with it."""
+        return [r for r in self.replicas if r.worker.alive]
+
+    def least_loaded(self) -> Replica | None:
+        """The live replica with the least work on it (the first of equals); None if none lives."""
+        return min(self.serving, key=lambda r: r.load, default=None)
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.worker.stop()
+            replica.backend.close()
 
 
 @dataclass(frozen=True)
@@ -177,21 +214,37 @@ class TowerBuilder:
         own = collator.encoder
         probes: list[Any] = own.probes() if own else task.encode_probes(tokenizer, PROBES)
         checked = probes if own else task.fidelity_probes(tokenizer)
-        backend = open_backend(info, spec, graph, collator.collate(checked, static=False), compared,
-                               functools.partial(int8_build_batches, collator, task, probes, compared),
-                               task.fidelity)
+        calibration = functools.partial(int8_build_batches, collator, task, probes, compared)
+        first = open_backend(info, replicas.first_spec(spec), graph, collator.collate(checked, static=False),
+                             compared, calibration, task.fidelity)
+        opened, built = [first], []
         try:
-            return self._serving(name, graph, backend, collator, task, head, probes)
-        except BaseException:  # warm-up or the device's fit failed: its memory goes back now
-            backend.close()
+            devices = replicas.replica_devices(spec, first)
+            sample = None
+            for index, device in enumerate(devices):
+                if index:
+                    opened.append(replicas.open_replica(first, info, spec, graph, device, len(devices),
+                                                        calibration))
+                replica, warm = self._serving(name, graph, opened[-1], collator, task, head, probes, device)
+                built.append(replica)
+                sample = sample or warm
+        except BaseException:  # a warm-up or a device's fit failed: its memory goes back now
+            for replica in built:
+                replica.worker.stop()
+            for backend in opened:
+                backend.close()
             raise
+        if len(devices) > 1:
+            log.info("model %s: %d replicas (%s), %s %s each", spec.name, len(devices), ", ".join(devices),
+                     first.name, first.dtype)
+        return Tower(tuple(built), sample)
 
     def _serving(
         self, name: TowerName, graph: GraphOutput, backend: Backend, collator: Collator, task: Task[Any, Any],
-        head: Head, probes: list[Any],
-    ) -> Tower:
-        """The tower around an open backend: the head fused where it can run there, the queue,
-        the warm-up, the device's memory fit, and the worker, started."""
+        head: Head, probes: list[Any], device: str,
+    ) -> tuple[Replica, tuple[Any, Any] | None]:
+        """A replica around an open backend: the head fused where it can run there, the queue,
+        the warm-up, the device's memory fit, and the worker, started; and the warm-up's sample."""
         spec, info = self.spec, self.info
         collator = replace(collator, grain=backend.length_grain)
         if backend.fuse(head):  # the backend runs it on its device; what it returns is final
@@ -207,6 +260,6 @@ class TowerBuilder:
         if backend.free_device_bytes() is not None and not collator.encoder:
             fit_device_memory(backend, queue, probes, self.tokenizer.pad_id, self.tokenizer.max_length)
         label = spec.name if len(info.towers) == 1 and name in info.towers else f"{spec.name}:{name}"
-        worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers)
+        worker = BatchWorker(label, queue, runner.run, runner.finish, self.observers, device)
         worker.start()
-        return Tower(backend, queue, worker, sample)
+        return Replica(backend, queue, worker, device), sample

@@ -39,6 +39,19 @@ class Metrics:
         self.queued_tokens = Gauge(
             "infinity_cloud_queued_tokens", "tokens of the inputs waiting for a batch", ["model"], registry=r
         )
+        # Each replica's (`models.replicas`), by device: the model's gauges above are their sums.
+        self.device_queued_tokens = Gauge(
+            "infinity_cloud_device_queued_tokens", "tokens of the inputs waiting on one device's replica",
+            ["model", "device"], registry=r,
+        )
+        self.device_queue_depth = Gauge(
+            "infinity_cloud_device_queue_depth", "inputs waiting on one device's replica",
+            ["model", "device"], registry=r,
+        )
+        self.device_up = Gauge(
+            "infinity_cloud_device_up", "1 while a device's replica serves, 0 once its worker died",
+            ["model", "device"], registry=r,
+        )
         self.memory_held = Gauge(
             "infinity_cloud_memory_held_bytes", "memory the admitted requests are estimated to hold",
             registry=r,
@@ -47,21 +60,22 @@ class Metrics:
             "infinity_cloud_memory_budget_bytes", "the process's memory budget (0: none)", registry=r
         )
         self.batch_size = Histogram(
-            "infinity_cloud_batch_size", "inputs per batch", ["model"],
+            "infinity_cloud_batch_size", "inputs per batch", ["model", "device"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
         )
         self.batch_tokens = Histogram(
-            "infinity_cloud_batch_tokens", "padded tokens per batch", ["model"],
+            "infinity_cloud_batch_tokens", "padded tokens per batch", ["model", "device"],
             buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536), registry=r,
         )
         self.queue_wait = Histogram(
             "infinity_cloud_queue_wait_seconds",
-            "time an input waited in its model's batch queue before its batch's forward pass", ["model"],
+            "time an input waited in its model's batch queue before its batch's forward pass",
+            ["model", "device"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.inference = Histogram(
-            "infinity_cloud_inference_seconds", "forward pass plus postprocessing per batch", ["model"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "infinity_cloud_inference_seconds", "forward pass plus postprocessing per batch",
+            ["model", "device"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.latency = Histogram(
             "infinity_cloud_request_seconds",
@@ -77,18 +91,24 @@ class Metrics:
 
     def observe_batch(self, report: BatchReport) -> None:
         """A batch observer: called from the worker thread after each batch."""
-        self.batch_size.labels(report.model).observe(report.size)
-        self.batch_tokens.labels(report.model).observe(report.padded_tokens)
-        self.inference.labels(report.model).observe(report.forward_s)
-        wait = self.queue_wait.labels(report.model)
+        labels = (report.model, report.device)
+        self.batch_size.labels(*labels).observe(report.size)
+        self.batch_tokens.labels(*labels).observe(report.padded_tokens)
+        self.inference.labels(*labels).observe(report.forward_s)
+        wait = self.queue_wait.labels(*labels)
         for seconds in report.queue_wait_s:
             wait.observe(seconds)
 
     def render(self, queues: dict[str, dict[str, int]], memory: MemoryBudget) -> bytes:
-        """The registry's text; `queues`: each model's `queue_depth` and `queued_tokens`."""
+        """The registry's text; `queues`: each model's `queue_depth` and `queued_tokens`, and
+        each device's (`devices`)."""
         for model, stats in queues.items():
             self.queue_depth.labels(model).set(stats.get("queue_depth", 0))
             self.queued_tokens.labels(model).set(stats.get("queued_tokens", 0))
+            for device, own in stats.get("devices", {}).items():
+                self.device_queue_depth.labels(model, device).set(own["queue_depth"])
+                self.device_queued_tokens.labels(model, device).set(own["queued_tokens"])
+                self.device_up.labels(model, device).set(1 if own["alive"] else 0)
         self.memory_held.set(memory.held_bytes)
         self.memory_budget.set(memory.limit_bytes or 0)
         return generate_latest(self.registry)

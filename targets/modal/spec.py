@@ -21,7 +21,7 @@ MODAL_GPUS = (
 # The torch build GPU images install. Modal's GPUs run from the T4 (Turing, sm_75) to the
 # B200 and RTX PRO 6000 (Blackwell), whose kernels CUDA 12.6 lacks; CUDA 13.0 builds all of
 # them, and Modal's hosts run driver R580 (13.0's floor). A GPU with no usable driver or
-# kernels stops at start saying why (targets/gpu.py).
+# kernels stops at start saying why (infinity_cloud/backends/cuda_check.py).
 TORCH_CUDA = "cu130"
 # Modal's own bounds (its client refuses values outside them at decoration time).
 SCALEDOWN_WINDOW_RANGE = (2, 3600)

@@ -1,20 +1,28 @@
-"""Whether a GPU image can use the GPU it was started on, and if not, exactly why.
+"""Whether torch can run on a GPU here, and if not, exactly why: no driver or device in the
+container, a driver too old for the CUDA torch was built with, or a GPU none of its kernels
+are built for. The driver is asked through libcuda itself, since torch only says that CUDA
+is unavailable.
 
 `device auto` loads a model on the CPU when torch sees no GPU, which on a GPU instance is a
-tenfold slowdown that nothing reports. A GPU image (its environment names the device, see
-`IMAGE_DEVICE_ENV`) checks at start instead and stops with the reason: no driver or device
-in the container, or a driver too old for the CUDA its torch was built with. The driver is
-asked through libcuda itself, since torch only says that CUDA is unavailable.
+tenfold slowdown that nothing reports: so a model asked onto `cuda` refuses to start with the
+reason (`require_usable_gpu`), `auto` on a machine with an NVIDIA driver but no usable GPU
+says so once, loudly (`models.replicas`), and a GPU image (its environment names the device,
+`IMAGE_DEVICE_ENV`) stops at start.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from infinity_cloud.core.errors import ConfigError
+from infinity_cloud.core.hardware import has_nvidia_gpu
+
+log = logging.getLogger(__name__)
 
 # The oldest driver of each CUDA major version (NVIDIA's CUDA release notes, minor version
 # compatibility): a build for CUDA X.y runs on any driver from the first one of X's branch.
@@ -111,8 +119,22 @@ def _unbuilt_arch(facts: CudaFacts) -> str | None:
             f"{facts.torch_cuda}) has kernels only for {', '.join(facts.torch_archs)}")
 
 
-def require_usable_gpu(facts: CudaFacts | None = None) -> None:
-    """Refuse to start a GPU image that would serve on the CPU."""
+def require_usable_gpu(facts: CudaFacts | None = None, asked: str = "this is a GPU image") -> None:
+    """Refuse to start what would otherwise serve on the CPU: `asked`, what wanted the GPU."""
     problem = cuda_problem(facts or cuda_facts())
     if problem:
-        raise ConfigError(f"this is a GPU image, but {problem}; refusing to serve on the CPU")
+        raise ConfigError(f"{asked}, but {problem}; refusing to serve on the CPU")
+
+
+@functools.cache
+def usable_gpu() -> bool:
+    """Whether `device auto` runs on a GPU here: an NVIDIA driver is present and torch can use
+    it. Present but unusable is said once, loudly, with the reason: the models then run on the
+    CPU, many times slower, which nothing else would report."""
+    if not has_nvidia_gpu():
+        return False
+    problem = cuda_problem(cuda_facts())
+    if problem:
+        log.warning("device auto: this machine has an NVIDIA driver, but %s; serving on the CPU instead "
+                    "(ask for --device cuda to refuse to start instead)", problem)
+    return problem is None
