@@ -56,7 +56,7 @@ BESIDE = frozenset({
     "test_smoke_command.py", "test_aws_lambda_deploy.py", "test_aws_lambda_target.py", "test_aws_policies.py",
     "test_modal_target.py", "test_modal_job.py", "test_batch_transform_job.py", "test_kubernetes_deploy.py",
     "test_targets.py", "test_docs.py", "test_plan_specs.py", "test_prices.py", "test_backends.py",
-    "test_coverage.py", "test_encoder_architectures.py", "test_bge_m3.py",
+    "test_coverage.py", "test_encoder_architectures.py", "test_bge_m3.py", "test_data_parallel.py",
 })
 
 
