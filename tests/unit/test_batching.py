@@ -756,3 +756,36 @@ def test_a_large_request_is_shed_only_for_its_wait() -> None:
     assert queue.admit(500) == pytest.approx(5.05)  # 0.05 s behind the probe, 5 s its own
     with pytest.raises(QueueFullError):
         queue.admit(500)  # 5 s behind the other: past the deadline
+
+
+async def test_a_running_batch_counts_as_work_until_it_is_answered() -> None:
+    """What routes a call between replicas (`BatchQueue.backlog` + `BatchWorker.running_work`):
+    a batch taken from the queue is still its replica's work while it runs, and none once
+    answered or failed."""
+    entered, release = threading.Event(), threading.Event()
+
+    def held(payloads: list[Any]) -> list[Any]:
+        entered.set()
+        release.wait(HANG_GUARD_S)
+        if "bad" in payloads:
+            raise RuntimeError("a failing batch")
+        return payloads
+
+    worker = make_worker(held, max_batch_size=4)
+    try:
+        assert worker.queue.backlog == 0 and worker.running_work == 0
+        worker.queue.admit(7)
+        assert worker.queue.backlog == 7  # admitted, coming
+        worker.queue.settle(7)
+        running = asyncio.ensure_future(worker.submit(["a", "b"], [3, 4]))
+        await wait_until(entered.is_set, HANG_GUARD_S)
+        assert worker.running_work == 7 and worker.queue.backlog == 0
+        release.set()
+        assert await asyncio.wait_for(running, HANG_GUARD_S) == ["a", "b"]
+        await wait_until(lambda: worker.running_work == 0, HANG_GUARD_S)
+        with pytest.raises(BatchFailedError):
+            await asyncio.wait_for(worker.submit(["bad"], [5]), HANG_GUARD_S)
+        await wait_until(lambda: worker.running_work == 0, HANG_GUARD_S)
+    finally:
+        release.set()
+        worker.stop()
