@@ -800,8 +800,10 @@ BAD = {
     "onnx-fp16-cpu": ({"backend": "onnx", "dtype": "float16", "device": "cpu"}, "float16"),
     "torch-int8": ({"backend": "torch", "dtype": "int8"}, "int8"),
     "openvino-cuda": ({"backend": "openvino", "device": "cuda"}, "cuda"),
-    # auto: every backend it tries refuses, so the answer is a ConfigError naming each one
-    "auto-cuda-without-gpu": ({"backend": "auto", "device": "cuda"}, "torch: .*cuda.*; onnx: .*cuda"),
+    # auto on cuda: refused before any backend is tried, with why torch cannot use a GPU here
+    # (backends/cuda_check.py), not each backend's own refusal, nor a fall back to the CPU
+    "auto-cuda-without-gpu": ({"backend": "auto", "device": "cuda"},
+                              "asks for device cuda, but no NVIDIA driver is visible"),
 }
 
 
