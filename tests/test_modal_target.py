@@ -250,6 +250,8 @@ def test_a_multi_gpu_container_asks_modal_for_every_gpu_and_takes_their_load(
     one, _ = build(tmp_path / "one", "--model-id", str(tiny_embedder), "--gpu", "L4")
     module, source = build(tmp_path / "four", "--model-id", str(tiny_embedder), "--gpu", "l4:4")
     assert module.Server.info().gpus == [("L4", 4)]
+    # Every GPU's replica batches at once: the container's memory, unless given, is 4 x one's.
+    assert module.Server.info().memory_mib == 4 * one.Server.info().memory_mib == 4 * 8192
     assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (
         4 * one.MAX_CONCURRENCY, 4 * one.TARGET_CONCURRENCY)
     assert ".run_function(build_exports, secrets=SECRETS, gpu='L4')" in source
@@ -260,6 +262,10 @@ def test_a_multi_gpu_container_asks_modal_for_every_gpu_and_takes_their_load(
     assert fallback.Server.info().gpus == [("H100", 1), ("A100-80GB", 2)]
     # The fewest GPUs of the list size the container: a one-GPU fallback is not flooded.
     assert fallback.MAX_CONCURRENCY == one.MAX_CONCURRENCY
+    assert fallback.Server.info().memory_mib == 8192
+    given, _ = build(tmp_path / "given", "--model-id", str(tiny_embedder), "--gpu", "L4:4",
+                     "--memory", "9000")
+    assert given.Server.info().memory_mib == 9000
 
 
 # -- the class, run here as Modal runs it in a container ---------------------------------

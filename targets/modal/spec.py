@@ -23,6 +23,8 @@ MODAL_GPUS = (
 # them, and Modal's hosts run driver R580 (13.0's floor). A GPU with no usable driver or
 # kernels stops at start saying why (infinity_cloud/backends/cuda_check.py).
 TORCH_CUDA = "cu130"
+# A container's memory by default, for each of its GPUs (or a CPU container).
+MEMORY_MIB_PER_GPU = 8192
 # Modal's own bounds (its client refuses values outside them at decoration time).
 SCALEDOWN_WINDOW_RANGE = (2, 3600)
 MAX_TIMEOUT_S = 24 * 3600
@@ -76,7 +78,8 @@ class ModalSpec(BaseModel):
         4.0, gt=0, description="CPU cores reserved per container (tokenization and HTTP run there)."
     )
     memory_mib: int = Field(
-        8192, ge=512, description="Memory reserved per container, MiB.",
+        MEMORY_MIB_PER_GPU, ge=512, description="Memory reserved per container, MiB (default 8192, times "
+        "the fewest GPUs of --gpu TYPE:COUNT: every GPU's engine replica batches at once).",
         json_schema_extra={"flag": "--memory"},
     )
     min_containers: int = Field(0, ge=0, description="Containers kept running when idle.")
@@ -125,6 +128,19 @@ class ModalSpec(BaseModel):
         "--api-key-secret guards the endpoint; --no-proxy-auth without one makes a public endpoint.",
     )
     port: int = Field(8000, ge=1, le=65535, description="Port the server listens on inside the container.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sized_for_gpus(cls, data: Any) -> Any:
+        """--memory, unless given, is one GPU's share times the container's (fewest) GPUs."""
+        if not isinstance(data, dict) or data.get("memory_mib") is not None:
+            return data
+        try:
+            gpus = [parse_gpu(g) for g in cls._split_gpus(data.get("gpu"))]
+        except ValueError:
+            return data  # the field's own check says why
+        devices = min((gpu_count(g) for g in gpus), default=1)
+        return {**data, "memory_mib": MEMORY_MIB_PER_GPU * devices} if devices > 1 else data
 
     @field_validator("gpu", mode="before")
     @classmethod
