@@ -337,14 +337,17 @@ def batch_size(spec: DeploymentSpec, device: str) -> int:
     return max(max_batch_size(m, serving_backend(m, device)) for m in spec.models)
 
 
-def concurrency(spec: DeploymentSpec, device: str, limit: int | None, target: int | None) -> tuple[int, int]:
+def concurrency(
+    spec: DeploymentSpec, device: str, limit: int | None, target: int | None, devices: int = 1
+) -> tuple[int, int]:
     """(max, target) concurrent requests per container, from the batcher's limits unless given.
 
     The autoscaler aims for two batches' worth of requests per container (one running, one
     forming; beyond that requests only wait), and a container takes up to eight batches'
-    worth while new ones start. One given bounds the other's default.
+    worth while new ones start; with `devices` GPUs, each an engine replica with its own
+    batches, that many times as much. One given bounds the other's default.
     """
-    batch = batch_size(spec, device)
+    batch = batch_size(spec, device) * devices
     limit = limit or max(target or 0, 8 * batch)
     return limit, target or min(2 * batch, limit)
 

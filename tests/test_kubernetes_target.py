@@ -48,6 +48,7 @@ VARIANTS: dict[str, list[str]] = {
     "labelled-monitor": ["--monitor-label", "release=kps", "--monitor-label", "team=search"],
     "gpu-family-cuda12": ["--gpu", "A100", "--cuda", "12", "--priority-class", "inference-high",
                           "--tmp-size", "4Gi"],
+    "multi-gpu": ["--gpu", "A10G", "--gpu-count", "4"],
 }
 # Variants whose objects need a newer Kubernetes than OLDEST: image volumes came in 1.31.
 NEWER_THAN_OLDEST = {"cpu-oci-weights": "1.31.0"}
@@ -506,6 +507,52 @@ def test_a_changed_spec_rolls_the_replicas(tiny_embedder: Path, tmp_path: Path) 
 
     assert digest(first) != digest(second)
     assert "batch_tokens: 8192" in by_kind(second)["ConfigMap"]["data"]["infinity-cloud.yaml"]
+
+
+def test_a_multi_gpu_replica_takes_every_gpu_and_is_sized_for_all_of_them(
+    built: dict, tiny_embedder: Path, tmp_path: Path
+) -> None:
+    """--gpu-count 4 (issue 56): the pod asks the device plugin for 4 whole GPUs; its server,
+    pinned to none of them (no device ids, no CUDA_VISIBLE_DEVICES), makes an engine replica on
+    each. So a replica clears 4 times one GPU's load: the autoscaler's queued tokens per pod, and
+    the CPU and memory it requests by default, are 4 times one GPU's (a given --memory stays)."""
+    objects = built["multi-gpu"][1]
+    server = server_container(objects)
+    assert server["resources"]["requests"]["nvidia.com/gpu"] == 4
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 4
+    resources = server["resources"]
+    assert (resources["requests"]["cpu"], resources["limits"]["memory"]) == ("8", "16384Mi")
+    assert "CUDA_VISIBLE_DEVICES" not in {e["name"] for e in server["env"]}
+    served = yaml.safe_load(by_kind(objects)["ConfigMap"]["data"]["infinity-cloud.yaml"])
+    for model in served["models"]:
+        assert model.get("device", "auto") in ("auto", "cuda") and not model.get("device_ids")
+    threshold = by_kind(objects)["ScaledObject"]["spec"]["triggers"][0]["metadata"]["threshold"]
+    one = by_kind(built["gpu-volume-keys-cache"][1])["ScaledObject"]["spec"]["triggers"][0]["metadata"]
+    assert int(threshold) == 4 * int(one["threshold"]) == 4 * 2 * 16384
+    mine, _ = dry_run(tmp_path, tiny_embedder, "--gpu", "A10G", "--gpu-count", "2", "--memory", "6000")
+    assert server_container(mine)["resources"]["limits"] == {"memory": "6000Mi", "nvidia.com/gpu": 2}
+    assert server_container(mine)["resources"]["requests"]["cpu"] == "4"
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    # NVIDIA's MIG user guide ("CUDA Device Enumeration"): a CUDA process enumerates a single MIG
+    # device however many the container is given, so the other slices would sit idle.
+    (["--gpu-resource", "nvidia.com/mig-1g.10gb"], "CUDA lets a process use one MIG device"),
+    # NVIDIA GPU Operator, "Time-Slicing GPUs in Kubernetes": a request for more than one time-sliced
+    # GPU does not guarantee the pod a proportional amount of compute (the shares may be one GPU's).
+    (["--gpu", "L4", "--gpu-resource", "nvidia.com/gpu.shared"], "may all be slices of one GPU"),
+    ([], "asks for GPUs: give --gpu TYPE too"),
+])
+def test_several_gpus_are_whole_gpus(
+    tiny_embedder: Path, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    result = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "x"),
+                                 "--model-id", str(tiny_embedder), "--gpu-count", "2", *flags])
+    assert result.exit_code != 0 and said in result.output, result.output
+    assert not (tmp_path / "x").exists()
+    zero = runner.invoke(cli, ["build", "kubernetes", "--out", str(tmp_path / "x"),
+                               "--model-id", str(tiny_embedder), "--gpu", "L4", "--gpu-count", "0"])
+    assert zero.exit_code != 0 and "greater than or equal to 1" in zero.output, zero.output
 
 
 def test_unknown_gpus_and_bad_names_are_refused_before_anything_is_written(

@@ -241,6 +241,33 @@ def test_one_concurrency_bound_given_bounds_the_others_default(tmp_path: Path, t
     assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (1000, 1000)
 
 
+def test_a_multi_gpu_container_asks_modal_for_every_gpu_and_takes_their_load(
+    tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """--gpu L4:4 is Modal's TYPE:COUNT: the container gets four GPUs, the server (device auto, no
+    device ids) makes a replica on each, so the container admits four times one GPU's requests.
+    A fallback list keeps each entry's count; the exports build on one GPU of the first type."""
+    one, _ = build(tmp_path / "one", "--model-id", str(tiny_embedder), "--gpu", "L4")
+    module, source = build(tmp_path / "four", "--model-id", str(tiny_embedder), "--gpu", "l4:4")
+    assert module.Server.info().gpus == [("L4", 4)]
+    # Every GPU's replica batches at once: the container's memory, unless given, is 4 x one's.
+    assert module.Server.info().memory_mib == 4 * one.Server.info().memory_mib == 4 * 8192
+    assert (module.MAX_CONCURRENCY, module.TARGET_CONCURRENCY) == (
+        4 * one.MAX_CONCURRENCY, 4 * one.TARGET_CONCURRENCY)
+    assert ".run_function(build_exports, secrets=SECRETS, gpu='L4')" in source
+    assert "CUDA_VISIBLE_DEVICES" not in source
+    served = container_spec(module.SPEC, {}).models[0]
+    assert served.device in ("auto", "cuda") and not served.device_ids  # every GPU the container has
+    fallback, _ = build(tmp_path / "fallback", "--model-id", str(tiny_embedder), "--gpu", "H100,A100-80GB:2")
+    assert fallback.Server.info().gpus == [("H100", 1), ("A100-80GB", 2)]
+    # The fewest GPUs of the list size the container: a one-GPU fallback is not flooded.
+    assert fallback.MAX_CONCURRENCY == one.MAX_CONCURRENCY
+    assert fallback.Server.info().memory_mib == 8192
+    given, _ = build(tmp_path / "given", "--model-id", str(tiny_embedder), "--gpu", "L4:4",
+                     "--memory", "9000")
+    assert given.Server.info().memory_mib == 9000
+
+
 # -- the class, run here as Modal runs it in a container ---------------------------------
 
 
@@ -329,7 +356,13 @@ def test_the_image_build_step_exports_each_model(
     ("args", "message"),
     [
         (["--gpu", "H1000"], "unknown GPU 'H1000'"),
-        (["--gpu", "H100:2"], "a container serves on one GPU"),
+        # Modal's GPU guide ("Specifying GPU count", modal.com/docs/guide/gpu): up to 8 of B200,
+        # H200, H100, A100, L4, T4, L40S on one machine, up to 4 of A10.
+        (["--gpu", "H100:9"], "Modal attaches 1 to 8 H100 GPUs to a container"),
+        (["--gpu", "A10G:8"], "Modal attaches 1 to 4 A10G GPUs to a container"),
+        (["--gpu", "L4:0"], "Modal attaches 1 to 8 L4 GPUs"),
+        (["--gpu", "L4:two"], "Modal attaches 1 to 8 L4 GPUs"),
+        (["--gpu", "RTX-PRO-6000:2"], "Modal attaches 1 to 1 RTX-PRO-6000"),
         (["--min-containers", "3", "--max-containers", "2"], "min_containers (3) exceeds max_containers (2)"),
         (["--scaledown-window", "1"], "scaledown_window"),
         (["--scaledown-window", "3601"], "less than or equal to 3600"),

@@ -34,7 +34,7 @@ from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.targets.base import ROUTE_HEADER
 from infinity_cloud.targets.sagemaker import sagemaker_api
 from infinity_cloud.targets.sagemaker.client import SageMakerClient
-from infinity_cloud.targets.sagemaker.spec import GPU_AMI
+from infinity_cloud.targets.sagemaker.spec import GPU_AMI, SageMakerSpec
 
 runner = CliRunner()
 REGION = "us-east-1"
@@ -249,6 +249,42 @@ def test_a_gpu_endpoint_waits_through_creating_to_in_service(
                     "--instance-type", "ml.g4dn.xlarge", "--startup-timeout", "2400")
     assert result.exit_code == 0, result.output
     assert "deployed sagemaker 'emb'" in result.output
+
+
+def test_a_multi_gpu_instance_serves_on_every_gpu_and_scales_on_all_of_them(
+    stubbed: dict[str, Stubber], tmp_path: Path, tiny_embedder: Path
+) -> None:
+    """ml.g5.12xlarge has 4 A10Gs (TEI serves on 1 of them, its #349): the image pins no GPU (no
+    device ids, no CUDA_VISIBLE_DEVICES), so its server makes an engine replica on each, and an
+    instance takes 4 times one GPU's invocations before autoscaling adds another (600 x 4)."""
+    sm, scaling = stubbed["sagemaker"], stubbed["application-autoscaling"]
+    sm.add_client_error("describe_endpoint", **NOT_FOUND)
+    sm.add_response("create_model", {"ModelArn": f"{ARN}:model/m"})
+    sm.add_response("create_endpoint_config", {"EndpointConfigArn": f"{ARN}:endpoint-config/c"})
+    sm.add_response("create_endpoint", {"EndpointArn": f"{ARN}:endpoint/emb"})
+    sm.add_response("describe_endpoint", endpoint_state("InService"), {"EndpointName": "emb"})
+    scaling.add_response("register_scalable_target", {})
+    policy: dict[str, Any] = {}
+    scaling.add_response("put_scaling_policy", {"PolicyARN": "arn:aws:autoscaling:policy/p", "Alarms": []})
+    scaling.client.meta.events.register(
+        "provide-client-params.application-autoscaling.PutScalingPolicy",
+        lambda params, **_: policy.update(params["TargetTrackingScalingPolicyConfiguration"]))
+    configs: list[dict[str, Any]] = []
+    sm.client.meta.events.register("provide-client-params.sagemaker.CreateEndpointConfig",
+                                   lambda params, **_: configs.append(params))
+    result = deploy(tmp_path, "--model-id", str(tiny_embedder), "--endpoint-name", "emb",
+                    "--instance-type", "ml.g5.12xlarge", "--autoscale", "1:3")
+    assert result.exit_code == 0, result.output
+    (variant,) = configs[0]["ProductionVariants"]
+    assert (variant["InstanceType"], variant["InferenceAmiVersion"]) == ("ml.g5.12xlarge", GPU_AMI)
+    assert policy["TargetValue"] == 2400.0
+    served = yaml.safe_load((tmp_path / "build" / "infinity-cloud.yaml").read_text())
+    for model in served["models"]:
+        assert model.get("device", "auto") in ("auto", "cuda") and not model.get("device_ids")
+    assert "CUDA_VISIBLE_DEVICES" not in (tmp_path / "build" / "Dockerfile").read_text()
+    given = SageMakerSpec(instance_type="ml.g5.12xlarge", target_invocations=900)
+    assert given.target_invocations == 900  # a given target stays
+    assert SageMakerSpec(instance_type="ml.g5.2xlarge").target_invocations == 600
 
 
 def test_a_failed_endpoint_says_sagemakers_reason(

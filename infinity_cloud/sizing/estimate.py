@@ -56,7 +56,10 @@ class Offer(BaseModel):
     cores: int | None = None
     kernel_class: str | None = None
     clock_ghz: float | None = None
-    peak_tflops: dict[str, float] = Field(default_factory=dict)
+    peak_tflops: dict[str, float] = Field(default_factory=dict)  # one GPU's
+    # GPUs of one instance: the server makes an engine replica on each (data parallel), so a
+    # replica of this offer does `gpus` times one GPU's work (`plan.compute_of`).
+    gpus: int = Field(1, ge=1)
     # How it is billed: "hourly" (an instance, up or not), "busy" (Modal: the seconds a
     # container is up, usd_per_hour of them), "per_use" (Lambda, SageMaker serverless: each
     # request's duration x memory, plus per request and per GB of data).

@@ -149,8 +149,9 @@ class Choice:
     @property
     def reasons(self) -> dict[str, str]:
         offer = self.offer
+        devices = f"{offer.gpus} x {offer.device}" if offer.gpus > 1 else offer.device
         found = {
-            "hardware": f"{offer.name} ({offer.device}, {offer.precision()}): {self.rate:,.0f} tokens/s a "
+            "hardware": f"{offer.name} ({devices}, {offer.precision()}): {self.rate:,.0f} tokens/s a "
             f"replica, {self.capacity.describe()}",
             "replicas": self.replicas_why,
             "batch_tokens": f"the largest batch whose p95 stays within {self.load.slo_ms:,g} ms"
@@ -258,8 +259,21 @@ def batch_for(load: Load, capacity: float) -> int:
 def compute_of(
     offer: Offer, shape: Shape, load: Load, table: Calibrations, profile: Profile | None
 ) -> Estimate:
+    """One GPU's compute (`one_gpu_compute`) times the offer's GPUs: a server makes an engine
+    replica on each GPU it sees and keeps them all busy (docs/backends.md, "Devices")."""
+    one = one_gpu_compute(offer, shape, load, table, profile)
+    if offer.gpus == 1:
+        return one
+    return Estimate(one.tokens_per_s * offer.gpus, one.efficiency,
+                    f"{one.basis}; x{offer.gpus} GPUs, an engine replica on each", one.spread)
+
+
+def one_gpu_compute(
+    offer: Offer, shape: Shape, load: Load, table: Calibrations, profile: Profile | None
+) -> Estimate:
     """A measured profile of this hardware class when given (its best saturated point,
-    scaled to this load's text length), else the estimate; either says which."""
+    scaled to this load's text length; a profile is one device's), else the estimate; either
+    says which."""
     found = estimate(offer, shape, load.tokens_per_text, table)
     if profile is None or profile.hardware.hardware_class != offer.hardware_class or not profile.points:
         return found

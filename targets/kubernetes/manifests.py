@@ -72,10 +72,11 @@ def spec_digest(served_spec: str) -> str:
     return hashlib.sha256(served_spec.encode()).hexdigest()[:16]
 
 
-def default_target_tokens(spec: DeploymentSpec) -> int:
+def default_target_tokens(spec: DeploymentSpec, settings: KubernetesSpec) -> int:
     """Queued tokens a replica should hold before another is started: two batches of the
-    first model, which it clears within two batch times."""
-    return 2 * spec.models[0].batch_tokens
+    first model for each of its GPUs (each an engine replica batching at once), which it
+    clears within two batch times."""
+    return 2 * spec.models[0].batch_tokens * settings.gpu_count
 
 
 def base_objects(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str) -> list[dict[str, Any]]:
@@ -174,9 +175,9 @@ def deployment(spec: DeploymentSpec, settings: KubernetesSpec, served_spec: str)
     memory = f"{settings.memory_mib}Mi"
     resources: dict[str, Any] = {"requests": {"cpu": _cores(settings.cpu), "memory": memory},
                                  "limits": {"memory": memory}}
-    if settings.device == "cuda":
-        resources["requests"][settings.gpu_resource] = 1
-        resources["limits"][settings.gpu_resource] = 1
+    if settings.device == "cuda":  # the server serves on every GPU the device plugin hands it
+        resources["requests"][settings.gpu_resource] = settings.gpu_count
+        resources["limits"][settings.gpu_resource] = settings.gpu_count
     server: dict[str, Any] = {
         "name": "server",
         "image": settings.image,
@@ -334,7 +335,7 @@ def scale_query(settings: KubernetesSpec) -> str:
 
 def autoscaler(spec: DeploymentSpec, settings: KubernetesSpec, kind: str) -> dict[str, Any]:
     """The autoscaler `kind` (keda, hpa, hpa-cpu) for this deployment."""
-    target = settings.target_queued_tokens or default_target_tokens(spec)
+    target = settings.target_queued_tokens or default_target_tokens(spec, settings)
     scaled = {"apiVersion": "apps/v1", "kind": "Deployment", "name": settings.name}
     if kind == "keda":
         return {
@@ -476,7 +477,8 @@ def components(spec: DeploymentSpec, settings: KubernetesSpec) -> dict[str, dict
         "service-monitor": service_monitor(spec, settings),
         # What the monitor's series alert on (targets/kubernetes/alerts.py).
         "alerts": alerts.prometheus_rule(
-            settings, settings.target_queued_tokens or default_target_tokens(spec), monitoring_meta(settings)
+            settings, settings.target_queued_tokens or default_target_tokens(spec, settings),
+            monitoring_meta(settings),
         ),
         "network-policy": network_policy(spec, settings),
         "scale-from-zero": interceptor_route(settings),

@@ -17,7 +17,7 @@ def size_section(choice: Choice) -> None:
         memory_mib=container_memory_mib(offer),
     )
     if offer.is_gpu:
-        choice.settings.update(gpu=offer.device)
+        choice.settings.update(gpu=offer.device, gpu_count=offer.gpus)  # a replica takes the node's GPUs
     else:
         choice.settings.update(cpu=float(offer.cores or 2) * 2)  # vCPUs: Kubernetes counts threads
     choice.autoscaling_why = (

@@ -38,10 +38,14 @@ NEEDS_CUDA_13 = frozenset({"B200"})
 # suffix (the device plugin's sharing configuration).
 SHARED_SUFFIX = "-SHARED"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-# What a replica asks the device plugin for: a whole GPU; a MIG slice (nvidia.com/mig-1g.10gb,
-# the plugin's "mixed" strategy); or a time-sliced share (nvidia.com/gpu.shared, its
-# `renameByDefault` sharing). One unit per replica in each case.
+# What a replica asks the device plugin for: whole GPUs (--gpu-count of them); a MIG slice
+# (nvidia.com/mig-1g.10gb, the plugin's "mixed" strategy); or a time-sliced share
+# (nvidia.com/gpu.shared, its `renameByDefault` sharing). A slice or a share is one a replica.
+WHOLE_GPU = "nvidia.com/gpu"
 GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-\d+g\.\d+gb)$")
+# A replica's default CPU cores and memory, for each GPU it takes (one on a CPU replica).
+CPU_PER_GPU = 2.0
+MEMORY_MIB_PER_GPU = 4096
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
@@ -80,10 +84,16 @@ class KubernetesSpec(BaseModel):
         "to a registry the cluster reaches (REGISTRY/NAME:TAG).",
     )
     gpu: str | None = Field(
-        None, description="GPU type for one GPU per replica (L4, A10G, A100, H100, ...); none: CPU.",
+        None, description="GPU type of a replica's GPUs (L4, A10G, A100, H100, ...; --gpu-count of them); "
+        "none: CPU.",
+    )
+    gpu_count: int = Field(
+        1, ge=1, description="GPUs a replica takes (whole nvidia.com/gpu devices, on one node): its server "
+        "makes an engine replica on each, so a replica clears that many times one GPU's load, and its "
+        "default --cpu, --memory and --target-queued-tokens grow as much.",
     )
     gpu_resource: str = Field(
-        "nvidia.com/gpu",
+        WHOLE_GPU,
         description="The device plugin's resource a replica takes one of: nvidia.com/gpu, a MIG slice "
         "(nvidia.com/mig-1g.10gb) or a time-sliced share (nvidia.com/gpu.shared).",
     )
@@ -102,9 +112,13 @@ class KubernetesSpec(BaseModel):
         "2Gi", description="Size limit of the writable /tmp (an emptyDir): OpenVINO's compiled cache and "
         "Python's temporary files; a replica that outgrows it is evicted.",
     )
-    cpu: float = Field(2.0, gt=0, description="CPU cores a replica requests (and is limited to).")
+    cpu: float = Field(
+        CPU_PER_GPU, gt=0, description="CPU cores a replica requests (and is limited to); default 2 for each "
+        "of its GPUs (tokenizing feeds each).",
+    )
     memory_mib: int = Field(
-        4096, ge=512, description="Memory a replica requests and is limited to, MiB; the server's own "
+        MEMORY_MIB_PER_GPU, ge=512, description="Memory a replica requests and is limited to, MiB (default "
+        "4096 for each of its GPUs: every GPU's engine replica batches at once); the server's own "
         "budget is 90% of it, so it refuses work before the kernel kills it.",
         json_schema_extra={"flag": "--memory"},
     )
@@ -191,6 +205,21 @@ class KubernetesSpec(BaseModel):
         "weights in the image, 20 min when fetched and exported at start).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sized_for_gpus(cls, data: Any) -> Any:
+        """--cpu and --memory, unless given, are one GPU's share times --gpu-count."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            count = int(data.get("gpu_count") or 1)
+        except (TypeError, ValueError):
+            return data  # the field's own check says why
+        if count <= 1:
+            return data
+        defaults = {"cpu": CPU_PER_GPU * count, "memory_mib": MEMORY_MIB_PER_GPU * count}
+        return {**{k: v for k, v in defaults.items() if data.get(k) is None}, **data}
+
     @field_validator("name", "namespace", "keda_namespace", "prometheus_namespace")
     @classmethod
     def _dns_label(cls, value: str | None) -> str | None:
@@ -271,6 +300,17 @@ class KubernetesSpec(BaseModel):
         if (self.weights == "oci") != (self.weights_image is not None):
             raise ValueError("--weights oci mounts the image named by --weights-image, and only it does: "
                              "give both, or neither")
+        if self.gpu_count > 1 and self.device != "cuda":
+            raise ValueError(f"--gpu-count {self.gpu_count} asks for GPUs: give --gpu TYPE too")
+        if self.gpu_count > 1 and self.gpu_resource != WHOLE_GPU:
+            # A CUDA process enumerates one MIG device only (NVIDIA's MIG user guide, "CUDA Device
+            # Enumeration"), and N time-sliced shares may be N slices of one GPU, with no more
+            # compute than one (NVIDIA GPU Operator, "Time-Slicing GPUs in Kubernetes").
+            why = ("CUDA lets a process use one MIG device, so the others would sit idle"
+                   if "mig-" in self.gpu_resource else
+                   "time-sliced shares may all be slices of one GPU, which gives no more compute than one")
+            raise ValueError(f"--gpu-count {self.gpu_count} takes whole GPUs ({WHOLE_GPU}), not "
+                             f"{self.gpu_resource}: {why}; scale out with --max-replicas instead")
         if self.cuda is not None and self.device != "cuda":
             raise ValueError("--cuda picks the torch build of a GPU image: give --gpu (or --gpu-resource)")
         if self.cuda == "12" and self.gpu in NEEDS_CUDA_13:
@@ -288,7 +328,7 @@ class KubernetesSpec(BaseModel):
 
     @property
     def device(self) -> str:
-        return "cuda" if self.gpu or self.gpu_resource != "nvidia.com/gpu" else "cpu"
+        return "cuda" if self.gpu or self.gpu_resource != WHOLE_GPU else "cpu"
 
     @property
     def selector(self) -> dict[str, str]:

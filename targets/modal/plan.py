@@ -13,7 +13,7 @@ def size_section(choice: Choice) -> None:
     p95_s = min(choice.p95_ms, choice.load.slo_ms) / 1000
     in_flight = max(1, math.ceil(choice.per_replica_qps * p95_s))
     choice.settings.update(
-        gpu=(offer.name,) if offer.is_gpu else (),
+        gpu=((offer.name if offer.gpus == 1 else f"{offer.name}:{offer.gpus}"),) if offer.is_gpu else (),
         min_containers=choice.min_replicas,
         max_containers=choice.replicas,
         target_concurrency=in_flight,

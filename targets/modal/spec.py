@@ -23,25 +23,42 @@ MODAL_GPUS = (
 # them, and Modal's hosts run driver R580 (13.0's floor). A GPU with no usable driver or
 # kernels stops at start saying why (infinity_cloud/backends/cuda_check.py).
 TORCH_CUDA = "cu130"
+# A container's memory by default, for each of its GPUs (or a CPU container).
+MEMORY_MIB_PER_GPU = 8192
 # Modal's own bounds (its client refuses values outside them at decoration time).
 SCALEDOWN_WINDOW_RANGE = (2, 3600)
 MAX_TIMEOUT_S = 24 * 3600
 _MODAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,64}$")
 
 
+# GPUs a container may have of each type (https://modal.com/docs/guide/gpu, "Specifying GPU
+# count": B200, H200, H100, A100, L4, T4 and L40S up to 8 on one machine, A10 up to 4). A type
+# the guide gives no count for (RTX-PRO-6000) is asked for one at a time.
+MAX_GPUS = {
+    "T4": 8, "L4": 8, "A10": 4, "A10G": 4, "L40S": 8, "A100": 8, "A100-40GB": 8, "A100-80GB": 8,
+    "H100": 8, "H100!": 8, "H200": 8, "B200": 8, "B200+": 8,
+}
+
+
 def parse_gpu(value: str) -> str:
-    """"h100" -> "H100". An unknown type is a ValueError naming the choices; so is a count
-    above one: the engine serves one device per container, so more would sit idle."""
-    name, _, count = value.strip().partition(":")
+    """"h100" -> "H100", "l4:4" -> "L4:4" (Modal's TYPE:COUNT, a container with COUNT GPUs,
+    each served by an engine replica of its own). An unknown type, or a count Modal does not
+    offer for the type, is a ValueError naming the choices."""
+    name, colon, count = value.strip().partition(":")
     name = name.upper()
     if name not in MODAL_GPUS:
         raise ValueError(f"unknown GPU {value!r}; Modal offers {', '.join(MODAL_GPUS)}")
-    if count and count != "1":
-        raise ValueError(
-            f"{value!r}: a container serves on one GPU, so more would sit idle; ask for {name} and "
-            "scale out with --max-containers instead"
-        )
-    return name
+    if not colon:
+        return name
+    most = MAX_GPUS.get(name, 1)
+    if not count.isdigit() or not 1 <= int(count) <= most:
+        raise ValueError(f"{value!r}: Modal attaches 1 to {most} {name} GPUs to a container (TYPE:COUNT)")
+    return name if int(count) == 1 else f"{name}:{int(count)}"
+
+
+def gpu_count(gpu: str) -> int:
+    """The GPUs of one parsed `--gpu` entry: "L4:4" -> 4, "L4" -> 1."""
+    return int(gpu.partition(":")[2] or 1)
 
 
 class ModalSpec(BaseModel):
@@ -53,14 +70,16 @@ class ModalSpec(BaseModel):
     environment: str | None = Field(None, description="Modal environment (default: the profile's).")
     gpu: tuple[str, ...] = Field(
         (),
-        description="GPU type (T4, L4, A10G, L40S, A100-80GB, H100, ...), one per container; several "
-        "(repeated, or L4,A10G) form a fallback list in order. None: CPU only.",
+        description="GPU type (T4, L4, A10G, L40S, A100-80GB, H100, ...), TYPE:COUNT for several per "
+        "container (L4:4; the server uses every one); several (repeated, or L4,A10G:2) form a fallback "
+        "list in order. None: CPU only.",
     )
     cpu: float = Field(
         4.0, gt=0, description="CPU cores reserved per container (tokenization and HTTP run there)."
     )
     memory_mib: int = Field(
-        8192, ge=512, description="Memory reserved per container, MiB.",
+        MEMORY_MIB_PER_GPU, ge=512, description="Memory reserved per container, MiB (default 8192, times "
+        "the fewest GPUs of --gpu TYPE:COUNT: every GPU's engine replica batches at once).",
         json_schema_extra={"flag": "--memory"},
     )
     min_containers: int = Field(0, ge=0, description="Containers kept running when idle.")
@@ -110,6 +129,19 @@ class ModalSpec(BaseModel):
     )
     port: int = Field(8000, ge=1, le=65535, description="Port the server listens on inside the container.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sized_for_gpus(cls, data: Any) -> Any:
+        """--memory, unless given, is one GPU's share times the container's (fewest) GPUs."""
+        if not isinstance(data, dict) or data.get("memory_mib") is not None:
+            return data
+        try:
+            gpus = [parse_gpu(g) for g in cls._split_gpus(data.get("gpu"))]
+        except ValueError:
+            return data  # the field's own check says why
+        devices = min((gpu_count(g) for g in gpus), default=1)
+        return {**data, "memory_mib": MEMORY_MIB_PER_GPU * devices} if devices > 1 else data
+
     @field_validator("gpu", mode="before")
     @classmethod
     def _split_gpus(cls, value: Any) -> Any:
@@ -153,6 +185,12 @@ class ModalSpec(BaseModel):
     @property
     def device(self) -> str:
         return "cuda" if self.gpu else "cpu"
+
+    @property
+    def devices(self) -> int:
+        """The GPUs a container surely has (the fewest of the fallback list), 1 on a CPU: each
+        serves an engine replica of its own, so a container takes that many times one's load."""
+        return min((gpu_count(g) for g in self.gpu), default=1)
 
     @property
     def requires_proxy_auth(self) -> bool:

@@ -59,7 +59,7 @@ def render_context(
     gpu = bool(settings.gpu)
     device = settings.device
     max_concurrency, target_concurrency = container.concurrency(
-        spec, device, settings.max_concurrency, settings.target_concurrency
+        spec, device, settings.max_concurrency, settings.target_concurrency, settings.devices
     )
     served = container.image_spec(spec, model_dirs or {})
     served = container.queue_sized_for(served, max_concurrency)
@@ -77,7 +77,7 @@ def render_context(
         "hub_models_literal": python_literal(container.hub_models(spec)),
         "gpu_literal": repr(settings.gpu[0] if len(settings.gpu) == 1 else list(settings.gpu) or None),
         # One GPU of the first type builds the exports: the fallbacks share its software.
-        "build_gpu_literal": repr(settings.gpu[0] if gpu else None),
+        "build_gpu_literal": repr(settings.gpu[0].partition(":")[0] if gpu else None),
         "secrets": list(settings.secrets),
         "api_key_secret": settings.api_key_secret,
         "keys_env": ENDPOINT_KEYS_ENV,
@@ -193,7 +193,8 @@ class ModalTarget(Target[ModalSpec]):
         server = getattr(module, SERVER_NAME)
         info = server.info()
         limits = server._get_service_function().info().concurrency_info  # Modal's own API has no other
-        gpus = " else ".join(name for name, _ in info.gpus) or "none (CPU only)"
+        gpus = " else ".join(name if n == 1 else f"{n} x {name}" for name, n in info.gpus)
+        gpus = gpus or "none (CPU only)"
         served = ", ".join(model.name for model in spec.models)
         auth = (f"API keys from Modal secret {settings.api_key_secret!r}" if settings.api_key_secret else "")
         if settings.requires_proxy_auth:

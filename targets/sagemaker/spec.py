@@ -4,13 +4,28 @@ packages the models as a bring-your-own container for a SageMaker endpoint."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Instance families with NVIDIA GPUs (https://aws.amazon.com/sagemaker/pricing/): the image
 # gets CUDA torch. ml.inf2 is AWS Inferentia2 (Neuron); everything else is CPU.
 GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en")
+# The instance types with several GPUs (AWS's EC2 accelerated computing instance specs; a
+# SageMaker ml.X is EC2's X): every other type of a GPU family has one. The container's server
+# makes an engine replica on each GPU it sees (none is pinned), so an instance clears that many
+# times one GPU's invocations.
+GPUS_PER_INSTANCE = {
+    "ml.g4dn.12xlarge": 4,
+    "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
+    "ml.g6.12xlarge": 4, "ml.g6.24xlarge": 4, "ml.g6.48xlarge": 8,
+    "ml.g6e.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.48xlarge": 8,
+    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8,
+    "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
+}
+# Invocations a minute one GPU (or a CPU instance) is expected to take: the autoscaling
+# target's default, times the instance's GPUs.
+INVOCATIONS_PER_GPU = 600
 # GPU families whose GPUs no CUDA 13 torch runs (CUDA 13 dropped Volta, sm_70): refused by
 # name, since torch would see the GPU and fail at its first kernel.
 UNRUNNABLE_GPU_FAMILIES = {"p3": "V100 (Volta)", "p3dn": "V100 (Volta)"}
@@ -93,7 +108,8 @@ class SageMakerSpec(BaseModel):
         None, description="MIN:MAX instances, scaled on invocations per instance (real-time only)."
     )
     target_invocations: int = Field(
-        600, ge=1, description="Autoscaling target: invocations per instance per minute."
+        INVOCATIONS_PER_GPU, ge=1, description="Autoscaling target: invocations per instance per minute "
+        "(default 600, times the instance's GPUs: ml.g5.12xlarge has 4, each serving).",
     )
     model_data: str | None = Field(
         None, description="s3:// URI of a model.tar.gz that SageMaker unpacks into /opt/ml/model "
@@ -107,6 +123,16 @@ class SageMakerSpec(BaseModel):
         1800, ge=60, le=3600, description="Longest a container may take to answer /ping with 200.",
         json_schema_extra={"flag": "--startup-timeout"},
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sized_for_gpus(cls, data: Any) -> Any:
+        """--target-invocations, unless given, is one GPU's times the instance's GPUs."""
+        if isinstance(data, dict) and data.get("target_invocations") is None:
+            gpus = GPUS_PER_INSTANCE.get(str(data.get("instance_type")), 1)
+            if gpus > 1:
+                return {**data, "target_invocations": INVOCATIONS_PER_GPU * gpus}
+        return data
 
     @field_validator("endpoint_name")
     @classmethod

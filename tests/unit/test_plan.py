@@ -307,3 +307,37 @@ def test_a_model_can_be_left_out_of_the_calibration() -> None:
     minilm = "sentence-transformers/all-MiniLM-L6-v2"
     assert any(p.model == minilm for p in POINTS.points)
     assert all(p.model != minilm for p in POINTS.without(minilm).points)
+
+
+def test_an_instance_of_n_gpus_does_n_times_one_gpus_work() -> None:
+    """Issue 56: the server makes an engine replica on each GPU it sees, so an ml.g5.12xlarge
+    (4 A10G) clears 4 times an ml.g5.xlarge's tokens/s (estimated, or from a profile of one
+    A10G), and the planners ask for every GPU: Kubernetes --gpu-count, SageMaker's type."""
+    from infinity_cloud.targets.kubernetes.spec import KubernetesSpec
+    from infinity_cloud.targets.sagemaker.spec import GPUS_PER_INSTANCE
+
+    one = next(o for o in offers("sagemaker") if o.name == "ml.g5.xlarge")
+    four = next(o for o in offers("sagemaker") if o.name == "ml.g5.12xlarge")
+    assert (one.gpus, four.gpus) == (1, 4)
+    load = plan.Load(qps=50, tokens_per_request=128)
+    single = plan.capacity_of(one, MPNET, load, POINTS).compute
+    whole = plan.capacity_of(four, MPNET, load, POINTS).compute
+    assert whole.tokens_per_s == pytest.approx(4 * single.tokens_per_s)
+    assert whole.basis.endswith("x4 GPUs, an engine replica on each")
+    profile = Profile(
+        created="2026-12-06T00:00:00+00:00", package_version="0", url="http://x", model="m",
+        corpus="built-in", hardware=Hardware(device="A10G"), tokens_per_text={"passage": 128.0},
+        points=[Point(kind="passage", per_request=32, concurrency=32, tokens_per_s=40_000, requests=10)],
+    )
+    measured = plan.compute_of(four, MPNET, load, POINTS, profile)
+    assert measured.basis.startswith("measured")
+    assert measured.tokens_per_s == pytest.approx(4 * 40_000)
+    # Every multi-GPU offer's count is the one its target knows the instance by.
+    for offer in offers():
+        if offer.target == "sagemaker" and offer.is_gpu:
+            assert offer.gpus == GPUS_PER_INSTANCE.get(offer.name, 1), offer.name
+    node = next(o for o in offers("kubernetes") if o.gpus > 1)
+    choice = plan.plan_offer(node, load, plan.capacity_of(node, MPNET, load, POINTS), _planner(node), True)
+    assert choice.settings["gpu_count"] == node.gpus
+    assert KubernetesSpec(**choice.settings).gpu_count == node.gpus  # the section it writes is valid
+    assert f"{node.gpus} x {node.device}" in choice.reasons["hardware"]
