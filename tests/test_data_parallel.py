@@ -160,3 +160,25 @@ def test_device_ids_that_cannot_mean_replicas_are_refused(device: str, ids: str,
 
 def test_device_ids_read_from_a_flag_value() -> None:
     assert ModelSpec(device="cuda", device_ids="0, 2,3").device_ids == (0, 2, 3)
+
+
+def test_a_bulk_job_on_two_replicas_writes_what_one_writes(tiny_embedder: Path, tmp_path: Path) -> None:
+    """`embed --device cpu --device-ids 0,1` (each replica fed its shards: `bulk.local_runner`
+    keeps twice the shards in flight): every row lands once, in its place, with the vector one
+    replica gives it."""
+    from test_bulk_embed import corpus, embed, read, summary_of, write_jsonl
+
+    source = write_jsonl(tmp_path / "corpus.jsonl", corpus(300, seed=56))
+    tables = {}
+    for name, devices in (("one", ()), ("two", ("--device-ids", "0,1"))):
+        out = tmp_path / name
+        result = embed(str(source), "--out", str(out), "--model-id", str(tiny_embedder), "--device", "cpu",
+                       "--shard-rows", "25", *devices)
+        assert result.exit_code == 0, result.output
+        assert summary_of(result)["rows"] == 300
+        tables[name] = read(out)
+    ids = [f"doc-{i}" for i in range(300)]
+    assert tables["two"]["id"].to_pylist() == tables["one"]["id"].to_pylist() == ids
+    got, want = (np.array(tables[n]["embedding"].to_pylist()) for n in ("two", "one"))
+    assert cosines(got, want).min() >= 0.9999
+    assert len(list((tmp_path / "two").glob("part-*.parquet"))) == 12  # a part a shard, each once

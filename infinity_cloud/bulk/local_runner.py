@@ -16,8 +16,9 @@ from infinity_cloud.bulk.outcome import check_errors, conclude
 from infinity_cloud.core.config import DeploymentSpec
 from infinity_cloud.core.errors import ConfigError
 
-# Shards embedded at once: enough that the queue holds several thousand texts to sort by
-# length, few enough that memory stays a few shards' worth.
+# Shards embedded at once for each replica of the model (a GPU each: `models.replicas`):
+# enough that its queue holds several thousand texts to sort by length, few enough that
+# memory stays a few shards' worth.
 IN_FLIGHT = 4
 EMBEDDING_CAPABILITIES = ("embed", "sparse", "multi_vector")
 # The queue's room per row of a chunking job: a 100,000-word document in 256-token chunks.
@@ -94,6 +95,7 @@ def _unchanged(dataset: Dataset, job: EmbedJob, done: set[int]) -> set[int]:
 async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int], meter: Meter) -> None:
     rows = sources.read_rows(job.files, job.text_field, job.id_field, job.keep)
     pending: set[asyncio.Task[None]] = set()
+    in_flight = IN_FLIGHT * max(1, len(engine.describe()[0]["stats"].get("devices", ())))  # each replica fed
 
     async def one(shard: int, batch: list[sources.Row]) -> None:
         result = await embed_shard(engine, job, batch)
@@ -115,7 +117,7 @@ async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int
             item = await asyncio.to_thread(next, iterator, None)
             if item is None:
                 break
-            while len(pending) >= IN_FLIGHT:
+            while len(pending) >= in_flight:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 first_failure(finished)
             pending.add(asyncio.create_task(one(*item)))
