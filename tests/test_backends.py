@@ -815,8 +815,8 @@ async def test_a_bad_combination_is_a_config_error(
     if case == "auto-cuda-without-gpu" and has_nvidia_gpu():
         pytest.skip("cuda is not a bad device here")
     forbid_export(monkeypatch)  # refused before any slow work
-    with pytest.raises(ConfigError, match=word) as raised:
-        async with Engine(ModelSpec(model_id=str(models["bert"]), **options)):
+    with pytest.raises(ConfigError, match=word) as raised:  # named as over HTTP below: the same message
+        async with Engine(ModelSpec(model_id=str(models["bert"]), served_model_name="emb", **options)):
             pass
     if options["backend"] != "auto":
         assert options["backend"] in raised.value.message
