@@ -74,11 +74,12 @@ def device_problems(model: ModelSpec) -> list[str]:
         return [f"model {model.name}: --device {model.device}, but this machine shows no NVIDIA GPU "
                 "(no /dev/nvidia0 or nvidia-smi): use --device cpu, or auto"]
     if kind == "cuda" and model.backend in ("auto", "torch"):  # a driver, but can torch use it?
-        from infinity_cloud.backends.cuda_check import cuda_facts, cuda_problem
+        from infinity_cloud.backends.cuda_check import require_usable_gpu
 
-        if problem := cuda_problem(cuda_facts()):
-            return [f"model {model.name}: --device {model.device}, but {problem}; refusing to serve on the "
-                    "CPU"]
+        try:
+            require_usable_gpu(asked=f"model {model.name}: --device {model.device}")
+        except ConfigError as exc:
+            return [exc.message]
     if kind == "neuron" and not has_neuron_device():
         return [f"model {model.name}: --device neuron, but this machine has no Neuron device: "
                 "use --device cpu"]

@@ -46,6 +46,7 @@ class CudaFacts:
     torch_archs: tuple[str, ...] = ()  # what torch's kernels are built for ("sm_80", "compute_90")
 
 
+@functools.cache  # once a process: preflight, each model's load and `auto` all ask
 def cuda_facts() -> CudaFacts:
     try:
         import torch

@@ -79,7 +79,9 @@ async def run_local(spec: DeploymentSpec, job: EmbedJob) -> dict[str, Any]:
         before = sum(min(job.shard_rows, (total or 0) - s * job.shard_rows) for s in done) if total else 0
         meter = Meter(total, before=before, errors_before=await asyncio.to_thread(dataset.errors, done))
         with meter:
-            await _embed_all(engine, job, dataset, done, meter)
+            # Each replica of the model (a GPU each: `models.replicas`) fed its own shards.
+            in_flight = IN_FLIGHT * max(1, len(facts["stats"].get("devices", ())))
+            await _embed_all(engine, job, dataset, done, meter, in_flight)
         more = {"shards_skipped": len(done), "model": facts["id"], "backend": facts["backend"],
                 "dtype": facts["dtype"]}
         return await asyncio.to_thread(conclude, dataset, meter, job, inputs, **more)
@@ -92,10 +94,11 @@ def _unchanged(dataset: Dataset, job: EmbedJob, done: set[int]) -> set[int]:
     return dataset.drop_changed(done, current)
 
 
-async def _embed_all(engine: Any, job: EmbedJob, dataset: Dataset, done: set[int], meter: Meter) -> None:
+async def _embed_all(
+    engine: Any, job: EmbedJob, dataset: Dataset, done: set[int], meter: Meter, in_flight: int
+) -> None:
     rows = sources.read_rows(job.files, job.text_field, job.id_field, job.keep)
     pending: set[asyncio.Task[None]] = set()
-    in_flight = IN_FLIGHT * max(1, len(engine.describe()[0]["stats"].get("devices", ())))  # each replica fed
 
     async def one(shard: int, batch: list[sources.Row]) -> None:
         result = await embed_shard(engine, job, batch)

@@ -9,7 +9,6 @@ sharing the cores: what the data-parallel path is tested on where no GPU is."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from infinity_cloud.backends import Backend
@@ -18,8 +17,6 @@ from infinity_cloud.backends.cuda_check import usable_gpu
 from infinity_cloud.core.config import ModelSpec
 from infinity_cloud.core.family import GraphOutput, ModelInfo
 from infinity_cloud.core.hardware import usable_cores
-
-log = logging.getLogger(__name__)
 
 
 def _on_cpu(spec: ModelSpec) -> bool:
